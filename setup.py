@@ -1,0 +1,13 @@
+"""Maps import names onto the folders (orchard -> libs/orchard, orchard.services -> services,
+orchard.trainers -> trainers) so a module's import path tells where it lives."""
+
+from setuptools import find_packages, setup
+
+ROOTS = {"orchard": "libs/orchard", "orchard.services": "services", "orchard.trainers": "trainers"}
+
+packages = []
+for name, folder in ROOTS.items():
+    packages.append(name)
+    packages += [f"{name}.{sub}" for sub in find_packages(folder)]
+
+setup(packages=packages, package_data={"orchard.services.env": ["agent/*.py"]})
