@@ -1,0 +1,180 @@
+"""The manager's side of the in-sandbox agent protocol (framing in agent/agent.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import itertools
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from orchard.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    OrchardError,
+    ResourceExhausted,
+    Unavailable,
+)
+from orchard.services.env.agent.agent import encode, read_frame
+
+log = logging.getLogger(__name__)
+
+_ERRNO_ERRORS: dict[int, type[OrchardError]] = {
+    errno.ENOENT: NotFound,
+    errno.ENOTDIR: FailedPrecondition,
+    errno.EISDIR: FailedPrecondition,
+    errno.EEXIST: FailedPrecondition,
+    errno.EACCES: FailedPrecondition,
+    errno.EPERM: FailedPrecondition,
+    errno.EROFS: FailedPrecondition,
+    errno.ENOSPC: ResourceExhausted,
+    errno.EDQUOT: ResourceExhausted,
+    errno.ENAMETOOLONG: InvalidArgument,
+}
+
+
+@dataclass(frozen=True)
+class ExecEvent:
+    """One event of a running command: started, out (fd 1/2 with data) or exit."""
+
+    kind: str
+    fd: int = 0
+    data: bytes = b""
+    exit_code: int = 0
+    totals: tuple[int, int] = (0, 0)
+    reason: str | None = None
+    error: str | None = None
+
+
+class AgentClient:
+    """Multiplexes requests to one sandbox agent over its byte stream."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, label: str) -> None:
+        self._reader = reader
+        self._writer = writer
+        self._label = label
+        self._ids = itertools.count(1)
+        self._waiters: dict[int, asyncio.Queue[tuple[dict[str, Any], bytes] | None]] = {}
+        self._reader_task: asyncio.Task[None] | None = None
+        self._write_lock = asyncio.Lock()
+        self._closed_reason: str | None = None
+
+    async def start(self, timeout: float) -> None:
+        """Wait for the agent's ready frame, then dispatch its replies in the background."""
+        try:
+            frame = await asyncio.wait_for(read_frame(self._reader), timeout)
+        except (TimeoutError, asyncio.IncompleteReadError) as err:
+            raise Unavailable(f"agent of {self._label} did not start within {timeout:.0f}s") from err
+        if frame is None or frame[0].get("ev") != "ready":
+            raise Unavailable(f"agent of {self._label} exited before it was ready")
+        self._reader_task = asyncio.create_task(self._dispatch(), name=f"agent-reader-{self._label}")
+
+    @property
+    def alive(self) -> bool:
+        return self._closed_reason is None and self._reader_task is not None and not self._reader_task.done()
+
+    async def _dispatch(self) -> None:
+        try:
+            while (frame := await read_frame(self._reader)) is not None:
+                queue = self._waiters.get(frame[0].get("id", -1))
+                if queue is not None:
+                    queue.put_nowait(frame)
+        except (ConnectionError, asyncio.IncompleteReadError) as err:
+            log.warning("agent stream of %s broke: %s", self._label, err)
+        finally:
+            self._closed_reason = self._closed_reason or "the sandbox's agent exited"
+            for queue in self._waiters.values():
+                queue.put_nowait(None)
+
+    async def _send(self, header: dict[str, Any], body: bytes = b"") -> None:
+        if self._closed_reason is not None:
+            raise Unavailable(f"sandbox {self._label} is gone: {self._closed_reason}")
+        async with self._write_lock:
+            self._writer.write(encode(header, body))
+            await self._writer.drain()
+
+    async def call(self, op: str, body: bytes = b"", **fields: Any) -> tuple[dict[str, Any], bytes]:
+        """Send one request and return its single reply; agent errors become OrchardErrors."""
+        rid = next(self._ids)
+        queue: asyncio.Queue[tuple[dict[str, Any], bytes] | None] = asyncio.Queue()
+        self._waiters[rid] = queue
+        try:
+            await self._send({"id": rid, "op": op, **fields}, body)
+            frame = await queue.get()
+        finally:
+            del self._waiters[rid]
+        if frame is None:
+            raise Unavailable(f"sandbox {self._label} is gone: {self._closed_reason}")
+        header, data = frame
+        if header["ev"] == "error":
+            raise self._error(header)
+        return header, data
+
+    def _error(self, header: dict[str, Any]) -> OrchardError:
+        if header.get("kind") == "os":
+            cls = _ERRNO_ERRORS.get(header.get("errno", 0), FailedPrecondition)
+            return cls(header["message"])
+        return OrchardError(f"agent of {self._label} failed: {header['message']}")
+
+    async def exec(
+        self,
+        argv: list[str],
+        *,
+        cwd: str,
+        env: dict[str, str],
+        stdin: bytes,
+        timeout: float,
+        max_output: int,
+        on_id: Any = None,
+    ) -> AsyncIterator[ExecEvent]:
+        """Run a command; yields its events until (and including) exit.
+
+        on_id(rid) is called with the agent-side id at once, so the caller can cancel it.
+        """
+        rid = next(self._ids)
+        queue: asyncio.Queue[tuple[dict[str, Any], bytes] | None] = asyncio.Queue()
+        self._waiters[rid] = queue
+        if on_id is not None:
+            on_id(rid)
+        try:
+            header = {"id": rid, "op": "exec", "argv": argv, "cwd": cwd, "env": env,
+                      "timeout": timeout, "max_output": max_output}
+            await self._send(header, stdin)
+            while True:
+                frame = await queue.get()
+                if frame is None:
+                    raise Unavailable(f"sandbox {self._label} is gone: {self._closed_reason}")
+                head, data = frame
+                ev = head["ev"]
+                if ev == "out":
+                    yield ExecEvent("out", fd=head["fd"], data=data)
+                elif ev == "started":
+                    yield ExecEvent("started")
+                elif ev == "exit":
+                    yield ExecEvent("exit", exit_code=head["code"], totals=tuple(head["totals"]),
+                                    reason=head.get("reason"), error=head.get("error"))
+                    return
+                elif ev == "error":
+                    raise self._error(head)
+        finally:
+            del self._waiters[rid]
+
+    async def cancel(self, rid: int, reason: str) -> None:
+        """Kill the process tree of the agent-side exec rid (no-op once it ended)."""
+        await self.call("cancel", target=rid, reason=reason)
+
+    async def close(self, reason: str) -> None:
+        """Stop dispatching; pending and later calls fail with Unavailable naming reason."""
+        self._closed_reason = self._closed_reason or reason
+        self._writer.close()
+        if self._reader_task is not None:
+            self._reader_task.cancel()
+            try:
+                await self._reader_task
+            except asyncio.CancelledError:
+                pass
+        for queue in self._waiters.values():
+            queue.put_nowait(None)

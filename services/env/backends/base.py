@@ -1,0 +1,58 @@
+"""The sandbox backend interface: a backend makes and removes the isolation boundary and hands the
+manager a channel to the sandbox's agent. Everything else (ids, leases, ordering, limits) is the manager's."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from orchard.services.env.agent_client import AgentClient
+
+
+@dataclass(frozen=True)
+class EgressRule:
+    """One allowed destination: a CIDR or host name, and a port (0 = any)."""
+
+    cidr: str = ""
+    host: str = ""
+    port: int = 0
+
+
+@dataclass(frozen=True)
+class Resources:
+    """Limits of one sandbox; 0 means unlimited."""
+
+    cpu_millis: int = 0
+    memory_bytes: int = 0
+    pids: int = 0
+    disk_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    """What a backend needs to build one sandbox."""
+
+    sandbox_id: str
+    image: str
+    workdir: str
+    env: dict[str, str] = field(default_factory=dict)
+    resources: Resources = Resources()
+    egress: tuple[EgressRule, ...] = ()
+
+
+class SandboxBackend(Protocol):
+    """Creates and destroys sandboxes; one module per implementation (see backends/__init__.py)."""
+
+    name: str
+
+    async def create(self, spec: SandboxSpec) -> AgentClient:
+        """Build the sandbox, start its agent, and return a ready client to it."""
+        ...
+
+    async def destroy(self, sandbox_id: str) -> None:
+        """Kill every process of the sandbox and remove its files; idempotent."""
+        ...
+
+    async def close(self) -> None:
+        """Destroy every sandbox this backend still holds (service shutdown)."""
+        ...

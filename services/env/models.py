@@ -1,0 +1,103 @@
+"""The env service's domain objects: sandboxes and the commands (execs) run in them."""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import time
+from dataclasses import dataclass, field
+
+from orchard.services.env.agent_client import AgentClient
+from orchard.services.env.backends.base import EgressRule, Resources
+
+
+class SandboxState(enum.Enum):
+    PENDING = 1
+    READY = 2
+    FAILED = 3
+    DELETING = 4
+    DELETED = 5
+
+
+class ExecState(enum.Enum):
+    QUEUED = 1
+    RUNNING = 2
+    SUCCEEDED = 3
+    FAILED = 4
+    TIMED_OUT = 5
+    CANCELLED = 6
+
+    @property
+    def done(self) -> bool:
+        return self.value >= ExecState.SUCCEEDED.value
+
+
+@dataclass
+class Sandbox:
+    """One sandbox and its lease; client is the channel to its agent once ready."""
+
+    sandbox_id: str
+    image: str
+    workdir: str
+    env: dict[str, str]
+    labels: dict[str, str]
+    resources: Resources
+    egress: tuple[EgressRule, ...]
+    ttl_s: float
+    heartbeat_timeout_s: float
+    create_time: float = field(default_factory=time.time)
+    last_heartbeat_time: float = field(default_factory=time.time)
+    state: SandboxState = SandboxState.PENDING
+    failure_reason: str = ""
+    request_id: str = ""
+    client: AgentClient | None = None
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    exec_order: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    @property
+    def expire_time(self) -> float:
+        expiry = self.create_time + self.ttl_s
+        if self.heartbeat_timeout_s > 0:
+            expiry = min(expiry, self.last_heartbeat_time + self.heartbeat_timeout_s)
+        return expiry
+
+    def expiry_reason(self) -> str:
+        if self.heartbeat_timeout_s > 0 and self.last_heartbeat_time + self.heartbeat_timeout_s < \
+                self.create_time + self.ttl_s:
+            return f"no heartbeat for {self.heartbeat_timeout_s:g}s"
+        return f"expired after ttl {self.ttl_s:g}s"
+
+
+@dataclass
+class Exec:
+    """One command: its request, its state, and its output as chunks (fd, bytes) in arrival order."""
+
+    exec_id: str
+    sandbox_id: str
+    command: str
+    argv: list[str]
+    cwd: str
+    env: dict[str, str]
+    stdin: bytes
+    timeout_s: float
+    max_output: int
+    create_time: float = field(default_factory=time.time)
+    state: ExecState = ExecState.QUEUED
+    exit_code: int = -1
+    chunks: list[tuple[int, bytes]] = field(default_factory=list)
+    totals: tuple[int, int] = (0, 0)
+    error: str = ""
+    start_time: float | None = None
+    end_time: float | None = None
+    agent_id: int | None = None
+    changed: asyncio.Condition = field(default_factory=asyncio.Condition)
+
+    def output(self, fd: int) -> bytes:
+        return b"".join(data for chunk_fd, data in self.chunks if chunk_fd == fd)
+
+    def truncated(self, fd: int) -> bool:
+        return self.totals[fd - 1] > self.max_output
+
+    async def notify(self) -> None:
+        async with self.changed:
+            self.changed.notify_all()

@@ -1,0 +1,41 @@
+"""Bootstrap of the env service: settings → backend → manager → gRPC server (`orchard serve env`)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from orchard.env.v1 import env_pb2_grpc
+from orchard.runtime import GrpcServer, configure_logging, load_settings
+from orchard.services.env.backends import load_backend_class
+from orchard.services.env.manager import SandboxManager
+from orchard.services.env.servicer import EnvServicer
+from orchard.services.env.settings import EnvSettings
+
+
+async def build(settings: EnvSettings) -> tuple[GrpcServer, SandboxManager]:
+    """An env service ready to start: its backend is up, its server not yet listening."""
+    backend = load_backend_class(settings.backend)(settings)
+    await backend.start()
+    manager = SandboxManager(settings, backend)
+    await manager.start()
+    server = GrpcServer(settings, name="env")
+    server.add_service(env_pb2_grpc.add_EnvServiceServicer_to_server, EnvServicer(manager),
+                       "orchard.env.v1.EnvService")
+    server.on_stop(manager.close)
+    return server, manager
+
+
+async def serve(settings: EnvSettings) -> None:
+    server, _ = await build(settings)
+    await server.serve()  # until SIGTERM/SIGINT: NOT_SERVING, drain, then every sandbox is destroyed
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    settings = load_settings(EnvSettings, argv)
+    configure_logging(settings.log_level, settings.log_format)
+    asyncio.run(serve(settings))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,209 @@
+"""EnvService servicer: translates protos to the manager's domain calls and back, nothing else.
+Errors raised below are OrchardErrors; the runtime's interceptor maps them to status codes."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import grpc
+from google.protobuf.duration_pb2 import Duration
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from orchard.env.v1 import env_pb2 as pb
+from orchard.env.v1 import env_pb2_grpc
+from orchard.errors import InvalidArgument, Unimplemented
+from orchard.services.env.backends.base import EgressRule, Resources
+from orchard.services.env.files import FileInfo
+from orchard.services.env.manager import CreateRequest, ExecRequest, SandboxManager
+from orchard.services.env.models import Exec, Sandbox
+
+FILE_TYPES = {"file": pb.FILE_TYPE_FILE, "directory": pb.FILE_TYPE_DIRECTORY, "symlink": pb.FILE_TYPE_SYMLINK}
+
+
+def _ts(seconds: float | None) -> Timestamp | None:
+    if seconds is None:
+        return None
+    ts = Timestamp()
+    ts.FromNanoseconds(int(seconds * 1e9))
+    return ts
+
+
+def _dur(seconds: float) -> Duration:
+    d = Duration()
+    d.FromNanoseconds(int(seconds * 1e9))
+    return d
+
+
+def _seconds(d: Duration, field: str) -> float:
+    value = d.ToNanoseconds() / 1e9
+    if value < 0:
+        raise InvalidArgument(f"{field} must not be negative", field=field)
+    return value
+
+
+def sandbox_pb(sb: Sandbox) -> pb.Sandbox:
+    r = sb.resources
+    return pb.Sandbox(
+        name=f"sandboxes/{sb.sandbox_id}", sandbox_id=sb.sandbox_id, kind=pb.SANDBOX_KIND_CONTAINER, image=sb.image,
+        state=sb.state.value, failure_reason=sb.failure_reason,
+        resources=pb.Resources(cpu_millis=r.cpu_millis, memory_bytes=r.memory_bytes, pids=r.pids,
+                               disk_bytes=r.disk_bytes),
+        env=sb.env, labels=sb.labels,
+        network_policy=pb.NetworkPolicy(allow=[pb.EgressRule(cidr=e.cidr, host=e.host, port=e.port)
+                                               for e in sb.egress]),
+        workdir=sb.workdir, create_time=_ts(sb.create_time), expire_time=_ts(sb.expire_time), ttl=_dur(sb.ttl_s),
+        heartbeat_timeout=_dur(sb.heartbeat_timeout_s), last_heartbeat_time=_ts(sb.last_heartbeat_time),
+    )
+
+
+def exec_pb(ex: Exec, *, with_output: bool = True) -> pb.Exec:
+    msg = pb.Exec(
+        name=f"sandboxes/{ex.sandbox_id}/execs/{ex.exec_id}", exec_id=ex.exec_id, sandbox_id=ex.sandbox_id,
+        command=ex.command, state=ex.state.value, exit_code=ex.exit_code,
+        stdout_truncated=ex.truncated(1), stderr_truncated=ex.truncated(2),
+        stdout_total_bytes=ex.totals[0], stderr_total_bytes=ex.totals[1], error=ex.error,
+        create_time=_ts(ex.create_time), start_time=_ts(ex.start_time), end_time=_ts(ex.end_time),
+        timeout=_dur(ex.timeout_s),
+    )
+    if with_output:
+        msg.stdout, msg.stderr = ex.output(1), ex.output(2)
+    if ex.start_time is not None and ex.end_time is not None:
+        msg.duration.CopyFrom(_dur(ex.end_time - ex.start_time))
+    return msg
+
+
+def file_pb(info: FileInfo) -> pb.FileInfo:
+    return pb.FileInfo(name=info.name, path=info.path, type=FILE_TYPES.get(info.type, pb.FILE_TYPE_UNSPECIFIED),
+                       size_bytes=info.size, mode=info.mode, modify_time=_ts(info.mtime))
+
+
+class EnvServicer(env_pb2_grpc.EnvServiceServicer):
+    """gRPC face of the SandboxManager."""
+
+    def __init__(self, manager: SandboxManager) -> None:
+        self.manager = manager
+
+    async def CreateSandbox(self, request: pb.CreateSandboxRequest, context: grpc.aio.ServicerContext
+                            ) -> pb.CreateSandboxResponse:
+        if request.kind == pb.SANDBOX_KIND_BROWSER:
+            raise Unimplemented("browser sandboxes are not available yet in this env service (planned: the "
+                                "browser issue); create a container sandbox instead")
+        res = request.resources
+        if min(res.cpu_millis, res.memory_bytes, res.pids, res.disk_bytes) < 0:
+            raise InvalidArgument("resources must not be negative", field="resources")
+        sandbox = await self.manager.create_sandbox(CreateRequest(
+            image=request.image, env=dict(request.env), labels=dict(request.labels),
+            resources=Resources(res.cpu_millis, res.memory_bytes, res.pids, res.disk_bytes),
+            egress=tuple(EgressRule(r.cidr, r.host, r.port) for r in request.network_policy.allow),
+            ttl_s=_seconds(request.ttl, "ttl"),
+            heartbeat_timeout_s=_seconds(request.heartbeat_timeout, "heartbeat_timeout"),
+            sandbox_id=request.sandbox_id, request_id=request.request_id, workdir=request.workdir,
+        ))
+        return pb.CreateSandboxResponse(sandbox=sandbox_pb(sandbox))
+
+    async def GetSandbox(self, request: pb.GetSandboxRequest, context: grpc.aio.ServicerContext
+                         ) -> pb.GetSandboxResponse:
+        return pb.GetSandboxResponse(sandbox=sandbox_pb(self.manager.get_sandbox(request.sandbox_id)))
+
+    async def ListSandboxes(self, request: pb.ListSandboxesRequest, context: grpc.aio.ServicerContext
+                            ) -> pb.ListSandboxesResponse:
+        page, token = self.manager.list_sandboxes(dict(request.label_selector), request.page_size,
+                                                  request.page_token)
+        return pb.ListSandboxesResponse(sandboxes=[sandbox_pb(sb) for sb in page], next_page_token=token)
+
+    async def DeleteSandbox(self, request: pb.DeleteSandboxRequest, context: grpc.aio.ServicerContext
+                            ) -> pb.DeleteSandboxResponse:
+        return pb.DeleteSandboxResponse(sandbox=sandbox_pb(await self.manager.delete_sandbox(request.sandbox_id)))
+
+    async def Heartbeat(self, request: pb.HeartbeatRequest, context: grpc.aio.ServicerContext
+                        ) -> pb.HeartbeatResponse:
+        return pb.HeartbeatResponse(sandbox=sandbox_pb(self.manager.heartbeat(request.sandbox_id)))
+
+    async def SetNetworkPolicy(self, request: pb.SetNetworkPolicyRequest, context: grpc.aio.ServicerContext
+                               ) -> pb.SetNetworkPolicyResponse:
+        self.manager.get_sandbox(request.sandbox_id)
+        raise Unimplemented("changing the network policy of a live sandbox is not available yet "
+                            "(planned with egress allowlists); sandboxes have no network")
+
+    async def StartExec(self, request: pb.StartExecRequest, context: grpc.aio.ServicerContext
+                        ) -> pb.StartExecResponse:
+        which = request.WhichOneof("command")
+        ex = self.manager.start_exec(ExecRequest(
+            sandbox_id=request.sandbox_id,
+            argv=list(request.argv.args) if which == "argv" else None,
+            shell=request.shell if which == "shell" else None,
+            cwd=request.cwd, env=dict(request.env), stdin=request.stdin,
+            timeout_s=_seconds(request.timeout, "timeout"), login_shell=request.login_shell,
+            max_output=request.max_output_bytes,
+        ))
+        return pb.StartExecResponse(exec=exec_pb(ex))
+
+    async def GetExec(self, request: pb.GetExecRequest, context: grpc.aio.ServicerContext) -> pb.GetExecResponse:
+        return pb.GetExecResponse(exec=exec_pb(self.manager.get_exec(request.exec_id)))
+
+    async def WaitExec(self, request: pb.WaitExecRequest, context: grpc.aio.ServicerContext) -> pb.WaitExecResponse:
+        ex = await self.manager.wait_exec(request.exec_id, _seconds(request.timeout, "timeout"))
+        return pb.WaitExecResponse(exec=exec_pb(ex), done=ex.state.done)
+
+    async def StreamExec(self, request: pb.StreamExecRequest, context: grpc.aio.ServicerContext
+                         ) -> AsyncIterator[pb.StreamExecResponse]:
+        async for fd, data in self.manager.stream_exec(request.exec_id):
+            yield pb.StreamExecResponse(stdout=data) if fd == 1 else pb.StreamExecResponse(stderr=data)
+        ex = self.manager.get_exec(request.exec_id)
+        yield pb.StreamExecResponse(exit=exec_pb(ex, with_output=False))
+
+    async def CancelExec(self, request: pb.CancelExecRequest, context: grpc.aio.ServicerContext
+                         ) -> pb.CancelExecResponse:
+        return pb.CancelExecResponse(exec=exec_pb(await self.manager.cancel_exec(request.exec_id)))
+
+    async def ApplyPatch(self, request: pb.ApplyPatchRequest, context: grpc.aio.ServicerContext
+                         ) -> pb.ApplyPatchResponse:
+        files, output = await self.manager.apply_patch(request.sandbox_id, request.patch, request.cwd,
+                                                       _seconds(request.timeout, "timeout"))
+        return pb.ApplyPatchResponse(files=files, output=output)
+
+    async def UploadFile(self, request_iterator: AsyncIterator[pb.UploadFileRequest],
+                         context: grpc.aio.ServicerContext) -> pb.UploadFileResponse:
+        stream = aiter(request_iterator)
+        first = await anext(stream, None)
+        if first is None or first.WhichOneof("part") != "header":
+            raise InvalidArgument("the first message of an upload must be its header", field="header")
+        header = first.header
+
+        async def chunks() -> AsyncIterator[bytes]:
+            async for message in stream:
+                if message.WhichOneof("part") != "chunk":
+                    raise InvalidArgument("only content chunks may follow the header", field="chunk")
+                yield message.chunk
+
+        path, size = await self.manager.files.upload(header.sandbox_id, header.path, header.mode, chunks())
+        return pb.UploadFileResponse(path=path, size_bytes=size)
+
+    async def DownloadFile(self, request: pb.DownloadFileRequest, context: grpc.aio.ServicerContext
+                           ) -> AsyncIterator[pb.DownloadFileResponse]:
+        info, content = await self.manager.files.download(request.sandbox_id, request.path)
+        yield pb.DownloadFileResponse(info=file_pb(info))
+        async for chunk in content:
+            yield pb.DownloadFileResponse(chunk=chunk)
+
+    async def ListFiles(self, request: pb.ListFilesRequest, context: grpc.aio.ServicerContext
+                        ) -> pb.ListFilesResponse:
+        path, files = await self.manager.files.list(request.sandbox_id, request.path)
+        return pb.ListFilesResponse(path=path, files=[file_pb(f) for f in files])
+
+    async def OpenPty(self, request_iterator: AsyncIterator[pb.OpenPtyRequest], context: grpc.aio.ServicerContext
+                      ) -> AsyncIterator[pb.OpenPtyResponse]:
+        raise Unimplemented("interactive PTY sessions are not available yet in this env service; "
+                            "use StartExec/StreamExec")
+        yield  # pragma: no cover - makes this an async generator like the real one will be
+
+    async def Screenshot(self, request: pb.ScreenshotRequest, context: grpc.aio.ServicerContext
+                         ) -> pb.ScreenshotResponse:
+        raise Unimplemented("browser sandboxes are not available yet in this env service")
+
+    async def Act(self, request: pb.ActRequest, context: grpc.aio.ServicerContext) -> pb.ActResponse:
+        raise Unimplemented("browser sandboxes are not available yet in this env service")
+
+    async def GetPageContent(self, request: pb.GetPageContentRequest, context: grpc.aio.ServicerContext
+                             ) -> pb.GetPageContentResponse:
+        raise Unimplemented("browser sandboxes are not available yet in this env service")

@@ -1,0 +1,60 @@
+"""Settings of the env service: env vars ORCHARD_ENV_<FIELD>, overridden by flags."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from orchard.runtime.settings import ServiceSettings
+from orchard.services.env.images import default_images_dir
+
+
+def default_state_dir() -> Path:
+    return Path.home() / ".local" / "state" / "orchard" / "env"
+
+
+class EnvSettings(ServiceSettings):
+    """Orchard Env service settings."""
+
+    model_config = SettingsConfigDict(env_prefix="ORCHARD_ENV_", extra="forbid")
+
+    port: int = 50051
+    """TCP port to listen on (0 picks a free one)."""
+    backend: str = "local"
+    """Sandbox backend: local."""
+    state_dir: Path = Field(default_factory=default_state_dir)
+    """Where sandboxes' writable layers live."""
+    images_dir: Path = Field(default_factory=default_images_dir)
+    """Where built images live (`orchard image build`)."""
+    max_sandboxes: int = Field(default=2000, ge=1)
+    """Most sandboxes alive at once; creates beyond it get RESOURCE_EXHAUSTED."""
+    max_concurrent_creates: int = Field(default=32, ge=1)
+    """Most sandbox creations in progress at once; more wait in line."""
+    max_concurrent_execs: int = Field(default=400, ge=1)
+    """Most commands running at once across all sandboxes; more wait in line."""
+    max_queued_execs: int = Field(default=10000, ge=1)
+    """Most commands waiting in line; StartExec beyond it gets RESOURCE_EXHAUSTED."""
+    default_exec_timeout_s: float = Field(default=300.0, gt=0)
+    """Timeout of a command that sets none."""
+    max_exec_timeout_s: float = Field(default=24 * 3600.0, gt=0)
+    """Longest timeout a command may ask for."""
+    default_output_bytes: int = Field(default=16 << 20, ge=1)
+    """Per-stream output cap of a command that sets none; the rest is dropped and reported."""
+    max_output_bytes: int = Field(default=256 << 20, ge=1)
+    """Largest per-stream output cap a command may ask for."""
+    default_ttl_s: float = Field(default=2 * 3600.0, gt=0)
+    """Lifetime of a sandbox that sets none."""
+    max_ttl_s: float = Field(default=7 * 24 * 3600.0, gt=0)
+    """Longest lifetime a sandbox may ask for."""
+    max_wait_s: float = Field(default=60.0, gt=0)
+    """Longest a WaitExec call blocks."""
+    exec_retention_s: float = Field(default=3600.0, ge=0)
+    """How long finished commands stay readable."""
+    sweep_interval_s: float = Field(default=1.0, gt=0)
+    """How often expired sandboxes and old commands are swept."""
+    agent_start_timeout_s: float = Field(default=15.0, gt=0)
+    """How long a new sandbox's agent may take to start."""
+    bwrap_path: str = "bwrap"
+    """The bubblewrap binary."""
