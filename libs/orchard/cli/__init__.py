@@ -1,0 +1,175 @@
+"""The `orchard` command: run the local stack, serve one service, manage sandboxes and images."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from orchard.errors import OrchardError
+
+
+def _pairs(values: list[str] | None, what: str) -> dict[str, str]:
+    result = {}
+    for item in values or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"orchard: {what} must look like KEY=VALUE, got {item!r}")
+        result[key] = value
+    return result
+
+
+def _client(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from orchard.sdk import SandboxClient
+
+    return SandboxClient(target=args.address, auto_cleanup=False)
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from orchard.cli.stack import up
+
+    return asyncio.run(up(args.host, args.nats_port, args.env_port, Path(args.state_dir), args.log_format))
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from orchard.cli.stack import serve
+
+    serve(args.service, args.service_args)
+    return 0
+
+
+def cmd_sandbox_create(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        sandbox = client.create_sandbox(args.image, timeout=args.ttl, env=_pairs(args.env, "--env"),
+                                        labels=_pairs(args.label, "--label"))
+        print(sandbox.sandbox_id)
+    return 0
+
+
+def cmd_sandbox_ls(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        rows = [(s.sandbox_id, s.image, s.state, ",".join(f"{k}={v}" for k, v in sorted(s.labels.items())))
+                for s in client.list_sandboxes(labels=_pairs(args.label, "--label"))]
+    print(f"{'SANDBOX':<20} {'IMAGE':<20} {'STATE':<10} LABELS")
+    for row in rows:
+        print(f"{row[0]:<20} {row[1]:<20} {row[2]:<10} {row[3]}")
+    return 0
+
+
+def cmd_sandbox_exec(args: argparse.Namespace) -> int:
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        raise SystemExit("orchard sandbox exec: give a command after the sandbox id, e.g. -- ls -la")
+    with _client(args) as client:
+        sandbox = client.get_sandbox(args.sandbox_id)
+        # One argument is a shell line (pipes work); several are an argv, quoted for bash by the service.
+        handle = sandbox.exec_async(command[0] if len(command) == 1 else command, timeout=args.timeout)
+        for stream, data in handle.stream():
+            out = sys.stdout if stream == "stdout" else sys.stderr
+            out.buffer.write(data)
+            out.flush()
+        result = handle.wait()
+    if result.error:
+        print(f"orchard: {result.error}", file=sys.stderr)
+    return result.exit_code if 0 <= result.exit_code < 256 else 1
+
+
+def cmd_sandbox_rm(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        for sandbox_id in args.sandbox_ids:
+            client.delete_sandbox(sandbox_id)
+            print(sandbox_id)
+    return 0
+
+
+def _images(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from orchard.services.env.images import ImageStore, default_images_dir
+
+    return ImageStore(Path(args.images_dir) if args.images_dir else default_images_dir())
+
+
+def cmd_image_build(args: argparse.Namespace) -> int:
+    from orchard.services.env.images import render_progress
+
+    image = asyncio.run(_images(args).build(args.name, force=args.force, progress=render_progress))
+    print(f"\nbuilt {image.name}: {image.size_bytes / 2**20:.0f} MiB at {image.rootfs}", file=sys.stderr)
+    return 0
+
+
+def cmd_image_ls(args: argparse.Namespace) -> int:
+    store = _images(args)
+    built = {image.name: image for image in store.list()}
+    print(f"{'IMAGE':<20} {'STATUS':<10} {'SIZE':>8}  DESCRIPTION")
+    for name in ["host", *sorted(set(store.list_recipes()) | set(built) - {"host"})]:
+        image = built.get(name)
+        status = "built" if image else "not built"
+        size = f"{image.size_bytes / 2**20:.0f} MiB" if image and image.size_bytes else "-"
+        description = image.description if image else store.list_recipes()[name].description
+        print(f"{name:<20} {status:<10} {size:>8}  {description}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="orchard", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("up", help="start the local stack (nats-server + services) in the foreground")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--nats-port", type=int, default=4222)
+    p.add_argument("--env-port", type=int, default=50051)
+    p.add_argument("--state-dir", default=str(Path.home() / ".local" / "state" / "orchard" / "stack"))
+    p.add_argument("--log-format", choices=["json", "text"], default="text")
+    p.set_defaults(func=cmd_up)
+
+    p = sub.add_parser("serve", help="run one service (flags after the name go to the service; --help lists them)")
+    p.add_argument("service")
+    p.add_argument("service_args", nargs=argparse.REMAINDER)
+    p.set_defaults(func=cmd_serve)
+
+    sandbox = sub.add_parser("sandbox", help="create, list, run commands in, and delete sandboxes")
+    sandbox.add_argument("--address", default=None, help="env service address (default: ORCHARD_ENV_ADDRESS "
+                         "or 127.0.0.1:50051)")
+    ssub = sandbox.add_subparsers(dest="action", required=True)
+    p = ssub.add_parser("create", help="create a sandbox and print its id")
+    p.add_argument("image")
+    p.add_argument("--ttl", type=float, default=3600, help="lifetime in seconds")
+    p.add_argument("--env", action="append", metavar="KEY=VALUE")
+    p.add_argument("--label", action="append", metavar="KEY=VALUE")
+    p.set_defaults(func=cmd_sandbox_create)
+    p = ssub.add_parser("ls", help="list sandboxes")
+    p.add_argument("--label", action="append", metavar="KEY=VALUE", help="only sandboxes with this label")
+    p.set_defaults(func=cmd_sandbox_ls)
+    p = ssub.add_parser("exec", help="run a command in a sandbox, streaming its output; exits with its code")
+    p.add_argument("sandbox_id")
+    p.add_argument("--timeout", type=float, default=300)
+    p.add_argument("command", nargs=argparse.REMAINDER)
+    p.set_defaults(func=cmd_sandbox_exec)
+    p = ssub.add_parser("rm", help="delete sandboxes")
+    p.add_argument("sandbox_ids", nargs="+")
+    p.set_defaults(func=cmd_sandbox_rm)
+
+    image = sub.add_parser("image", help="build and list local sandbox images")
+    image.add_argument("--images-dir", default=None, help="default: ORCHARD_ENV_IMAGES_DIR's default, "
+                       "~/.cache/orchard/images")
+    isub = image.add_subparsers(dest="action", required=True)
+    p = isub.add_parser("build", help="build an image from Debian packages (cached)")
+    p.add_argument("name")
+    p.add_argument("--force", action="store_true", help="rebuild even if built")
+    p.set_defaults(func=cmd_image_build)
+    p = isub.add_parser("ls", help="list images")
+    p.set_defaults(func=cmd_image_ls)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    try:
+        code = args.func(args)
+    except OrchardError as err:
+        print(f"orchard: {err.message}", file=sys.stderr)
+        code = 1
+    except KeyboardInterrupt:
+        code = 130
+    sys.exit(code)

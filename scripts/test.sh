@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# The whole test suite: set up (same install as the main job), then unit, integration and e2e tests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install.sh
+exec .venv/bin/python -m pytest tests -p no:cacheprovider -q "$@"
