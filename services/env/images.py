@@ -52,8 +52,9 @@ RECIPES: dict[str, Recipe] = {
     "python:3.11-slim": Recipe(
         suite="bookworm",
         variant="minbase",
-        packages=("python3", "python3-pip", "python3-venv", "python3-pytest", "git", "ca-certificates"),
-        description="Debian 12 (bookworm) minbase with Python 3.11, pip, venv, pytest and git",
+        packages=("python3", "python-is-python3", "python3-pip", "python3-venv", "python3-pytest", "git",
+                  "ca-certificates"),
+        description="Debian 12 (bookworm) minbase with Python 3.11 (also as `python`), pip, venv, pytest and git",
     ),
 }
 
@@ -142,7 +143,8 @@ class ProgressParser:
     """Turns debootstrap's output lines into BuildProgress, counting distinct packages per stage."""
 
     # "Retrieving git 1:2.39.5-0+deb12u3", "Unpacking libc6:amd64..." (but not "Unpacking the base system...")
-    _PACKAGE = re.compile(r"I: (?:(Retrieving|Validating) (\S+) \S+|(Extracting|Unpacking|Configuring) (\S+?)(?::\w+)?\.\.\.)$")
+    _PACKAGE = re.compile(
+        r"I: (?:(Retrieving|Validating) (\S+) \S+|(Extracting|Unpacking|Configuring) (\S+?)(?::\w+)?\.\.\.)$")
     _STAGES = {"Retrieving": "download", "Validating": "download", "Extracting": "extract",
                "Unpacking": "unpack", "Configuring": "configure"}
 
@@ -201,7 +203,8 @@ class ImageStore:
         image = self._built(name, _recipe(name))
         if image is None:
             raise FailedPrecondition(
-                f"image '{name}' is not built on this machine; build it with `orchard image build {name}`",
+                f"image '{name}' is not built on this machine (or was built from an older recipe); "
+                f"build it with `orchard image build {name}`",
                 field="image", reason="IMAGE_NOT_BUILT")
         return image
 
@@ -228,10 +231,10 @@ class ImageStore:
             return image
         report = progress or (lambda p: None)
         self.root.mkdir(parents=True, exist_ok=True)
-        async with self._locked(name, report):
+        async with self._locked(name, report) as lock_fd:
             if not force and (image := self._built(name, recipe)):
                 return image  # another build finished while we waited
-            return await self._build_locked(name, recipe, report)
+            return await self._build_locked(name, recipe, lock_fd, report)
 
     def _built(self, name: str, recipe: Recipe) -> Image | None:
         folder = self.root / image_dirname(name)
@@ -239,13 +242,15 @@ class ImageStore:
             meta = json.loads((folder / "image.json").read_text())
         except FileNotFoundError:
             return None
+        if meta.get("recipe") != json.loads(json.dumps(asdict(recipe))):
+            return None  # built from an older recipe: rebuilt by the next `build`
         return Image(name=name, rootfs=folder / "rootfs", is_host=False, size_bytes=meta["size_bytes"],
                      build_time=datetime.fromisoformat(meta["build_time"]), description=recipe.description)
 
     @contextlib.asynccontextmanager
-    async def _locked(self, name: str, report: Callable[[BuildProgress], None]) -> AsyncIterator[None]:
+    async def _locked(self, name: str, report: Callable[[BuildProgress], None]) -> AsyncIterator[int]:
         # flock (not an asyncio.Lock) so builds in other processes wait too; poll so that
-        # waiting never blocks the event loop and stays cancellable.
+        # waiting never blocks the event loop and stays cancellable. Yields the locked fd.
         fd = os.open(self.root / f".{image_dirname(name)}.lock", os.O_RDWR | os.O_CREAT, 0o644)
         try:
             waiting = False
@@ -258,11 +263,12 @@ class ImageStore:
                         report(BuildProgress("prepare", 0, None, f"waiting for another build of {name}"))
                         waiting = True
                     await asyncio.sleep(0.2)
-            yield
+            yield fd
         finally:
-            os.close(fd)  # releases the lock
+            os.close(fd)  # releases the lock, unless a debootstrap that outlived us still holds it
 
-    async def _build_locked(self, name: str, recipe: Recipe, report: Callable[[BuildProgress], None]) -> Image:
+    async def _build_locked(self, name: str, recipe: Recipe, lock_fd: int,
+                            report: Callable[[BuildProgress], None]) -> Image:
         dirname = image_dirname(name)
         if os.geteuid() != 0:
             raise FailedPrecondition(f"building image '{name}' needs root (debootstrap); run "
@@ -281,7 +287,7 @@ class ImageStore:
         started = time.monotonic()
         try:
             # 2. debootstrap into the hidden folder.
-            await _debootstrap(name, recipe, tmp / "rootfs", mirror, log_path, report)
+            await _debootstrap(name, recipe, tmp / "rootfs", mirror, log_path, lock_fd, report)
             # 3. Shrink and adjust the rootfs, then write the metadata that makes it resolvable.
             report(BuildProgress("finalize", 0, None, "removing package caches, writing image metadata"))
             await asyncio.to_thread(_finish_rootfs, tmp / "rootfs")
@@ -319,9 +325,13 @@ def _recipe(name: str) -> Recipe:
     return RECIPES[name]
 
 
-async def _debootstrap(name: str, recipe: Recipe, rootfs: Path, mirror: str, log_path: Path,
+async def _debootstrap(name: str, recipe: Recipe, rootfs: Path, mirror: str, log_path: Path, lock_fd: int,
                        report: Callable[[BuildProgress], None]) -> None:
-    """Run debootstrap, streaming its output to `log_path` and `report`; raise with the log's tail on failure."""
+    """Run debootstrap, streaming its output to `log_path` and `report`; raise with the log's tail on failure.
+
+    debootstrap inherits the lock: if this process dies, the next build waits for the orphaned
+    debootstrap to finish instead of deleting the folder it is still writing.
+    """
     args = ["debootstrap", f"--variant={recipe.variant}", f"--include={','.join(recipe.packages)}",
             recipe.suite, str(rootfs), mirror]
     parser = ProgressParser()
@@ -330,7 +340,7 @@ async def _debootstrap(name: str, recipe: Recipe, rootfs: Path, mirror: str, log
         log.write(f"$ {' '.join(args)}\n")
         proc = await asyncio.create_subprocess_exec(
             *args, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT, start_new_session=True)
+            stderr=asyncio.subprocess.STDOUT, start_new_session=True, pass_fds=(lock_fd,))
         assert proc.stdout is not None
         try:
             async for raw in proc.stdout:
