@@ -3,7 +3,8 @@ orchard.trainers -> trainers) so a module's import path tells where it lives."""
 
 from setuptools import find_packages, setup
 
-ROOTS = {"orchard": "libs/orchard", "orchard.services": "services", "orchard.trainers": "trainers"}
+ROOTS = {"orchard": "libs/orchard", "orchard.services": "services", "orchard.trainers": "trainers",
+         "aks_modal": "libs/aks_modal"}
 
 packages = []
 for name, folder in ROOTS.items():

@@ -1,0 +1,37 @@
+"""The Orchard Env Python SDK: sandboxes, commands, files and patches over the env service's gRPC API.
+
+    from orchard import SandboxClient
+    with SandboxClient() as client:
+        with client.create_sandbox("python:3.11-slim") as sandbox:
+            print(sandbox.exec("python -V").stdout)
+
+Names follow the public Orchard Env SDK (`orchard_env`), so code written for it switches by import.
+"""
+
+from orchard.sdk.aio import AsyncSandboxClient, AsyncSandboxPager
+from orchard.sdk.results import FileEntry, JobResult, PatchError, PatchResult, SandboxInfo, UploadResult
+from orchard.sdk.sandbox import AsyncExecHandle, AsyncSandbox
+from orchard.sdk.sync import ExecHandle, Sandbox, SandboxClient
+
+SandboxInstance = Sandbox
+"""The public SDK's name for a sandbox."""
+AsyncSandboxInstance = AsyncSandbox
+"""The public SDK's name for an async sandbox."""
+
+__all__ = [
+    "AsyncExecHandle",
+    "AsyncSandbox",
+    "AsyncSandboxClient",
+    "AsyncSandboxInstance",
+    "AsyncSandboxPager",
+    "ExecHandle",
+    "FileEntry",
+    "JobResult",
+    "PatchError",
+    "PatchResult",
+    "Sandbox",
+    "SandboxClient",
+    "SandboxInfo",
+    "SandboxInstance",
+    "UploadResult",
+]

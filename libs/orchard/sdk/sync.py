@@ -1,0 +1,255 @@
+"""The blocking SDK: SandboxClient, Sandbox and ExecHandle wrap their async twins, which run on a private
+event loop in a background thread (so they also work where a loop already runs, e.g. Jupyter)."""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import os
+import threading
+from collections.abc import AsyncIterator, Coroutine, Iterator, Mapping
+from types import TracebackType
+from typing import Any, Self, TypeVar
+
+from orchard.sdk.aio import AsyncSandboxClient
+from orchard.sdk.config import ClientConfig
+from orchard.sdk.results import FileEntry, JobResult, PatchResult, SandboxInfo, UploadResult
+from orchard.sdk.sandbox import AsyncExecHandle, AsyncSandbox, Command
+
+T = TypeVar("T")
+
+
+class _LoopThread:
+    """An event loop running forever in a daemon thread; `run` executes a coroutine on it and blocks."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="orchard-sdk-loop", daemon=True)
+        self._thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        if threading.current_thread() is self._thread:
+            coro.close()
+            raise RuntimeError("a blocking SDK call was made from the SDK's own event loop; use AsyncSandboxClient")
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return future.result()
+        except KeyboardInterrupt:
+            future.cancel()  # cancels the task on the loop, which cancels the remote work (e.g. the command)
+            raise
+
+    def iterate(self, agen: AsyncIterator[T]) -> Iterator[T]:
+        """Bridge an async iterator living on the loop to a blocking one."""
+        done = object()
+
+        async def step() -> Any:
+            return await anext(agen, done)
+
+        try:
+            while (item := self.run(step())) is not done:
+                yield item
+        finally:
+            close = getattr(agen, "aclose", None)  # async generators: run their cleanup (cancel the stream)
+            if close is not None and self._thread.is_alive():
+                self.run(close())
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=10)
+        if not self._thread.is_alive():
+            self.loop.close()
+
+
+class ExecHandle:
+    """A command started in a sandbox: wait(), stream(), describe(), cancel()."""
+
+    def __init__(self, handle: AsyncExecHandle, runner: _LoopThread) -> None:
+        self._handle = handle
+        self._run = runner
+        self.job_id = handle.job_id
+        self.sandbox_id = handle.sandbox_id
+        self.command = handle.command
+
+    def describe(self) -> JobResult:
+        """The command's current state, with its output so far."""
+        return self._run.run(self._handle.describe())
+
+    def wait(self, timeout: float | None = None) -> JobResult:
+        """Wait until it ends; raises DeadlineExceeded (a TimeoutError) after `timeout` seconds."""
+        return self._run.run(self._handle.wait(timeout))
+
+    def cancel(self) -> JobResult:
+        """Kill it (and its process tree) if still queued or running; returns its final state."""
+        return self._run.run(self._handle.cancel())
+
+    def stream(self) -> Iterator[tuple[str, bytes]]:
+        """Yield ("stdout" | "stderr", chunk) as the command writes; ends when it ends."""
+        return self._run.iterate(self._handle.stream())
+
+    def __repr__(self) -> str:
+        return f"ExecHandle(job_id={self.job_id!r}, sandbox_id={self.sandbox_id!r})"
+
+
+class Sandbox:
+    """A live sandbox. `with` deletes it on exit."""
+
+    def __init__(self, sandbox: AsyncSandbox, runner: _LoopThread) -> None:
+        self._sandbox = sandbox
+        self._run = runner
+
+    @property
+    def sandbox_id(self) -> str:
+        return self._sandbox.sandbox_id
+
+    @property
+    def image(self) -> str:
+        return self._sandbox.image
+
+    @property
+    def info(self) -> SandboxInfo:
+        """The sandbox as last reported (refreshed by refresh() and heartbeat())."""
+        return self._sandbox.info
+
+    def refresh(self) -> SandboxInfo:
+        return self._run.run(self._sandbox.refresh())
+
+    def heartbeat(self) -> SandboxInfo:
+        """Extend the sandbox's liveness lease now."""
+        return self._run.run(self._sandbox.heartbeat())
+
+    def exec(self, command: Command, timeout: float | None = 300, cwd: str | None = None,
+             env: Mapping[str, str] | None = None, login_shell: bool = False,
+             stdin: bytes | str | None = None) -> JobResult:
+        """Run a command to its end (string: `bash -c`; list: argv, quoted by the service)."""
+        return self._run.run(self._sandbox.exec(command, timeout, cwd, env, login_shell, stdin))
+
+    def start(self, command: Command, timeout: float | None = 300, cwd: str | None = None,
+              env: Mapping[str, str] | None = None, login_shell: bool = False,
+              stdin: bytes | str | None = None) -> ExecHandle:
+        """Queue a command and return its handle at once."""
+        return ExecHandle(self._run.run(self._sandbox.start(command, timeout, cwd, env, login_shell, stdin)),
+                          self._run)
+
+    exec_async = start
+
+    def get_job(self, job_id: str) -> JobResult:
+        return self._run.run(self._sandbox.get_job(job_id))
+
+    def apply_patch(self, patch: str, timeout: float = 30, cwd: str | None = None) -> PatchResult:
+        """Apply a unified (git) diff, all or nothing; raises PatchError when it does not apply."""
+        return self._run.run(self._sandbox.apply_patch(patch, timeout, cwd))
+
+    def upload_file(self, local_path: str | os.PathLike[str], remote_path: str,
+                    mode: int | None = None) -> UploadResult:
+        return self._run.run(self._sandbox.upload_file(local_path, remote_path, mode))
+
+    def upload_content(self, content: bytes | str, remote_path: str, mode: int | None = None) -> UploadResult:
+        return self._run.run(self._sandbox.upload_content(content, remote_path, mode))
+
+    def download_file(self, remote_path: str, local_path: str | os.PathLike[str]) -> int:
+        return self._run.run(self._sandbox.download_file(remote_path, local_path))
+
+    def download_content(self, remote_path: str) -> bytes:
+        return self._run.run(self._sandbox.download_content(remote_path))
+
+    def list_files(self, path: str = "") -> list[FileEntry]:
+        return self._run.run(self._sandbox.list_files(path))
+
+    def delete(self) -> None:
+        """Delete the sandbox; deleting twice is fine."""
+        self._run.run(self._sandbox.delete())
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.delete()
+
+    def __repr__(self) -> str:
+        return f"Sandbox(sandbox_id={self.sandbox_id!r}, image={self.image!r}, state={self.info.state!r})"
+
+
+class SandboxClient:
+    """Blocking client of the Orchard env service; same arguments as AsyncSandboxClient.
+
+    With auto_cleanup, the sandboxes it created are deleted when it closes, and at process exit
+    if it was never closed.
+    """
+
+    def __init__(self, target: str | None = None, timeout: float = 300.0, auto_cleanup: bool = True,
+                 api_key: str | None = None, prefix: str | None = None, *, connect_timeout: float = 3.0) -> None:
+        self._run = _LoopThread()
+        self._client = AsyncSandboxClient(target, timeout, auto_cleanup, api_key, prefix,
+                                          connect_timeout=connect_timeout)
+        self._closed = False
+        if auto_cleanup:
+            atexit.register(self.close)
+
+    @classmethod
+    def connect(cls, target: str | None = None, timeout: float = 300.0, auto_cleanup: bool = True,
+                api_key: str | None = None, prefix: str | None = None, *,
+                connect_timeout: float = 3.0) -> SandboxClient:
+        """A client whose connection is already up; raises Unavailable (a ConnectionError) fast if it cannot be."""
+        client = cls(target, timeout, auto_cleanup, api_key, prefix, connect_timeout=connect_timeout)
+        try:
+            client._run.run(client._client._transport.connect())
+        except BaseException:
+            client.close()
+            raise
+        return client
+
+    @property
+    def config(self) -> ClientConfig:
+        return self._client.config
+
+    @property
+    def target(self) -> str:
+        return self._client.target
+
+    def create_sandbox(self, image: str, block_network: bool = True, sandbox_id: str | None = None,
+                       cpu: str | float | None = None, memory: str | int | None = None, timeout: float | None = 3600,
+                       wait_ready: bool = True, env: Mapping[str, str] | None = None,
+                       labels: Mapping[str, str] | None = None) -> Sandbox:
+        """Create a sandbox and return it ready; see AsyncSandboxClient.create_sandbox."""
+        sandbox = self._run.run(self._client.create_sandbox(image, block_network, sandbox_id, cpu, memory, timeout,
+                                                            wait_ready, env, labels))
+        return Sandbox(sandbox, self._run)
+
+    def get_sandbox(self, sandbox_id: str) -> Sandbox:
+        """An existing sandbox; raises NotFound."""
+        return Sandbox(self._run.run(self._client.get_sandbox(sandbox_id)), self._run)
+
+    def delete_sandbox(self, sandbox_id: str) -> bool:
+        """Delete a sandbox; returns False if it was already gone."""
+        return self._run.run(self._client.delete_sandbox(sandbox_id))
+
+    def list_sandboxes(self, labels: Mapping[str, str] | None = None, page_size: int = 100) -> Iterator[Sandbox]:
+        """Every sandbox carrying all of `labels`, ordered by id, fetched a page at a time."""
+        pager = self._client.list_sandboxes(labels, page_size)
+        return (Sandbox(sandbox, self._run) for sandbox in self._run.iterate(aiter(pager)))
+
+    def cleanup_all(self) -> list[str]:
+        """Delete every sandbox this client created and has not deleted yet; returns the ids deleted now."""
+        return self._run.run(self._client.cleanup_all())
+
+    def close(self) -> None:
+        """Delete the sandboxes it created (with auto_cleanup), close the connection and stop its thread."""
+        if self._closed:
+            return
+        self._closed = True
+        atexit.unregister(self.close)
+        try:
+            self._run.run(self._client.close())
+        finally:
+            self._run.stop()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"SandboxClient(target={self.target!r})"
