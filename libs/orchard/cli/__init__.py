@@ -50,7 +50,7 @@ def cmd_sandbox_create(args: argparse.Namespace) -> int:
 
 def cmd_sandbox_ls(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        rows = [(s.sandbox_id, s.image, s.state, ",".join(f"{k}={v}" for k, v in sorted(s.labels.items())))
+        rows = [(s.sandbox_id, s.image, s.info.state, ",".join(f"{k}={v}" for k, v in sorted(s.info.labels.items())))
                 for s in client.list_sandboxes(labels=_pairs(args.label, "--label"))]
     print(f"{'SANDBOX':<20} {'IMAGE':<20} {'STATE':<10} LABELS")
     for row in rows:
@@ -73,7 +73,8 @@ def cmd_sandbox_exec(args: argparse.Namespace) -> int:
         result = handle.wait()
     if result.error:
         print(f"orchard: {result.error}", file=sys.stderr)
-    return result.exit_code if 0 <= result.exit_code < 256 else 1
+    code = result.exit_code if result.exit_code is not None else 1
+    return code if 0 <= code < 256 else 1
 
 
 def cmd_sandbox_rm(args: argparse.Namespace) -> int:

@@ -77,6 +77,8 @@ class LocalBackend:
             "--hostname", spec.sandbox_id[:63],
             "--clearenv", "--setenv", "PATH", SANDBOX_PATH, "--setenv", "HOME", "/root",
             "--setenv", "LANG", "C.UTF-8", "--setenv", "ORCHARD_SANDBOX_ID", spec.sandbox_id,
+            # Patches can keep a file's size and mtime second; stale .pyc files would then hide the change.
+            "--setenv", "PYTHONDONTWRITEBYTECODE", "1",
         ]
         for key, value in spec.env.items():
             argv += ["--setenv", key, value]
