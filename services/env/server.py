@@ -6,7 +6,9 @@ import asyncio
 from collections.abc import Sequence
 
 from orchard.env.v1 import env_pb2_grpc
+from orchard.errors import OrchardError
 from orchard.runtime import GrpcServer, configure_logging, load_settings
+from orchard.runtime.settings import SettingsError
 from orchard.services.env.backends import load_backend_class
 from orchard.services.env.manager import SandboxManager
 from orchard.services.env.servicer import EnvServicer
@@ -32,9 +34,15 @@ async def serve(settings: EnvSettings) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    settings = load_settings(EnvSettings, argv)
+    try:
+        settings = load_settings(EnvSettings, argv)
+    except SettingsError as err:
+        raise SystemExit(f"orchard serve env: {err}") from None
     configure_logging(settings.log_level, settings.log_format)
-    asyncio.run(serve(settings))
+    try:
+        asyncio.run(serve(settings))
+    except OrchardError as err:  # a start-up problem the operator must fix (no bwrap, state dir taken ...)
+        raise SystemExit(f"orchard serve env: {err.message}") from None
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from orchard.errors import OrchardError
+from orchard.runtime.settings import SettingsError
 
 
 def _pairs(values: list[str] | None, what: str) -> dict[str, str]:
@@ -171,6 +172,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     except OrchardError as err:
         print(f"orchard: {err.message}", file=sys.stderr)
         code = 1
+    except SettingsError as err:
+        print(f"orchard: {err}", file=sys.stderr)
+        code = 2
     except KeyboardInterrupt:
         code = 130
     sys.exit(code)

@@ -91,6 +91,7 @@ async def up(host: str, nats_port: int, env_port: int, state_dir: Path, log_form
         await _wait_ready(children[-1], lambda: _tcp_ready(host, nats_port), 20)
         env = await asyncio.create_subprocess_exec(
             sys.executable, "-m", SERVICES["env"], "--host", host, "--port", str(env_port),
+            "--state-dir", str(state_dir / "env"),
             "--log-format", log_format, start_new_session=True)
         children.append(Child("env", f"{host}:{env_port}", env))
         await _wait_ready(children[-1], lambda: _grpc_ready(f"{host}:{env_port}"), 60)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import fcntl
 import logging
 import os
 import shutil
@@ -49,13 +50,22 @@ class LocalBackend:
         self._root = settings.state_dir / "sandboxes"
         self._procs: dict[str, asyncio.subprocess.Process] = {}
         self._clients: dict[str, AgentClient] = {}
+        self._lock_fd: int | None = None
         if shutil.which(settings.bwrap_path) is None:
             raise FailedPrecondition(f"bubblewrap ({settings.bwrap_path!r}) is not installed; run scripts/install.sh "
                                      "or `apt-get install bubblewrap`")
 
     async def start(self) -> None:
-        """Remove what a previous, crashed run left behind (its processes died with it)."""
+        """Take the state dir for this service, then remove what a previous, crashed run left behind
+        (its processes died with it)."""
         self._root.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = os.open(self._settings.state_dir / "service.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lock_fd)
+            raise FailedPrecondition(f"another env service is using the state dir {self._settings.state_dir}; "
+                                     "stop it or give this one its own --state-dir") from None
         leftovers = [p for p in self._root.iterdir() if p.is_dir()]
         for path in leftovers:
             await asyncio.to_thread(self._remove_dir, path)
@@ -132,3 +142,6 @@ class LocalBackend:
 
     async def close(self) -> None:
         await asyncio.gather(*(self.destroy(sid) for sid in list(self._procs)))
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # releases the flock
+            self._lock_fd = None
