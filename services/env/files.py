@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import posixpath
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from orchard.errors import FailedPrecondition, InvalidArgument
+from orchard.errors import FailedPrecondition, InvalidArgument, OrchardError
 from orchard.services.env.agent_client import AgentClient
 
 if TYPE_CHECKING:
@@ -62,15 +64,20 @@ class FileOps:
         token = uuid.uuid4().hex[:12]
         offset = 0
         pending = b""
-        async for chunk in chunks:
-            pending += chunk
-            while len(pending) >= CHUNK:
-                await client.call("write", pending[:CHUNK], path=target, upload=token, offset=offset,
-                                  mode=mode or 0o644, last=False)
-                offset += CHUNK
-                pending = pending[CHUNK:]
-        await client.call("write", pending, path=target, upload=token, offset=offset, mode=mode or 0o644,
-                          last=True)
+        try:
+            async for chunk in chunks:
+                pending += chunk
+                while len(pending) >= CHUNK:
+                    await client.call("write", pending[:CHUNK], path=target, upload=token, offset=offset,
+                                      mode=mode or 0o644, last=False)
+                    offset += CHUNK
+                    pending = pending[CHUNK:]
+            await client.call("write", pending, path=target, upload=token, offset=offset, mode=mode or 0o644,
+                              last=True)
+        except BaseException:  # a bad stream, a client gone, a full disk: no partial file may stay behind
+            with contextlib.suppress(OrchardError):
+                await asyncio.shield(client.call("write", path=target, upload=token, abort=True))
+            raise
         return target, offset + len(pending)
 
     async def download(self, sandbox_id: str, path: str) -> tuple[FileInfo, AsyncIterator[bytes]]:

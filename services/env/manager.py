@@ -67,6 +67,18 @@ class ExecRequest:
     max_output: int = 0
 
 
+def _page_cursor(page_token: str) -> str:
+    """The last sandbox id of the previous page, from a next_page_token this service issued."""
+    try:
+        after = base64.b64decode(page_token.encode(), altchars=b"-_", validate=True).decode()
+    except ValueError:
+        after = ""
+    if not SANDBOX_ID.match(after):
+        raise InvalidArgument("page_token is not one this service issued; pass the next_page_token of the "
+                              "previous page, or none for the first", field="page_token")
+    return after
+
+
 class SandboxManager:
     """Owns every sandbox and exec of one env service."""
 
@@ -80,6 +92,7 @@ class SandboxManager:
         self._create_slots = asyncio.Semaphore(settings.max_concurrent_creates)
         self._exec_slots = asyncio.Semaphore(settings.max_concurrent_execs)
         self._tasks: set[asyncio.Task[None]] = set()
+        self._deleting: dict[str, asyncio.Task[None]] = {}
         self._sweeper: asyncio.Task[None] | None = None
         self.files = FileOps(self)
 
@@ -142,6 +155,9 @@ class SandboxManager:
         for key in list(req.env) + list(req.labels):
             if not key or "=" in key or "\x00" in key:
                 raise InvalidArgument(f"invalid env or label key {key!r}", field="env")
+        for key, value in req.env.items():
+            if "\x00" in value:
+                raise InvalidArgument(f"env variable {key!r} contains a NUL byte", field="env")
         workdir = req.workdir or "/workspace"
         if not workdir.startswith("/"):
             raise InvalidArgument(f"workdir {workdir!r} must be an absolute path", field="workdir")
@@ -178,10 +194,7 @@ class SandboxManager:
         if page_size < 0:
             raise InvalidArgument("page_size must not be negative", field="page_size")
         size = min(page_size or 100, 1000)
-        try:
-            after = base64.urlsafe_b64decode(page_token.encode()).decode() if page_token else ""
-        except ValueError:
-            raise InvalidArgument("page_token is not one this service issued", field="page_token") from None
+        after = _page_cursor(page_token) if page_token else ""
         matching = sorted(
             (sb for sb in self.sandboxes.values()
              if sb.sandbox_id > after and all(sb.labels.get(k) == v for k, v in label_selector.items())),
@@ -198,12 +211,22 @@ class SandboxManager:
         return sandbox
 
     async def delete_sandbox(self, sandbox_id: str, *, reason: str = "deleted by a client") -> Sandbox:
-        """Cancel the sandbox's commands, kill its processes and remove its files."""
+        """Cancel the sandbox's commands, kill its processes and remove its files.
+
+        The work runs in a task of its own, shared by concurrent callers: a caller that gives up (an RPC
+        deadline, the sweeper stopping) does not leave a sandbox half deleted.
+        """
         sandbox = self.get_sandbox(sandbox_id)
-        if sandbox.state is SandboxState.DELETING:
-            while sandbox_id in self.sandboxes:
-                await asyncio.sleep(0.01)
-            return sandbox
+        task = self._deleting.get(sandbox_id)
+        if task is None:
+            task = asyncio.create_task(self._delete(sandbox, reason), name=f"delete-{sandbox_id}")
+            self._deleting[sandbox_id] = task
+            task.add_done_callback(lambda _: self._deleting.pop(sandbox_id, None))
+        await asyncio.shield(task)
+        return sandbox
+
+    async def _delete(self, sandbox: Sandbox, reason: str) -> None:
+        sandbox_id = sandbox.sandbox_id
         await sandbox.ready.wait()
         sandbox.state = SandboxState.DELETING
         for ex in self.execs.values():
@@ -219,7 +242,6 @@ class SandboxManager:
             while len(self._gone) > TOMBSTONES:
                 self._gone.popitem(last=False)
         log.info("sandbox deleted", extra={"sandbox_id": sandbox_id, "reason": reason})
-        return sandbox
 
     def mark_failed(self, sandbox: Sandbox, reason: str) -> None:
         if sandbox.state is SandboxState.READY:
@@ -268,6 +290,12 @@ class SandboxManager:
             command = req.shell
         else:
             raise InvalidArgument("a command is required: set argv or shell", field="command")
+        if "\x00" in command:
+            raise InvalidArgument("the command contains a NUL byte", field="command")
+        for key, value in (req.env or {}).items():
+            if not key or "=" in key or "\x00" in key or "\x00" in value:
+                raise InvalidArgument(f"invalid env variable {key!r}: names must be non-empty without '=' and "
+                                      "neither names nor values may contain a NUL byte", field="env")
         if req.timeout_s < 0 or req.timeout_s > s.max_exec_timeout_s:
             raise InvalidArgument(f"timeout must be between 0 and {s.max_exec_timeout_s:g}s", field="timeout")
         if req.max_output < 0 or req.max_output > s.max_output_bytes:

@@ -3,6 +3,7 @@ Errors raised below are OrchardErrors; the runtime's interceptor maps them to st
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import grpc
@@ -175,6 +176,9 @@ class EnvServicer(env_pb2_grpc.EnvServiceServicer):
                 if message.WhichOneof("part") != "chunk":
                     raise InvalidArgument("only content chunks may follow the header", field="chunk")
                 yield message.chunk
+            # grpc.aio ends the request stream alike when the client finishes and when it cancels; a cancel
+            # lands at the next await, so give it one before the upload is committed.
+            await asyncio.sleep(0)
 
         path, size = await self.manager.files.upload(header.sandbox_id, header.path, header.mode, chunks())
         return pb.UploadFileResponse(path=path, size_bytes=size)

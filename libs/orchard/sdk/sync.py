@@ -53,11 +53,19 @@ class _LoopThread:
             if close is not None and self._thread.is_alive():
                 self.run(close())
 
-    def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(timeout=10)
-        if not self._thread.is_alive():
-            self.loop.close()
+
+_shared: _LoopThread | None = None
+_shared_lock = threading.Lock()
+
+
+def _loop_thread() -> _LoopThread:
+    """The one SDK loop of this process: grpc.aio binds its poller to the first loop that uses it, so every
+    sync client shares one loop instead of each starting its own."""
+    global _shared
+    with _shared_lock:
+        if _shared is None or not _shared._thread.is_alive():
+            _shared = _LoopThread()
+        return _shared
 
 
 class ExecHandle:
@@ -179,7 +187,7 @@ class SandboxClient:
 
     def __init__(self, target: str | None = None, timeout: float = 300.0, auto_cleanup: bool = True,
                  api_key: str | None = None, prefix: str | None = None, *, connect_timeout: float = 3.0) -> None:
-        self._run = _LoopThread()
+        self._run = _loop_thread()
         self._client = AsyncSandboxClient(target, timeout, auto_cleanup, api_key, prefix,
                                           connect_timeout=connect_timeout)
         self._closed = False
@@ -234,15 +242,12 @@ class SandboxClient:
         return self._run.run(self._client.cleanup_all())
 
     def close(self) -> None:
-        """Delete the sandboxes it created (with auto_cleanup), close the connection and stop its thread."""
+        """Delete the sandboxes it created (with auto_cleanup) and close the connection."""
         if self._closed:
             return
         self._closed = True
         atexit.unregister(self.close)
-        try:
-            self._run.run(self._client.close())
-        finally:
-            self._run.stop()
+        self._run.run(self._client.close())
 
     def __enter__(self) -> Self:
         return self

@@ -9,6 +9,7 @@ stream of events ("started", "out", "exit"); every other op replies once with "o
 """
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -21,6 +22,7 @@ import time
 HEAD = struct.Struct(">II")
 CHUNK = 64 * 1024
 DRAIN_AFTER_EXIT_S = 0.2  # background children may hold the pipes open; don't wait on them for ever
+EXEC_MARK = "ORCHARD_EXEC"  # set in every exec's environment, so processes that leave its session are found too
 
 
 def encode(header, body=b""):
@@ -40,8 +42,10 @@ async def read_frame(reader):
     return json.loads(data[:head_len]), data[head_len:]
 
 
-def session_members(sid):
-    """Pids of every process in session sid (an exec's whole process tree, unless a child left it)."""
+def exec_members(sid, mark):
+    """Live pids of one exec's whole process tree: its session sid, and every process that left the session
+    (setsid, daemons) but still carries the exec's mark in its environment."""
+    needle = f"{EXEC_MARK}={mark}".encode()
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -49,17 +53,23 @@ def session_members(sid):
         try:
             with open(f"/proc/{entry}/stat", "rb") as f:
                 fields = f.read().rsplit(b")", 1)[1].split()
+            if fields[0] == b"Z":  # fields after "comm)": state ppid pgrp session ...; a zombie is dead already
+                continue
+            if int(fields[3]) == sid:
+                found.append(int(entry))
+                continue
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    found.append(int(entry))
         except OSError:
             continue
-        if int(fields[3]) == sid:  # fields after "comm)": state ppid pgrp session ...
-            found.append(int(entry))
     return found
 
 
-def kill_tree(pid):
-    """SIGKILL the exec's session until nothing in it is left."""
+def kill_tree(pid, mark):
+    """SIGKILL the exec's whole process tree until nothing of it is left."""
     for _ in range(20):
-        members = session_members(pid)
+        members = exec_members(pid, mark)
         if not members:
             return
         for member in members:
@@ -74,7 +84,7 @@ class Agent:
     def __init__(self, reader, writer):
         self.reader = reader
         self.writer = writer
-        self.running = {}  # request id -> (process, reason holder)
+        self.running = {}  # request id -> (process or None before it started, reason holder)
         self.tasks = set()
 
     async def send(self, header, body=b""):
@@ -91,8 +101,9 @@ class Agent:
             task = asyncio.ensure_future(self.handle(header, body))
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
-        for proc, _ in list(self.running.values()):
-            kill_tree(proc.pid)
+        for rid, (proc, _) in list(self.running.items()):
+            if proc is not None:
+                kill_tree(proc.pid, rid)
 
     async def handle(self, header, body):
         rid = header.get("id", -1)
@@ -131,14 +142,20 @@ class Agent:
         if entry is not None:
             proc, why = entry
             why.append(reason)
-            kill_tree(proc.pid)
+            if proc is not None:  # else run_exec kills it as soon as it has started
+                kill_tree(proc.pid, target)
 
     async def run_exec(self, rid, header, stdin):
         env = dict(os.environ)
         env.update(header.get("env") or {})
+        env[EXEC_MARK] = str(rid)
         cap = int(header.get("max_output", 1 << 20))
+        why = []
+        self.running[rid] = (None, why)  # a cancel that comes while the process starts is kept here
+        loop = asyncio.get_running_loop()
         try:
-            proc = await asyncio.create_subprocess_exec(
+            transport, protocol = await loop.subprocess_exec(
+                lambda: ExitProtocol(limit=1 << 16, loop=loop),
                 *header["argv"],
                 cwd=header.get("cwd") or None,
                 env=env,
@@ -147,12 +164,16 @@ class Agent:
                 stderr=subprocess.PIPE,
                 start_new_session=True,  # its own session: the whole tree can be found and killed
             )
-        except OSError as err:
-            await self.send({"id": rid, "ev": "exit", "code": 127, "error": f"cannot start: {os_message(err)}",
+        except (OSError, ValueError) as err:  # ValueError: a NUL byte or '=' where the OS takes none
+            del self.running[rid]
+            message = os_message(err) if isinstance(err, OSError) else str(err)
+            await self.send({"id": rid, "ev": "exit", "code": 127, "error": f"cannot start: {message}",
                              "totals": [0, 0], "reason": None})
             return
-        why = []
+        proc = asyncio.subprocess.Process(transport, protocol, loop)
         self.running[rid] = (proc, why)
+        if why:
+            kill_tree(proc.pid, rid)
         await self.send({"id": rid, "ev": "started", "pid": proc.pid})
         totals = [0, 0]
         pumps = [asyncio.ensure_future(self.pump(rid, fd, stream, cap, totals))
@@ -160,16 +181,17 @@ class Agent:
         if stdin:
             pumps.append(asyncio.ensure_future(feed(proc.stdin, stdin)))
         timeout = header.get("timeout")
+        # Not proc.wait(): before Python 3.12 it also waits for every holder of the pipes to close them.
         try:
-            await asyncio.wait_for(proc.wait(), timeout)
+            await asyncio.wait_for(asyncio.shield(protocol.exited), timeout)
         except asyncio.TimeoutError:
             why.append("timeout")
-            kill_tree(proc.pid)
-            await proc.wait()
+            kill_tree(proc.pid, rid)
+            await protocol.exited
         done, pending = await asyncio.wait(pumps, timeout=DRAIN_AFTER_EXIT_S)
         for task in pending:
             task.cancel()
-        kill_tree(proc.pid)  # leftovers of a finished command die with it
+        kill_tree(proc.pid, rid)  # leftovers of a finished command die with it
         del self.running[rid]
         code = proc.returncode
         await self.send({"id": rid, "ev": "exit", "code": 128 - code if code < 0 else code,
@@ -184,6 +206,19 @@ class Agent:
             totals[fd - 1] += len(data)
             if sent < cap:
                 await self.send({"id": rid, "ev": "out", "fd": fd}, data[: cap - sent])
+
+
+class ExitProtocol(asyncio.subprocess.SubprocessStreamProtocol):
+    """The protocol of asyncio's subprocesses, plus a future that is done as soon as the process exits."""
+
+    def __init__(self, limit, loop):
+        super().__init__(limit=limit, loop=loop)
+        self.exited = loop.create_future()
+
+    def process_exited(self):
+        super().process_exited()
+        if not self.exited.done():
+            self.exited.set_result(None)
 
 
 async def feed(pipe, data):
@@ -214,16 +249,18 @@ def file_info(path):
 
 
 def list_dir(path):
-    if not os.path.isdir(path):
-        raise NotADirectoryError(20, "Not a directory", path)
-    names = sorted(os.listdir(path))
+    names = sorted(os.listdir(path))  # FileNotFoundError, NotADirectoryError: the manager maps them
     return {"files": [file_info(os.path.join(path, name)) for name in names]}
 
 
 def write_part(header, body):
-    """Append one chunk of an upload to a temp file; the last chunk renames it into place."""
+    """Append one chunk of an upload to a temp file; the last chunk renames it into place, abort removes it."""
     path = header["path"]
     temp = f"{path}.orchard-upload-{header['upload']}"
+    if header.get("abort"):
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        return {"size": 0}
     if header["offset"] == 0:
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
@@ -242,8 +279,13 @@ def write_part(header, body):
         raise ValueError(f"upload of {path} lost its place (have {size} bytes, expected "
                          f"{header['offset'] + len(body)}); start it again")
     if header.get("last"):
-        os.chmod(temp, header.get("mode") or 0o644)
-        os.replace(temp, path)
+        try:
+            os.chmod(temp, header.get("mode") or 0o644)
+            os.replace(temp, path)
+        except OSError as err:
+            with contextlib.suppress(OSError):
+                os.unlink(temp)
+            raise OSError(err.errno, err.strerror, path) from None
     return {"size": size}
 
 

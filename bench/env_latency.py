@@ -1,0 +1,104 @@
+"""Orchard Env latency: exec round trip (`true`) through the SDK against a bare subprocess in this process,
+and sandbox create → ready. Starts its own env service (`orchard serve env`) on a free port; prints one JSON.
+
+    python bench/env_latency.py [--execs 300] [--creates 20] [--image host]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from orchard import SandboxClient
+
+ORCHARD = str(Path(sys.executable).with_name("orchard"))
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
+
+
+def summary_ms(values: list[float]) -> dict[str, float]:
+    return {"p50_ms": round(percentile(values, 50) * 1e3, 3), "p99_ms": round(percentile(values, 99) * 1e3, 3),
+            "mean_ms": round(statistics.fmean(values) * 1e3, 3), "n": len(values)}
+
+
+def timed(fn: object, n: int) -> list[float]:
+    out = []
+    for _ in range(n):
+        start = time.perf_counter()
+        fn()  # type: ignore[operator]
+        out.append(time.perf_counter() - start)
+    return out
+
+
+def start_service(state_dir: str) -> tuple[subprocess.Popen[bytes], str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([ORCHARD, "serve", "env", "--port", str(port), "--state-dir", state_dir,
+                             "--log-level", "WARNING"], stdout=subprocess.DEVNULL)
+    return proc, f"127.0.0.1:{port}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--execs", type=int, default=300)
+    parser.add_argument("--creates", type=int, default=20)
+    parser.add_argument("--image", default="host")
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory() as state:
+        proc, address = start_service(state)
+        try:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    client = SandboxClient.connect(target=address, connect_timeout=1.0)
+                    break
+                except ConnectionError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.2)
+            with client:
+                creates: list[float] = []
+                for _ in range(args.creates):
+                    start = time.perf_counter()
+                    sandbox = client.create_sandbox(args.image)
+                    creates.append(time.perf_counter() - start)
+                    sandbox.delete()
+                with client.create_sandbox(args.image) as sandbox:
+                    timed(lambda: sandbox.exec("true"), 20)  # warm-up
+                    sdk = timed(lambda: sandbox.exec("true"), args.execs)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+
+    timed(lambda: subprocess.run(["true"]), 20)
+    bare = timed(lambda: subprocess.run(["true"]), args.execs)
+    sdk_s, bare_s, create_s = summary_ms(sdk), summary_ms(bare), summary_ms(creates)
+    ratio = round(sdk_s["p50_ms"] / bare_s["p50_ms"], 2)
+    print(json.dumps({
+        "benchmark": "env_latency",
+        "image": args.image,
+        "cpus": os.cpu_count(),
+        "exec_true_sdk": sdk_s,
+        "baseline_subprocess_true": bare_s,
+        "exec_p50_ratio_to_subprocess": ratio,
+        "create_ready": create_s,
+        "targets": {"exec_p50_ms": 5.0, "exec_p50_ratio": 3.0, "create_p50_ms": 100.0},
+        "meets_targets": sdk_s["p50_ms"] <= 5.0 and ratio <= 3.0 and create_s["p50_ms"] <= 100.0,
+    }))
+
+
+if __name__ == "__main__":
+    main()
