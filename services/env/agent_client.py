@@ -38,7 +38,7 @@ _ERRNO_ERRORS: dict[int, type[OrchardError]] = {
 
 @dataclass(frozen=True)
 class ExecEvent:
-    """One event of a running command: started, out (fd 1/2 with data) or exit."""
+    """One event of a running command: out (fd 1/2 with data) or exit."""
 
     kind: str
     fd: int = 0
@@ -151,8 +151,6 @@ class AgentClient:
                 ev = head["ev"]
                 if ev == "out":
                     yield ExecEvent("out", fd=head["fd"], data=data)
-                elif ev == "started":
-                    yield ExecEvent("started")
                 elif ev == "exit":
                     yield ExecEvent("exit", exit_code=head["code"], totals=tuple(head["totals"]),
                                     reason=head.get("reason"), error=head.get("error"))

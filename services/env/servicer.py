@@ -137,6 +137,8 @@ class EnvServicer(env_pb2_grpc.EnvServiceServicer):
             timeout_s=_seconds(request.timeout, "timeout"), login_shell=request.login_shell,
             max_output=request.max_output_bytes,
         ))
+        if request.HasField("wait") and (wait_s := _seconds(request.wait, "wait")) > 0:
+            ex = await self.manager.wait_exec(ex.exec_id, wait_s)
         return pb.StartExecResponse(exec=exec_pb(ex))
 
     async def GetExec(self, request: pb.GetExecRequest, context: grpc.aio.ServicerContext) -> pb.GetExecResponse:

@@ -304,6 +304,20 @@ async def test_exec_times_and_duration(stub: Stub, sandbox: pb.Sandbox) -> None:
     assert 0.3 <= ts(ex.duration) < 2 and ts(ex.timeout) == 7
 
 
+@pytest.mark.parametrize(("cmd", "wait_s", "state"), [("echo hi", 10, pb.EXEC_STATE_SUCCEEDED),
+                                                       ("sleep 2", 0.3, pb.EXEC_STATE_RUNNING)])
+async def test_start_exec_can_wait(stub: Stub, sandbox: pb.Sandbox, cmd: str, wait_s: float, state: int) -> None:
+    """StartExec with wait answers when the command ends, or when the wait passes with it still running."""
+    began = time.monotonic()
+    ex = (await stub.StartExec(pb.StartExecRequest(sandbox_id=sandbox.sandbox_id, shell=cmd,
+                                                   wait=duration(wait_s)), timeout=15)).exec
+    assert ex.state == state and time.monotonic() - began < wait_s + 1
+    if state == pb.EXEC_STATE_SUCCEEDED:
+        assert (ex.stdout, ex.exit_code) == (b"hi\n", 0)
+    else:
+        assert time.monotonic() - began >= wait_s - 0.05
+
+
 async def test_wait_exec_returns_when_its_timeout_passes(stub: Stub, sandbox: pb.Sandbox) -> None:
     """WaitExec with a short timeout returns a running exec with done false; GetExec shows output so far."""
     ex = await start(stub, sandbox.sandbox_id, "echo early; sleep 2")

@@ -42,6 +42,8 @@ RPC_MARGIN_S = 10.0
 """Slack on a WaitExec deadline beyond the wait itself."""
 
 Command = str | Sequence[str]
+DONE_STATES = frozenset({pb.EXEC_STATE_SUCCEEDED, pb.EXEC_STATE_FAILED, pb.EXEC_STATE_TIMED_OUT,
+                         pb.EXEC_STATE_CANCELLED})
 
 
 def duration(seconds: float) -> Duration:
@@ -60,6 +62,8 @@ class AsyncExecHandle:
         self.command: str = ex.command
         self.timeout: float = ex.timeout.ToNanoseconds() / 1e9
         """The command's timeout in seconds, as the service applies it."""
+        self.last: pb.Exec = ex
+        """The command as the service last reported it."""
 
     async def describe(self) -> JobResult:
         """The command's current state, with its output so far."""
@@ -145,6 +149,11 @@ class AsyncSandbox:
         of one sandbox run one at a time, in the order they were started. The whole process tree
         is killed after `timeout` seconds (None: the service default).
         """
+        return await self._start(command, timeout, cwd, env, login_shell, stdin, wait_s=0.0)
+
+    async def _start(self, command: Command, timeout: float | None, cwd: str | None,
+                     env: Mapping[str, str] | None, login_shell: bool, stdin: bytes | str | None,
+                     *, wait_s: float) -> AsyncExecHandle:
         request = pb.StartExecRequest(
             sandbox_id=self.sandbox_id, cwd=cwd or "", env=dict(env or {}), timeout=duration(timeout or 0),
             login_shell=login_shell, stdin=stdin.encode() if isinstance(stdin, str) else stdin or b"",
@@ -153,7 +162,10 @@ class AsyncSandbox:
             request.shell = command
         else:
             request.argv.args.extend(command)
-        response = await self._transport.unary("StartExec", request, idempotent=False)
+        if wait_s > 0:
+            request.wait.CopyFrom(duration(wait_s))
+        response = await self._transport.unary("StartExec", request, idempotent=False,
+                                               timeout=wait_s + RPC_MARGIN_S if wait_s > 0 else None)
         return AsyncExecHandle(self._transport, response.exec)
 
     exec_async = start
@@ -166,7 +178,10 @@ class AsyncSandbox:
         Raises DeadlineExceeded if it has not ended `timeout` + 60 s after it was queued (it is
         cancelled then). Cancelling the caller cancels the command too.
         """
-        handle = await self.start(command, timeout=timeout, cwd=cwd, env=env, login_shell=login_shell, stdin=stdin)
+        # Start and wait in one call: a short command's result comes back without a WaitExec round trip.
+        handle = await self._start(command, timeout, cwd, env, login_shell, stdin, wait_s=MAX_WAIT_S)
+        if handle.last.state in DONE_STATES:
+            return job_result(handle.last)
         try:
             return await handle.wait(handle.timeout + EXEC_MARGIN_S)
         except (DeadlineExceeded, asyncio.CancelledError):

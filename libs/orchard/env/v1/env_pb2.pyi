@@ -328,7 +328,7 @@ class Exec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., exec_id: _Optional[str] = ..., sandbox_id: _Optional[str] = ..., command: _Optional[str] = ..., state: _Optional[_Union[ExecState, str]] = ..., exit_code: _Optional[int] = ..., stdout: _Optional[bytes] = ..., stderr: _Optional[bytes] = ..., stdout_truncated: _Optional[bool] = ..., stderr_truncated: _Optional[bool] = ..., stdout_total_bytes: _Optional[int] = ..., stderr_total_bytes: _Optional[int] = ..., error: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., duration: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., oom_killed: _Optional[bool] = ...) -> None: ...
 
 class StartExecRequest(_message.Message):
-    __slots__ = ("sandbox_id", "argv", "shell", "cwd", "env", "stdin", "timeout", "login_shell", "max_output_bytes")
+    __slots__ = ("sandbox_id", "argv", "shell", "cwd", "env", "stdin", "timeout", "login_shell", "max_output_bytes", "wait")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -345,6 +345,7 @@ class StartExecRequest(_message.Message):
     TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     LOGIN_SHELL_FIELD_NUMBER: _ClassVar[int]
     MAX_OUTPUT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    WAIT_FIELD_NUMBER: _ClassVar[int]
     sandbox_id: str
     argv: ArgvCommand
     shell: str
@@ -354,7 +355,8 @@ class StartExecRequest(_message.Message):
     timeout: _duration_pb2.Duration
     login_shell: bool
     max_output_bytes: int
-    def __init__(self, sandbox_id: _Optional[str] = ..., argv: _Optional[_Union[ArgvCommand, _Mapping]] = ..., shell: _Optional[str] = ..., cwd: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., stdin: _Optional[bytes] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., login_shell: _Optional[bool] = ..., max_output_bytes: _Optional[int] = ...) -> None: ...
+    wait: _duration_pb2.Duration
+    def __init__(self, sandbox_id: _Optional[str] = ..., argv: _Optional[_Union[ArgvCommand, _Mapping]] = ..., shell: _Optional[str] = ..., cwd: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., stdin: _Optional[bytes] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., login_shell: _Optional[bool] = ..., max_output_bytes: _Optional[int] = ..., wait: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class ArgvCommand(_message.Message):
     __slots__ = ("args",)
