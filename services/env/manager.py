@@ -87,6 +87,7 @@ class SandboxManager:
         self.backend = backend
         self.sandboxes: dict[str, Sandbox] = {}
         self.execs: dict[str, Exec] = {}
+        self._queued = 0  # execs in state QUEUED, kept as a count: StartExec must not scan every exec
         self._gone: OrderedDict[str, str] = OrderedDict()
         self._by_request: dict[str, str] = {}
         self._create_slots = asyncio.Semaphore(settings.max_concurrent_creates)
@@ -301,9 +302,8 @@ class SandboxManager:
         if req.max_output < 0 or req.max_output > s.max_output_bytes:
             raise InvalidArgument(f"max_output_bytes must be between 0 and {s.max_output_bytes}",
                                   field="max_output_bytes")
-        queued = sum(1 for e in self.execs.values() if e.state is ExecState.QUEUED)
-        if queued >= s.max_queued_execs:
-            raise ResourceExhausted(f"{queued} commands are already waiting; retry later", retry_after=1.0)
+        if self._queued >= s.max_queued_execs:
+            raise ResourceExhausted(f"{self._queued} commands are already waiting; retry later", retry_after=1.0)
         ex = Exec(
             exec_id=f"ex-{uuid.uuid4().hex[:16]}", sandbox_id=sandbox.sandbox_id, command=command,
             argv=["bash", "-lc" if req.login_shell else "-c", command],
@@ -311,6 +311,7 @@ class SandboxManager:
             timeout_s=req.timeout_s or s.default_exec_timeout_s, max_output=req.max_output or s.default_output_bytes,
         )
         self.execs[ex.exec_id] = ex
+        self._queued += 1
         self._spawn(self._run(sandbox, ex), name=f"exec-{ex.exec_id}")
         return ex
 
@@ -319,8 +320,8 @@ class SandboxManager:
             if ex.state.done or sandbox.client is None:
                 return
             ex.state = ExecState.RUNNING
+            self._queued -= 1
             ex.start_time = time.time()
-            await ex.notify()
             try:
                 async for event in sandbox.client.exec(
                     ex.argv, cwd=ex.cwd, env=ex.env, stdin=ex.stdin, timeout=ex.timeout_s,
@@ -354,8 +355,11 @@ class SandboxManager:
     async def _finish(self, ex: Exec, state: ExecState, *, error: str = "") -> None:
         if ex.state.done:
             return
+        if ex.state is ExecState.QUEUED:
+            self._queued -= 1
         ex.state, ex.error = state, error
         ex.end_time = time.time()
+        ex.ended.set()
         await ex.notify()
 
     async def wait_exec(self, exec_id: str, timeout_s: float) -> Exec:
@@ -366,8 +370,7 @@ class SandboxManager:
         limit = min(timeout_s or self.settings.max_wait_s, self.settings.max_wait_s)
         try:
             async with asyncio.timeout(limit):
-                async with ex.changed:
-                    await ex.changed.wait_for(lambda: ex.state.done)
+                await ex.ended.wait()
         except TimeoutError:
             pass
         return ex
@@ -393,9 +396,12 @@ class SandboxManager:
             sandbox = self.sandboxes.get(ex.sandbox_id)
             if sandbox is not None and sandbox.client is not None and ex.agent_id is not None:
                 await sandbox.client.cancel(ex.agent_id, "cancelled")
-            async with asyncio.timeout(10):
-                async with ex.changed:
-                    await ex.changed.wait_for(lambda: ex.state.done)
+            try:
+                async with asyncio.timeout(10):
+                    await ex.ended.wait()
+            except TimeoutError:
+                raise Unavailable(f"exec {exec_id!r} did not confirm its cancellation within 10s; its sandbox "
+                                  "may be unhealthy: check it with GetSandbox, or delete it") from None
         return ex
 
     async def run_to_end(self, sandbox_id: str, argv: list[str], *, stdin: bytes, cwd: str,
@@ -403,8 +409,7 @@ class SandboxManager:
         """Run an internal command in the sandbox's order and wait for it (patches use this)."""
         ex = self.start_exec(ExecRequest(sandbox_id=sandbox_id, shell=shlex.join(argv), stdin=stdin, cwd=cwd,
                                          timeout_s=timeout_s))
-        async with ex.changed:
-            await ex.changed.wait_for(lambda: ex.state.done)
+        await ex.ended.wait()
         return ex
 
     # ---- patches ----

@@ -91,6 +91,9 @@ class Exec:
     end_time: float | None = None
     agent_id: int | None = None
     changed: asyncio.Condition = field(default_factory=asyncio.Condition)
+    """Notified on new output and on the end (streams wait on it)."""
+    ended: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set once the exec is done (waiters wait on it: no wake-up per output chunk)."""
 
     def output(self, fd: int) -> bytes:
         return b"".join(data for chunk_fd, data in self.chunks if chunk_fd == fd)

@@ -27,6 +27,7 @@ from conftest import (
 
 from orchard.env.v1 import env_pb2 as pb
 from orchard.env.v1 import env_pb2_grpc
+from orchard.errors import from_rpc_error
 
 pytestmark = [needs_sandboxes, pytest.mark.timeout(30)]
 
@@ -929,3 +930,41 @@ async def test_many_sandboxes(env: EnvServer) -> None:
         await asyncio.gather(*(delete_quietly(stub, sb.sandbox_id) for sb in sandboxes))
     assert not (await stub.ListSandboxes(pb.ListSandboxesRequest(), timeout=5)).sandboxes
     assert list((env.settings.state_dir / "sandboxes").iterdir()) == []
+
+
+def _retry_after(err: grpc.aio.AioRpcError) -> float | None:
+    return from_rpc_error(err).retry_after
+
+
+async def test_sandbox_limit_refuses_with_retry_info(start_env: StartEnv) -> None:
+    """Past max_sandboxes a create is refused with RESOURCE_EXHAUSTED and retry info, and works again after a delete."""
+    env = await start_env(max_sandboxes=2)
+    first, _ = await create(env.stub), await create(env.stub)
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await create(env.stub)
+    assert info.value.code() is Code.RESOURCE_EXHAUSTED and "2 sandboxes" in info.value.details()
+    assert _retry_after(info.value) and _retry_after(info.value) > 0
+    await delete_quietly(env.stub, first.sandbox_id)
+    await create(env.stub)
+
+
+async def test_exec_queue_limit(start_env: StartEnv) -> None:
+    """Past max_queued_execs StartExec is refused with retry info; the queue frees up as commands start or are
+    cancelled, so the service never stalls silently."""
+    env = await start_env(max_queued_execs=2, max_concurrent_execs=1)
+    sb = await create(env.stub)
+    blocker = await start(env.stub, sb.sandbox_id, "sleep 30")
+    await asyncio.sleep(0.2)  # running now: it holds the only slot
+    queued = [await start(env.stub, sb.sandbox_id, "echo queued") for _ in range(2)]
+    assert all(q.state == pb.EXEC_STATE_QUEUED for q in queued)
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await start(env.stub, sb.sandbox_id, "echo one too many")
+    assert info.value.code() is Code.RESOURCE_EXHAUSTED and _retry_after(info.value)
+    await env.stub.CancelExec(pb.CancelExecRequest(exec_id=queued[0].exec_id), timeout=10)
+    extra = await start(env.stub, sb.sandbox_id, "echo fits again")
+    await env.stub.CancelExec(pb.CancelExecRequest(exec_id=blocker.exec_id), timeout=10)
+    assert (await wait(env.stub, queued[1].exec_id)).stdout == b"queued\n"
+    assert (await wait(env.stub, extra.exec_id)).stdout == b"fits again\n"
+    blocker = await start(env.stub, sb.sandbox_id, "sleep 0.5")  # the count went back down: two fit again
+    again = [await start(env.stub, sb.sandbox_id, f"echo {i}") for i in range(2)]
+    assert [(await wait(env.stub, a.exec_id)).stdout for a in again] == [b"0\n", b"1\n"]
