@@ -181,17 +181,17 @@ class Agent:
             drained.append(done)
             loop.add_reader(pipe.fileno(), self.forward, rid, fd, pipe.fileno(), cap, totals, done)
         feeder = loop.run_in_executor(None, feed, proc.stdin, stdin) if stdin else None
-        try:
-            await asyncio.wait_for(asyncio.shield(exited), header.get("timeout"))
-        except asyncio.TimeoutError:
-            why.append("timeout")
-            kill_tree(proc.pid, rid)
-            await exited
+        timeout = header.get("timeout")
+        timer = loop.call_later(timeout, self.cancel, rid, "timeout") if timeout else None
+        await exited
+        if timer is not None:
+            timer.cancel()
         loop.remove_reader(pidfd)
         os.close(pidfd)
         code = proc.wait()
-        # Background children may hold the pipes open: take what is there, but don't wait on them for ever.
-        await asyncio.wait(drained, timeout=DRAIN_AFTER_EXIT_S)
+        if not all(done.done() for done in drained):
+            # Background children may hold the pipes open: take what is there, but don't wait on them for ever.
+            await asyncio.wait(drained, timeout=DRAIN_AFTER_EXIT_S)
         for pipe in (proc.stdout, proc.stderr):
             loop.remove_reader(pipe.fileno())
             pipe.close()
