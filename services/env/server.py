@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import Sequence
 
 from orchard.env.v1 import env_pb2_grpc
@@ -39,6 +40,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     except SettingsError as err:
         raise SystemExit(f"orchard serve env: {err}") from None
     configure_logging(settings.log_level, settings.log_format)
+    if sys.version_info < (3, 12):
+        # 3.11 waits for each child (every sandbox) with a thread of its own; a pidfd per child costs nothing.
+        asyncio.set_child_watcher(asyncio.PidfdChildWatcher())
     try:
         asyncio.run(serve(settings))
     except OrchardError as err:  # a start-up problem the operator must fix (no bwrap, state dir taken ...)

@@ -1,0 +1,191 @@
+"""Orchard Env at scale: create N sandboxes that are all alive at once, run a command in each, delete them.
+
+Starts its own env service (`orchard serve env`) on a free port and drives it with the async SDK, with at most
+--concurrency calls in flight. Prints one JSON object: success counts, end-to-end time, p50/p90/p99 of create,
+exec and delete, the service's peak memory, and memory per idle sandbox (the machine's used memory with all
+sandboxes alive and idle, minus before, divided by N). The baseline is the same machine before the run.
+
+    python bench/env_stress.py [--sandboxes 1000] [--concurrency 64] [--image python:3.11-slim]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from orchard import AsyncSandboxClient
+
+ORCHARD = str(Path(sys.executable).with_name("orchard"))
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {}
+    ordered = sorted(values)
+
+    def at(q: float) -> float:
+        return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1e3, 1)
+
+    return {"p50_ms": at(0.50), "p90_ms": at(0.90), "p99_ms": at(0.99), "max_ms": round(ordered[-1] * 1e3, 1)}
+
+
+def used_memory_bytes() -> int:
+    """MemTotal - MemAvailable: what the machine as a whole is using."""
+    info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in open("/proc/meminfo")}
+    return info["MemTotal"] - info["MemAvailable"]
+
+
+def tree_rss_bytes(root: int) -> int:
+    """RSS of a process and all its descendants (the service and every sandbox process)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                ppid = int(open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    total, stack = 0, [root]
+    while stack:
+        pid = stack.pop()
+        stack += children.get(pid, [])
+        try:
+            for line in open(f"/proc/{pid}/status"):
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) * 1024
+        except OSError:
+            pass
+    return total
+
+
+async def sample_peak(pid: int, peak: dict[str, int], stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        peak["machine"] = max(peak["machine"], used_memory_bytes())
+        peak["service_tree_rss"] = max(peak["service_tree_rss"], await asyncio.to_thread(tree_rss_bytes, pid))
+        try:
+            await asyncio.wait_for(stop.wait(), 0.5)
+        except TimeoutError:
+            pass
+
+
+async def timed(coro: object, bucket: list[float]) -> object:
+    start = time.perf_counter()
+    result = await coro  # type: ignore[misc]
+    bucket.append(time.perf_counter() - start)
+    return result
+
+
+async def run(args: argparse.Namespace, address: str, service_pid: int) -> dict[str, object]:
+    creates: list[float] = []
+    execs: list[float] = []
+    deletes: list[float] = []
+    errors: dict[str, int] = {}
+    gate = asyncio.Semaphore(args.concurrency)
+
+    def failed(stage: str, err: BaseException) -> None:
+        key = f"{stage}: {type(err).__name__}: {str(err)[:120]}"
+        errors[key] = errors.get(key, 0) + 1
+
+    baseline = used_memory_bytes()
+    peak = {"machine": baseline, "service_tree_rss": 0}
+    stop = asyncio.Event()
+    sampler = asyncio.create_task(sample_peak(service_pid, peak, stop))
+    async with AsyncSandboxClient(target=address, auto_cleanup=True, timeout=120) as client:
+        begin = time.perf_counter()
+
+        async def create_one(i: int):  # type: ignore[no-untyped-def]
+            async with gate:
+                try:
+                    return await timed(client.create_sandbox(args.image, labels={"bench": "stress"}), creates)
+                except Exception as err:
+                    failed("create", err)
+                    return None
+
+        sandboxes = [s for s in await asyncio.gather(*(create_one(i) for i in range(args.sandboxes))) if s]
+        all_alive = time.perf_counter()
+        await asyncio.sleep(2)  # let the sandboxes settle, then measure them idle
+        idle_used = used_memory_bytes()
+        idle_tree = await asyncio.to_thread(tree_rss_bytes, service_pid)
+
+        async def exec_one(sandbox) -> bool:  # type: ignore[no-untyped-def]
+            async with gate:
+                try:
+                    result = await timed(sandbox.exec(f"echo ok-{sandbox.sandbox_id}"), execs)
+                except Exception as err:
+                    failed("exec", err)
+                    return False
+                return result.stdout == f"ok-{sandbox.sandbox_id}\n"
+
+        exec_ok = sum(await asyncio.gather(*(exec_one(s) for s in sandboxes)))
+
+        async def delete_one(sandbox) -> bool:  # type: ignore[no-untyped-def]
+            async with gate:
+                try:
+                    await timed(sandbox.delete(), deletes)
+                except Exception as err:
+                    failed("delete", err)
+                    return False
+                return True
+
+        delete_ok = sum(await asyncio.gather(*(delete_one(s) for s in sandboxes)))
+        end = time.perf_counter()
+    stop.set()
+    await sampler
+    n = args.sandboxes
+    return {
+        "benchmark": "env_stress",
+        "image": args.image,
+        "cpus": os.cpu_count(),
+        "sandboxes": n,
+        "concurrency": args.concurrency,
+        "created": len(sandboxes),
+        "exec_ok": exec_ok,
+        "deleted": delete_ok,
+        "success_rate": round(min(len(sandboxes), exec_ok, delete_ok) / n, 4),
+        "all_alive_after_s": round(all_alive - begin, 2),
+        "end_to_end_s": round(end - begin, 2),
+        "create": percentiles(creates),
+        "exec": percentiles(execs),
+        "delete": percentiles(deletes),
+        "baseline_machine_used_mib": round(baseline / 2**20),
+        "peak_machine_used_mib": round(peak["machine"] / 2**20),
+        "peak_service_tree_rss_mib": round(peak["service_tree_rss"] / 2**20),
+        "idle_mib_per_sandbox": round((idle_used - baseline) / max(1, len(sandboxes)) / 2**20, 2),
+        "idle_service_tree_rss_mib_per_sandbox": round(idle_tree / max(1, len(sandboxes)) / 2**20, 2),
+        "errors": errors,
+        "targets": {"success_rate": 1.0, "end_to_end_s": 60, "idle_mib_per_sandbox": 10},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sandboxes", type=int, default=1000)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--image", default="python:3.11-slim")
+    args = parser.parse_args()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory() as state:
+        service = subprocess.Popen(
+            [ORCHARD, "serve", "env", "--port", str(port), "--state-dir", state, "--log-level", "WARNING",
+             "--max-sandboxes", str(max(2000, args.sandboxes))], stdout=subprocess.DEVNULL)
+        try:
+            time.sleep(1.5)
+            report = asyncio.run(run(args, f"127.0.0.1:{port}", service.pid))
+        finally:
+            service.terminate()
+            service.wait(timeout=120)
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()
