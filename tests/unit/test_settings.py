@@ -44,6 +44,10 @@ def test_defaults() -> None:
         "log_format": "json",
         "auth_token": None,
         "max_message_bytes": 64 * 1024 * 1024,
+        "metrics_port": None,
+        "tls_cert_file": None,
+        "tls_key_file": None,
+        "tls_client_ca_file": None,
         "max_concurrent_execs": 8,
         "keep_sandboxes": False,
     }

@@ -20,6 +20,7 @@ import grpc
 from grpc_health.v1 import health as grpc_health
 
 from orchard import errors
+from orchard.runtime.metrics import observe_rpc
 
 _log = logging.getLogger("orchard.rpc")
 
@@ -45,6 +46,9 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
     the client. Sync handlers (only the generated "not implemented" stubs) run inline.
     """
 
+    def __init__(self, service: str = "") -> None:
+        self._service = service
+
     async def intercept_service(
         self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
     ) -> grpc.RpcMethodHandler | None:
@@ -55,15 +59,15 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         request_id = _request_id(handler_call_details)
         behavior = _behavior(handler)
         if handler.response_streaming and not inspect.iscoroutinefunction(behavior):
-            return _with_behavior(handler, _wrap_stream(behavior, method, request_id))
-        return _with_behavior(handler, _wrap_unary(behavior, method, request_id))
+            return _with_behavior(handler, _wrap_stream(behavior, method, request_id, self._service))
+        return _with_behavior(handler, _wrap_unary(behavior, method, request_id, self._service))
 
 
-def _wrap_unary(behavior: Behavior, method: str, request_id: str) -> Behavior:
+def _wrap_unary(behavior: Behavior, method: str, request_id: str, service: str) -> Behavior:
     """Wrap a handler that returns one response (or writes a stream through `context.write`)."""
 
     async def handle(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        rpc = _Rpc(method, request_id, context)
+        rpc = _Rpc(method, request_id, context, service)
         try:
             result = behavior(request, context)
             if inspect.isawaitable(result):
@@ -80,11 +84,11 @@ def _wrap_unary(behavior: Behavior, method: str, request_id: str) -> Behavior:
     return handle
 
 
-def _wrap_stream(behavior: Behavior, method: str, request_id: str) -> Behavior:
+def _wrap_stream(behavior: Behavior, method: str, request_id: str, service: str) -> Behavior:
     """Wrap a handler that is an (async) generator of responses."""
 
     async def handle(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-        rpc = _Rpc(method, request_id, context)
+        rpc = _Rpc(method, request_id, context, service)
         try:
             responses = behavior(request, context)
             if inspect.isasyncgen(responses):
@@ -109,7 +113,8 @@ def _wrap_stream(behavior: Behavior, method: str, request_id: str) -> Behavior:
 class _Rpc:
     """One call in flight: its timing, final code and error reporting."""
 
-    def __init__(self, method: str, request_id: str, context: grpc.aio.ServicerContext) -> None:
+    def __init__(self, method: str, request_id: str, context: grpc.aio.ServicerContext, service: str) -> None:
+        self.service = service
         self.method = method
         self.request_id = request_id
         self.context = context
@@ -151,10 +156,12 @@ class _Rpc:
         level = logging.DEBUG if self.method.startswith(_HEALTH_PREFIX) else logging.INFO
         if self.code == "OK":
             self.code = self._code_set_by_handler() or "OK"
+        seconds = time.monotonic() - self.started
+        observe_rpc(self.service, self.method, self.code, seconds)
         fields: dict[str, Any] = {
             "method": self.method,
             "code": self.code,
-            "duration_ms": round((time.monotonic() - self.started) * 1000, 2),
+            "duration_ms": round(seconds * 1000, 2),
             "request_id": self.request_id,
         }
         if self.error is not None:

@@ -22,6 +22,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from orchard.runtime.interceptors import BearerAuthInterceptor, ErrorInterceptor
+from orchard.runtime.metrics import MetricsEndpoint
 from orchard.runtime.settings import ServiceSettings
 
 _log = logging.getLogger("orchard.server")
@@ -41,6 +42,7 @@ class GrpcServer:
         self._server: grpc.aio.Server | None = None
         self._health: grpc_health.aio.HealthServicer | None = None
         self._port: int | None = None
+        self._metrics: MetricsEndpoint | None = None
         self._stop_requested = asyncio.Event()
         self._stopping = False
         self._stopped = asyncio.Event()
@@ -62,12 +64,17 @@ class GrpcServer:
             raise RuntimeError("server not started; call start() first")
         return self._port
 
+    @property
+    def metrics_port(self) -> int | None:
+        """The bound port of the /metrics endpoint, when metrics are on and the server started."""
+        return self._metrics.port if self._metrics is not None else None
+
     async def start(self) -> int:
         """Bind `host:port`, start serving and mark every service SERVING; returns the bound port."""
         if self._server is not None:
             raise RuntimeError("server already started")
         settings = self._settings
-        interceptors: list[grpc.aio.ServerInterceptor] = [ErrorInterceptor()]
+        interceptors: list[grpc.aio.ServerInterceptor] = [ErrorInterceptor(self._name)]
         if settings.auth_token is not None:
             interceptors.append(BearerAuthInterceptor(settings.auth_token))
         server = grpc.aio.server(
@@ -89,13 +96,18 @@ class GrpcServer:
         host = f"[{settings.host}]" if ":" in settings.host else settings.host
         address = f"{host}:{settings.port}"
         try:
-            port = server.add_insecure_port(address)
+            if settings.tls_cert_file is not None and settings.tls_key_file is not None:
+                port = server.add_secure_port(address, _server_credentials(settings))
+            else:
+                port = server.add_insecure_port(address)
         except RuntimeError as exc:
             raise OSError(f"{self._name}: cannot listen on {address}; is the port in use or the host not local?") from exc
         for service in ["", *names]:  # before start, so no probe ever sees a service as unknown
             await health.set(service, health_pb2.HealthCheckResponse.SERVING)
         await server.start()
         self._server, self._health, self._port = server, health, port
+        if settings.metrics_port is not None:
+            self._metrics = MetricsEndpoint(settings.host, settings.metrics_port)
         _log.info(
             "%s listening on %s:%d",
             self._name,
@@ -106,6 +118,7 @@ class GrpcServer:
                 "address": f"{host}:{port}",
                 "services": names,
                 "auth": settings.auth_token is not None,
+                "tls": "mutual" if settings.tls_client_ca_file else bool(settings.tls_cert_file),
             },
         )
         return port
@@ -131,6 +144,8 @@ class GrpcServer:
             # 2. Refuse new RPCs and let in-flight ones finish; cancel what remains after `grace`.
             if self._server is not None:
                 await self._server.stop(grace)
+            if self._metrics is not None:
+                self._metrics.close()
             # 3. Close what the servicers used (backends, event bus), last registered first.
             for callback in reversed(self._stop_callbacks):
                 try:
@@ -165,3 +180,12 @@ class GrpcServer:
     def _on_signal(self, sig: signal.Signals) -> None:
         _log.info("%s received %s", self._name, sig.name, extra={"service": self._name, "signal": sig.name})
         self._stop_requested.set()
+
+
+def _server_credentials(settings: ServiceSettings) -> grpc.ServerCredentials:
+    """TLS for the gRPC port; with a client CA, clients must present a certificate (mutual TLS)."""
+    assert settings.tls_cert_file is not None and settings.tls_key_file is not None
+    client_ca = settings.tls_client_ca_file.read_bytes() if settings.tls_client_ca_file else None
+    return grpc.ssl_server_credentials(
+        [(settings.tls_key_file.read_bytes(), settings.tls_cert_file.read_bytes())],
+        root_certificates=client_ca, require_client_auth=client_ca is not None)

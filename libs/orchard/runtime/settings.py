@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Literal, TypeVar
 
 import pydantic
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -53,6 +54,29 @@ class ServiceSettings(BaseSettings):
 
     max_message_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
     """Largest gRPC message sent or received, in bytes."""
+
+    metrics_port: int | None = None
+    """Port of the Prometheus /metrics endpoint (0 picks a free one); unset serves no metrics."""
+
+    tls_cert_file: Path | None = None
+    """PEM certificate (chain) of the gRPC port; with tls_key_file it turns TLS on."""
+
+    tls_key_file: Path | None = None
+    """PEM private key of tls_cert_file."""
+
+    tls_client_ca_file: Path | None = None
+    """PEM CA bundle; when set, clients must present a certificate it signed (mutual TLS)."""
+
+    @model_validator(mode="after")
+    def _check_tls(self) -> ServiceSettings:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("tls_cert_file and tls_key_file must be set together")
+        if self.tls_client_ca_file is not None and self.tls_cert_file is None:
+            raise ValueError("tls_client_ca_file (mutual TLS) needs tls_cert_file and tls_key_file")
+        for path in (self.tls_cert_file, self.tls_key_file, self.tls_client_ca_file):
+            if path is not None and not path.is_file():
+                raise ValueError(f"TLS file {path} does not exist")
+        return self
 
     @field_validator("port")
     @classmethod
