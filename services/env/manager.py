@@ -24,6 +24,7 @@ from orchard.errors import (
     ResourceExhausted,
     Unavailable,
 )
+from orchard.services.env import metrics
 from orchard.services.env.backends.base import EgressRule, Resources, SandboxBackend, SandboxSpec
 from orchard.services.env.files import FileOps, resolve_path
 from orchard.services.env.models import Exec, ExecState, Sandbox, SandboxState
@@ -96,6 +97,11 @@ class SandboxManager:
         self._deleting: dict[str, asyncio.Task[None]] = {}
         self._sweeper: asyncio.Task[None] | None = None
         self.files = FileOps(self)
+
+    @property
+    def queued_execs(self) -> int:
+        """Commands waiting for their sandbox's earlier commands or a global slot."""
+        return self._queued
 
     # ---- lifecycle of the manager ----
 
@@ -187,6 +193,7 @@ class SandboxManager:
             raise
         sandbox.state = SandboxState.READY
         sandbox.ready.set()
+        metrics.SANDBOXES_CREATED.inc()
         log.info("sandbox created", extra={"sandbox_id": sandbox.sandbox_id, "image": sandbox.image})
         return sandbox
 
@@ -240,6 +247,7 @@ class SandboxManager:
             self.sandboxes.pop(sandbox_id, None)
             self._by_request.pop(sandbox.request_id, None)
             self._gone[sandbox_id] = reason
+            metrics.SANDBOXES_ENDED.labels(metrics.reason_kind(reason)).inc()
             while len(self._gone) > TOMBSTONES:
                 self._gone.popitem(last=False)
         log.info("sandbox deleted", extra={"sandbox_id": sandbox_id, "reason": reason})
@@ -360,6 +368,7 @@ class SandboxManager:
         ex.state, ex.error = state, error
         ex.end_time = time.time()
         ex.ended.set()
+        metrics.observe_exec(ex)
         await ex.notify()
 
     async def wait_exec(self, exec_id: str, timeout_s: float) -> Exec:

@@ -10,6 +10,7 @@ from orchard.env.v1 import env_pb2_grpc
 from orchard.errors import OrchardError
 from orchard.runtime import GrpcServer, configure_logging, load_settings
 from orchard.runtime.settings import SettingsError
+from orchard.services.env import metrics
 from orchard.services.env.backends import load_backend_class
 from orchard.services.env.manager import SandboxManager
 from orchard.services.env.servicer import EnvServicer
@@ -26,6 +27,13 @@ async def build(settings: EnvSettings) -> tuple[GrpcServer, SandboxManager]:
     server.add_service(env_pb2_grpc.add_EnvServiceServicer_to_server, EnvServicer(manager),
                        "orchard.env.v1.EnvService")
     server.on_stop(manager.close)
+    if settings.metrics_port is not None:
+        collector = metrics.register(manager)
+
+        async def unregister_metrics() -> None:
+            metrics.unregister(collector)
+
+        server.on_stop(unregister_metrics)
     return server, manager
 
 

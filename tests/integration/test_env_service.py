@@ -968,3 +968,26 @@ async def test_exec_queue_limit(start_env: StartEnv) -> None:
     blocker = await start(env.stub, sb.sandbox_id, "sleep 0.5")  # the count went back down: two fit again
     again = [await start(env.stub, sb.sandbox_id, f"echo {i}") for i in range(2)]
     assert [(await wait(env.stub, a.exec_id)).stdout for a in again] == [b"0\n", b"1\n"]
+
+
+async def test_env_metrics(start_env: StartEnv) -> None:
+    """/metrics shows sandboxes by state, creates, ended commands by state with latency, and queue depth."""
+    import urllib.request
+
+    env = await start_env(metrics_port=0)
+    sb = await create(env.stub)
+    await run(env.stub, sb.sandbox_id, "true")
+    await run(env.stub, sb.sandbox_id, "exit 3")
+    port = env.server.metrics_port
+    body = await asyncio.to_thread(
+        lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode())
+    values = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+              for line in body.splitlines() if line and not line.startswith("#")}
+    assert values['orchard_env_sandboxes{state="ready"}'] == 1
+    assert values["orchard_env_execs_queued"] == 0
+    assert values["orchard_env_sandboxes_created_total"] >= 1
+    assert values['orchard_env_execs_total{state="succeeded"}'] >= 1
+    assert values['orchard_env_execs_total{state="failed"}'] >= 1
+    assert values["orchard_env_exec_duration_seconds_count"] >= 2
+    assert any(key.startswith('orchard_rpcs_total{code="OK",method="/orchard.env.v1.EnvService/StartExec"')
+               for key in values)
