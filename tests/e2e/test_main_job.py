@@ -64,6 +64,10 @@ def test_orchard_up_and_quick_start(tmp_path: Path) -> None:
             time.sleep(0.1)
         services = _children(stack.pid)
         assert len(services) == 2  # nats-server and the env service
+        status = subprocess.run([str(ORCHARD), "status", "--env-address", f"127.0.0.1:{env_port}",
+                                 "--nats-address", f"127.0.0.1:{nats_port}"], capture_output=True, text=True)
+        assert status.returncode == 0, status.stdout + status.stderr
+        assert "SERVING, sandboxes: none" in status.stdout and status.stdout.count(" up ") == 2
 
         run = subprocess.run([sys.executable, str(ROOT / "examples" / "quickstart.py")],
                              env={**os.environ, "ORCHARD_ENV_ADDRESS": f"127.0.0.1:{env_port}"},
@@ -77,6 +81,9 @@ def test_orchard_up_and_quick_start(tmp_path: Path) -> None:
         stack.send_signal(signal.SIGINT)
         assert stack.wait(timeout=60) == 0
         assert not [pid for pid in services if _alive(pid)]
+        down = subprocess.run([str(ORCHARD), "status", "--env-address", f"127.0.0.1:{env_port}",
+                               "--nats-address", f"127.0.0.1:{nats_port}"], capture_output=True, text=True)
+        assert down.returncode == 1 and down.stdout.count("DOWN") == 2
     finally:
         if stack.poll() is None:
             stack.kill()

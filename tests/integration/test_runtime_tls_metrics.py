@@ -116,3 +116,24 @@ async def test_metrics_endpoint(servers: list[GrpcServer]) -> None:
     assert any(line.startswith(ok) and float(line.split()[-1]) >= 3 for line in body.splitlines())
     assert any(line.startswith(missing) for line in body.splitlines())
     assert "orchard_rpc_duration_seconds_bucket" in body
+
+
+async def test_sdk_over_mutual_tls(pki: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The SDK reaches an env service that requires mutual TLS, given the CA and a client certificate."""
+    from orchard import AsyncSandboxClient
+    from orchard.services.env.server import build
+    from orchard.services.env.settings import EnvSettings
+
+    settings = EnvSettings(port=0, state_dir=tmp_path / "state", log_format="text", tls_cert_file=pki / "server.pem",
+                           tls_key_file=pki / "server.key", tls_client_ca_file=pki / "ca.pem")
+    server, _ = await build(settings)
+    port = await server.start()
+    try:
+        monkeypatch.setenv("ORCHARD_TLS_CA_FILE", str(pki / "ca.pem"))
+        monkeypatch.setenv("ORCHARD_TLS_CERT_FILE", str(pki / "client.pem"))
+        monkeypatch.setenv("ORCHARD_TLS_KEY_FILE", str(pki / "client.key"))
+        async with AsyncSandboxClient(target=f"https://localhost:{port}") as client:
+            async with await client.create_sandbox("host") as sandbox:
+                assert (await sandbox.exec("echo over-tls")).stdout == "over-tls\n"
+    finally:
+        await server.stop()

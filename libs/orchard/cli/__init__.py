@@ -41,6 +41,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_status(args: argparse.Namespace) -> int:
+    from orchard.cli.status import print_rows, status
+
+    rows = asyncio.run(status(args.env_address, args.nats_address, args.token))
+    print_rows(rows)
+    return 0 if all(row.ok for row in rows) else 1
+
+
 def cmd_sandbox_create(args: argparse.Namespace) -> int:
     with _client(args) as client:
         sandbox = client.create_sandbox(args.image, timeout=args.ttl, env=_pairs(args.env, "--env"),
@@ -129,6 +137,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("service")
     p.add_argument("service_args", nargs=argparse.REMAINDER)
     p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("status", help="health of the local stack at a glance (exit 1 if anything is down)")
+    p.add_argument("--env-address", default="127.0.0.1:50051")
+    p.add_argument("--nats-address", default="127.0.0.1:4222")
+    p.add_argument("--token", default=None, help="bearer token, when the services require one")
+    p.set_defaults(func=cmd_status)
 
     sandbox = sub.add_parser("sandbox", help="create, list, run commands in, and delete sandboxes")
     sandbox.add_argument("--address", default=None, help="env service address (default: ORCHARD_ENV_ADDRESS "

@@ -42,7 +42,7 @@ class Transport:
                 return self._stub
             target = self.config.target
             if self.config.secure:
-                channel = grpc.aio.secure_channel(target, grpc.ssl_channel_credentials(), options=CHANNEL_OPTIONS)
+                channel = grpc.aio.secure_channel(target, self.config.credentials(), options=CHANNEL_OPTIONS)
             else:
                 channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
             try:

@@ -1,0 +1,71 @@
+"""`orchard status`: the local stack's health at a glance (NATS reachable, each service SERVING)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from orchard.env.v1 import env_pb2, env_pb2_grpc
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    address: str
+    ok: bool
+    detail: str
+
+
+async def nats_row(address: str) -> Row:
+    host, _, port = address.rpartition(":")
+    start = time.perf_counter()
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), 2)
+        banner = await asyncio.wait_for(reader.readline(), 2)  # NATS greets with INFO {...}
+        writer.close()
+    except (OSError, TimeoutError) as err:
+        return Row("nats", address, False, f"unreachable: {err or type(err).__name__}")
+    ok = banner.startswith(b"INFO ")
+    detail = f"{(time.perf_counter() - start) * 1e3:.1f} ms" if ok else "answered, but not as NATS"
+    return Row("nats", address, ok, detail)
+
+
+async def env_row(address: str, token: str | None) -> Row:
+    metadata = (("authorization", f"Bearer {token}"),) if token else ()
+    async with grpc.aio.insecure_channel(address) as channel:
+        try:
+            health = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=2)
+        except grpc.aio.AioRpcError as err:
+            return Row("env", address, False, f"{err.code().name}: {err.details()}")
+        if health.status != health_pb2.HealthCheckResponse.SERVING:
+            return Row("env", address, False, health_pb2.HealthCheckResponse.ServingStatus.Name(health.status))
+        stub = env_pb2_grpc.EnvServiceStub(channel)  # type: ignore[no-untyped-call]
+        states: dict[str, int] = {}
+        token_page = ""
+        try:
+            while True:
+                page = await stub.ListSandboxes(env_pb2.ListSandboxesRequest(page_size=1000, page_token=token_page),
+                                                timeout=5, metadata=metadata)
+                for sb in page.sandboxes:
+                    name = env_pb2.SandboxState.Name(sb.state).removeprefix("SANDBOX_STATE_").lower()
+                    states[name] = states.get(name, 0) + 1
+                if not (token_page := page.next_page_token):
+                    break
+        except grpc.aio.AioRpcError as err:
+            return Row("env", address, True, f"SERVING (sandboxes: {err.code().name})")
+    counts = ", ".join(f"{n} {state}" for state, n in sorted(states.items())) or "none"
+    return Row("env", address, True, f"SERVING, sandboxes: {counts}")
+
+
+async def status(env_address: str, nats_address: str, token: str | None) -> list[Row]:
+    return list(await asyncio.gather(nats_row(nats_address), env_row(env_address, token)))
+
+
+def print_rows(rows: list[Row]) -> None:
+    print(f"{'SERVICE':<8} {'ADDRESS':<22} {'STATUS':<6} DETAIL")
+    for row in rows:
+        print(f"{row.name:<8} {row.address:<22} {'up' if row.ok else 'DOWN':<6} {row.detail}")
