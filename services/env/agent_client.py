@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import itertools
 import logging
@@ -18,9 +19,12 @@ from orchard.errors import (
     ResourceExhausted,
     Unavailable,
 )
-from orchard.services.env.agent.agent import encode, read_frame
+from orchard.services.env.agent.agent import PTY_WINDOW, encode, read_frame
 
 log = logging.getLogger(__name__)
+
+MAX_TERMINAL_SIZE = 1000
+PTY_CLOSE_TIMEOUT_S = 5.0
 
 _ERRNO_ERRORS: dict[int, type[OrchardError]] = {
     errno.ENOENT: NotFound,
@@ -47,6 +51,90 @@ class ExecEvent:
     totals: tuple[int, int] = (0, 0)
     reason: str | None = None
     error: str | None = None
+
+
+def terminal_size(rows: int, cols: int) -> tuple[int, int]:
+    """(rows, cols) when both are within 1..1000, else InvalidArgument."""
+    if not (1 <= rows <= MAX_TERMINAL_SIZE and 1 <= cols <= MAX_TERMINAL_SIZE):
+        raise InvalidArgument(f"terminal size {rows}x{cols} is out of range: rows and cols must be between 1 and "
+                              f"{MAX_TERMINAL_SIZE}", field="rows")
+    return rows, cols
+
+
+class PtySession:
+    """A program on a pseudo-terminal in a sandbox. Iterate it (one task) for its output events, then its exit
+    event; send input and resize from any task; close() when done with it."""
+
+    def __init__(self, client: AgentClient, rid: int,
+                 queue: asyncio.Queue[tuple[dict[str, Any], bytes] | None]) -> None:
+        self._client = client
+        self._rid = rid
+        self._queue = queue
+        self._consumed = 0
+        self._acked = 0
+        self._ended = False  # the exit came, or the agent failed or went away
+        self.exit_code: int | None = None
+        """The program's exit code once its exit event was taken (128 + n when killed by signal n)."""
+
+    async def send_input(self, data: bytes) -> None:
+        """Type data into the terminal; waits while the program is not reading. A no-op once it ended."""
+        if not self._ended and data:
+            await self._client.call("pty_input", data, target=self._rid)
+
+    async def resize(self, rows: int, cols: int) -> None:
+        """Change the terminal's size; the program gets SIGWINCH."""
+        rows, cols = terminal_size(rows, cols)
+        if not self._ended:
+            await self._client.call("pty_resize", target=self._rid, rows=rows, cols=cols)
+
+    def __aiter__(self) -> PtySession:
+        return self
+
+    async def __anext__(self) -> ExecEvent:
+        """The next event: "out" with data, or finally "exit" with exit_code; Unavailable if the sandbox went."""
+        if self._ended:
+            raise StopAsyncIteration
+        frame = await self._queue.get()
+        if frame is None:
+            self._ended = True
+            self._client._waiters.pop(self._rid, None)
+            raise Unavailable(f"sandbox {self._client._label} is gone: {self._client._closed_reason}")
+        head, data = frame
+        if head["ev"] == "out":
+            self._consumed += len(data)
+            if self._consumed - self._acked >= PTY_WINDOW // 4:
+                # The agent stops reading the terminal while PTY_WINDOW bytes are unacknowledged: output
+                # waits in the program, not in memory here, when the consumer is slow.
+                self._acked = self._consumed
+                await self._client.call("pty_ack", target=self._rid, consumed=self._consumed)
+            return ExecEvent("out", fd=1, data=data)
+        self._ended = True
+        self._client._waiters.pop(self._rid, None)
+        if head["ev"] == "error":
+            raise self._client._error(head)
+        self.exit_code = head["code"]
+        return ExecEvent("exit", exit_code=head["code"])
+
+    async def kill(self) -> None:
+        """Kill the program's whole process tree if it still runs; iterating then ends with its exit event."""
+        if not self._ended:
+            with contextlib.suppress(Unavailable):  # the sandbox is gone, and its processes with it
+                await self._client.cancel(self._rid, "closed")
+
+    async def close(self) -> None:
+        """Kill the program's whole process tree if it still runs and wait (briefly) for its end; idempotent.
+        Call it once no task iterates the session any more."""
+        if self._ended:
+            return
+        try:
+            await self.kill()
+            async with asyncio.timeout(PTY_CLOSE_TIMEOUT_S):
+                async for _ in self:
+                    pass
+        except (OrchardError, TimeoutError):
+            pass  # the sandbox is gone or its agent failed: the session is over either way
+        finally:
+            self._client._waiters.pop(self._rid, None)
 
 
 class AgentClient:
@@ -159,6 +247,19 @@ class AgentClient:
                     raise self._error(head)
         finally:
             del self._waiters[rid]
+
+    async def open_pty(self, argv: list[str], *, cwd: str, env: dict[str, str], rows: int, cols: int) -> PtySession:
+        """Start argv on a new terminal of rows x cols; the session streams its output until it exits."""
+        rid = next(self._ids)
+        queue: asyncio.Queue[tuple[dict[str, Any], bytes] | None] = asyncio.Queue()
+        self._waiters[rid] = queue
+        try:
+            await self._send({"id": rid, "op": "pty", "argv": argv, "cwd": cwd, "env": env, "rows": rows,
+                              "cols": cols})
+        except BaseException:
+            del self._waiters[rid]
+            raise
+        return PtySession(self, rid, queue)
 
     async def cancel(self, rid: int, reason: str) -> None:
         """Kill the process tree of the agent-side exec rid (no-op once it ended)."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
+import ipaddress
 import logging
 import posixpath
 import re
@@ -12,7 +14,7 @@ import shlex
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from orchard.errors import (
@@ -24,7 +26,9 @@ from orchard.errors import (
     ResourceExhausted,
     Unavailable,
 )
+from orchard.runtime import tenancy
 from orchard.services.env import metrics
+from orchard.services.env.agent_client import PtySession, terminal_size
 from orchard.services.env.backends.base import EgressRule, Resources, SandboxBackend, SandboxSpec
 from orchard.services.env.files import FileOps, resolve_path
 from orchard.services.env.models import Exec, ExecState, Sandbox, SandboxState
@@ -34,7 +38,11 @@ log = logging.getLogger(__name__)
 
 SANDBOX_ID = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 TOMBSTONES = 10_000  # deleted sandboxes remembered, so a late caller learns why one is gone
+DEFAULT_PTY_ARGV = ("bash",)  # interactive: its stdin is a terminal
 PATCH_TIMEOUT_S = 30.0
+MAX_EGRESS_RULES = 256
+DNS_LABEL = r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?"
+HOST_NAME = re.compile(rf"^(?=.{{1,253}}\.?$){DNS_LABEL}(\.{DNS_LABEL})*\.?$", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -68,6 +76,29 @@ class ExecRequest:
     max_output: int = 0
 
 
+def check_egress(rules: tuple[EgressRule, ...]) -> None:
+    """Raise InvalidArgument unless every rule names exactly one of a CIDR and a host name, and a port 0..65535."""
+    if len(rules) > MAX_EGRESS_RULES:
+        raise InvalidArgument(f"network_policy has {len(rules)} rules; at most {MAX_EGRESS_RULES} are allowed "
+                              "(join neighbouring addresses into one cidr)", field="network_policy")
+    for i, rule in enumerate(rules):
+        if bool(rule.cidr) == bool(rule.host):
+            raise InvalidArgument(f"network_policy rule {i}: set exactly one of cidr and host", field="network_policy")
+        if rule.cidr:
+            try:
+                ipaddress.ip_network(rule.cidr, strict=False)
+            except ValueError:
+                raise InvalidArgument(f"network_policy rule {i}: cidr {rule.cidr!r} is not an IP network like "
+                                      "'169.254.0.0/16' or an address like '169.254.1.2'",
+                                      field="network_policy") from None
+        elif not HOST_NAME.match(rule.host):
+            raise InvalidArgument(f"network_policy rule {i}: host {rule.host!r} is not a valid host name",
+                                  field="network_policy")
+        if not 0 <= rule.port <= 65535:
+            raise InvalidArgument(f"network_policy rule {i}: port {rule.port} is not in 0..65535 (0 = any port)",
+                                  field="network_policy")
+
+
 def _page_cursor(page_token: str) -> str:
     """The last sandbox id of the previous page, from a next_page_token this service issued."""
     try:
@@ -89,8 +120,9 @@ class SandboxManager:
         self.sandboxes: dict[str, Sandbox] = {}
         self.execs: dict[str, Exec] = {}
         self._queued = 0  # execs in state QUEUED, kept as a count: StartExec must not scan every exec
-        self._gone: OrderedDict[str, str] = OrderedDict()
-        self._by_request: dict[str, str] = {}
+        self._ptys = 0  # terminal sessions open
+        self._gone: OrderedDict[str, tuple[str, str]] = OrderedDict()  # id -> (tenant, why it ended)
+        self._by_request: dict[tuple[str, str], str] = {}  # (tenant, request_id) -> sandbox id
         self._create_slots = asyncio.Semaphore(settings.max_concurrent_creates)
         self._exec_slots = asyncio.Semaphore(settings.max_concurrent_execs)
         self._tasks: set[asyncio.Task[None]] = set()
@@ -109,7 +141,8 @@ class SandboxManager:
         self._sweeper = asyncio.create_task(self._sweep_forever(), name="env-sweeper")
 
     async def close(self) -> None:
-        """Stop sweeping, cancel running commands, and destroy every sandbox."""
+        """Stop sweeping, cancel running commands, and destroy every sandbox (every tenant's)."""
+        tenancy.set_tenant(tenancy.SYSTEM)
         if self._sweeper is not None:
             self._sweeper.cancel()
         for task in list(self._tasks):
@@ -127,10 +160,12 @@ class SandboxManager:
     # ---- sandboxes ----
 
     def get_sandbox(self, sandbox_id: str) -> Sandbox:
+        """The sandbox, if the current tenant may see it; another tenant's is NOT_FOUND, so ids don't leak."""
         sandbox = self.sandboxes.get(sandbox_id)
-        if sandbox is None:
-            if sandbox_id in self._gone:
-                raise NotFound(f"sandbox {sandbox_id!r} not found ({self._gone[sandbox_id]})")
+        if sandbox is None or not tenancy.may_access(sandbox.tenant):
+            gone = self._gone.get(sandbox_id)
+            if sandbox is None and gone is not None and tenancy.may_access(gone[0]):
+                raise NotFound(f"sandbox {sandbox_id!r} not found ({gone[1]})")
             raise NotFound(f"sandbox {sandbox_id!r} not found")
         return sandbox
 
@@ -143,8 +178,9 @@ class SandboxManager:
 
     async def create_sandbox(self, req: CreateRequest) -> Sandbox:
         """Create a sandbox and return it ready; a retry with the same request_id returns the same one."""
-        if req.request_id and req.request_id in self._by_request:
-            sandbox = self.get_sandbox(self._by_request[req.request_id])
+        tenant = tenancy.current_tenant()
+        if req.request_id and (tenant, req.request_id) in self._by_request:
+            sandbox = self.get_sandbox(self._by_request[tenant, req.request_id])
             await sandbox.ready.wait()
             return sandbox
         s = self.settings
@@ -165,21 +201,25 @@ class SandboxManager:
         for key, value in req.env.items():
             if "\x00" in value:
                 raise InvalidArgument(f"env variable {key!r} contains a NUL byte", field="env")
+        check_egress(req.egress)
         workdir = req.workdir or "/workspace"
         if not workdir.startswith("/"):
             raise InvalidArgument(f"workdir {workdir!r} must be an absolute path", field="workdir")
         if len(self.sandboxes) >= s.max_sandboxes:
             raise ResourceExhausted(f"the service already holds {s.max_sandboxes} sandboxes (its limit); "
                                     "delete some or retry later", retry_after=5.0)
+        r = req.resources
+        resources = Resources(r.cpu_millis or s.default_cpu_millis, r.memory_bytes or s.default_memory_bytes,
+                              r.pids or s.default_pids, r.disk_bytes or s.default_disk_bytes)
         sandbox = Sandbox(
             sandbox_id=req.sandbox_id or f"sb-{uuid.uuid4().hex[:12]}",
             image=req.image, workdir=posixpath.normpath(workdir), env=dict(req.env), labels=dict(req.labels),
-            resources=req.resources, egress=req.egress, ttl_s=req.ttl_s or s.default_ttl_s,
-            heartbeat_timeout_s=req.heartbeat_timeout_s, request_id=req.request_id,
+            resources=resources, egress=req.egress, ttl_s=req.ttl_s or s.default_ttl_s,
+            heartbeat_timeout_s=req.heartbeat_timeout_s, request_id=req.request_id, tenant=tenant,
         )
         self.sandboxes[sandbox.sandbox_id] = sandbox
         if req.request_id:
-            self._by_request[req.request_id] = sandbox.sandbox_id
+            self._by_request[tenant, req.request_id] = sandbox.sandbox_id
         spec = SandboxSpec(sandbox_id=sandbox.sandbox_id, image=sandbox.image, workdir=sandbox.workdir,
                            env=sandbox.env, resources=sandbox.resources, egress=sandbox.egress)
         try:
@@ -187,7 +227,7 @@ class SandboxManager:
                 sandbox.client = await self.backend.create(spec)
         except BaseException:
             self.sandboxes.pop(sandbox.sandbox_id, None)
-            self._by_request.pop(req.request_id, None)
+            self._by_request.pop((tenant, req.request_id), None)
             sandbox.state = SandboxState.FAILED
             sandbox.ready.set()
             raise
@@ -205,7 +245,8 @@ class SandboxManager:
         after = _page_cursor(page_token) if page_token else ""
         matching = sorted(
             (sb for sb in self.sandboxes.values()
-             if sb.sandbox_id > after and all(sb.labels.get(k) == v for k, v in label_selector.items())),
+             if sb.sandbox_id > after and tenancy.may_access(sb.tenant)
+             and all(sb.labels.get(k) == v for k, v in label_selector.items())),
             key=lambda sb: sb.sandbox_id,
         )
         page = matching[:size]
@@ -245,12 +286,22 @@ class SandboxManager:
         finally:
             sandbox.state = SandboxState.DELETED
             self.sandboxes.pop(sandbox_id, None)
-            self._by_request.pop(sandbox.request_id, None)
-            self._gone[sandbox_id] = reason
+            self._by_request.pop((sandbox.tenant, sandbox.request_id), None)
+            self._gone[sandbox_id] = (sandbox.tenant, reason)
             metrics.SANDBOXES_ENDED.labels(metrics.reason_kind(reason)).inc()
             while len(self._gone) > TOMBSTONES:
                 self._gone.popitem(last=False)
         log.info("sandbox deleted", extra={"sandbox_id": sandbox_id, "reason": reason})
+
+    async def set_network_policy(self, sandbox_id: str, egress: tuple[EgressRule, ...]) -> Sandbox:
+        """Replace a ready sandbox's egress allowlist; returns the sandbox with the new policy in force."""
+        sandbox = self.ready_sandbox(sandbox_id)
+        check_egress(egress)
+        async with sandbox.policy_lock:
+            await self.backend.set_egress(sandbox_id, egress)
+            sandbox.egress = egress
+        log.info("network policy set", extra={"sandbox_id": sandbox_id, "rules": len(egress)})
+        return sandbox
 
     def mark_failed(self, sandbox: Sandbox, reason: str) -> None:
         if sandbox.state is SandboxState.READY:
@@ -259,6 +310,7 @@ class SandboxManager:
             log.warning("sandbox failed", extra={"sandbox_id": sandbox.sandbox_id, "reason": reason})
 
     async def _sweep_forever(self) -> None:
+        tenancy.set_tenant(tenancy.SYSTEM)  # expiry is the service's own work, across tenants
         while True:
             await asyncio.sleep(self.settings.sweep_interval_s)
             try:
@@ -282,7 +334,7 @@ class SandboxManager:
 
     def get_exec(self, exec_id: str) -> Exec:
         ex = self.execs.get(exec_id)
-        if ex is None:
+        if ex is None or not tenancy.may_access(ex.tenant):
             raise NotFound(f"exec {exec_id!r} not found (finished commands are kept "
                            f"{self.settings.exec_retention_s:g}s)")
         return ex
@@ -317,6 +369,7 @@ class SandboxManager:
             argv=["bash", "-lc" if req.login_shell else "-c", command],
             cwd=resolve_path(sandbox.workdir, req.cwd), env=dict(req.env or {}), stdin=req.stdin,
             timeout_s=req.timeout_s or s.default_exec_timeout_s, max_output=req.max_output or s.default_output_bytes,
+            tenant=sandbox.tenant,
         )
         self.execs[ex.exec_id] = ex
         self._queued += 1
@@ -331,6 +384,7 @@ class SandboxManager:
             self._queued -= 1
             ex.start_time = time.time()
             try:
+                oom_kills = await self.backend.oom_kills(sandbox.sandbox_id)
                 async for event in sandbox.client.exec(
                     ex.argv, cwd=ex.cwd, env=ex.env, stdin=ex.stdin, timeout=ex.timeout_s,
                     max_output=ex.max_output, on_id=lambda rid: setattr(ex, "agent_id", rid),
@@ -341,7 +395,9 @@ class SandboxManager:
                     elif event.kind == "exit":
                         ex.totals = event.totals
                         ex.exit_code = event.exit_code
-                        state, error = self._outcome(ex, event.reason, event.error)
+                        ex.oom_killed = ex.exit_code != 0 and \
+                            await self.backend.oom_kills(sandbox.sandbox_id) > oom_kills
+                        state, error = self._outcome(ex, event.reason, event.error, sandbox.resources.memory_bytes)
                         await self._finish(ex, state, error=error)
             except OrchardError as err:
                 if isinstance(err, Unavailable) and sandbox.state is SandboxState.READY:
@@ -351,13 +407,17 @@ class SandboxManager:
                 await self._finish(ex, ExecState.CANCELLED, error="the env service stopped")
                 raise
 
-    def _outcome(self, ex: Exec, reason: str | None, error: str | None) -> tuple[ExecState, str]:
+    def _outcome(self, ex: Exec, reason: str | None, error: str | None, memory_bytes: int) -> tuple[ExecState, str]:
         if error:
             return ExecState.FAILED, error
         if reason == "timeout":
             return ExecState.TIMED_OUT, f"command timed out after {ex.timeout_s:g}s; its whole process tree was killed"
         if reason:
             return ExecState.CANCELLED, f"command {reason}; its whole process tree was killed"
+        if ex.oom_killed:
+            limit = f"limit {memory_bytes / (1 << 20):g} MiB" if memory_bytes else "no limit: the machine ran out"
+            return ExecState.FAILED, (f"command ran out of memory ({limit}) and the kernel killed it; use less memory "
+                                      "or create the sandbox with a larger resources.memory_bytes")
         return (ExecState.SUCCEEDED if ex.exit_code == 0 else ExecState.FAILED), ""
 
     async def _finish(self, ex: Exec, state: ExecState, *, error: str = "") -> None:
@@ -412,6 +472,38 @@ class SandboxManager:
                 raise Unavailable(f"exec {exec_id!r} did not confirm its cancellation within 10s; its sandbox "
                                   "may be unhealthy: check it with GetSandbox, or delete it") from None
         return ex
+
+    @contextlib.asynccontextmanager
+    async def open_pty(self, sandbox_id: str, argv: Sequence[str] = (), rows: int = 0, cols: int = 0, cwd: str = "",
+                       env: Mapping[str, str] | None = None) -> AsyncIterator[PtySession]:
+        """Run argv (an interactive bash when empty) on a terminal of rows x cols (0: 24 x 80) for as long as
+        the caller stays in the block; leaving it kills the program's whole process tree.
+
+        A session is long-lived and mostly idle, so it neither waits behind the sandbox's commands nor takes
+        one of the max_concurrent_execs slots (it would starve them); max_pty_sessions bounds sessions instead.
+        The sandbox's deletion ends its sessions with Unavailable.
+        """
+        sandbox = self.ready_sandbox(sandbox_id)
+        argv = list(argv) or list(DEFAULT_PTY_ARGV)
+        if any("\x00" in arg for arg in argv):
+            raise InvalidArgument("argv contains a NUL byte", field="argv")
+        for key, value in (env or {}).items():
+            if not key or "=" in key or "\x00" in key or "\x00" in value:
+                raise InvalidArgument(f"invalid env variable {key!r}: names must be non-empty without '=' and "
+                                      "neither names nor values may contain a NUL byte", field="env")
+        rows, cols = terminal_size(rows or 24, cols or 80)
+        if self._ptys >= self.settings.max_pty_sessions:
+            raise ResourceExhausted(f"{self._ptys} terminal sessions are already open (the service's limit); close "
+                                    "some or retry later", retry_after=5.0)
+        assert sandbox.client is not None
+        session = await sandbox.client.open_pty(argv, cwd=resolve_path(sandbox.workdir, cwd), env=dict(env or {}),
+                                                rows=rows, cols=cols)
+        self._ptys += 1
+        try:
+            yield session
+        finally:
+            self._ptys -= 1
+            await asyncio.shield(session.close())  # a second cancellation must not leave the program running
 
     async def run_to_end(self, sandbox_id: str, argv: list[str], *, stdin: bytes, cwd: str,
                          timeout_s: float) -> Exec:

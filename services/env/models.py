@@ -7,6 +7,7 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+from orchard.runtime.tenancy import DEFAULT_TENANT
 from orchard.services.env.agent_client import AgentClient
 from orchard.services.env.backends.base import EgressRule, Resources
 
@@ -50,9 +51,13 @@ class Sandbox:
     state: SandboxState = SandboxState.PENDING
     failure_reason: str = ""
     request_id: str = ""
+    tenant: str = DEFAULT_TENANT
+    """The tenant that created it; other tenants get NOT_FOUND for it."""
     client: AgentClient | None = None
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     exec_order: asyncio.Lock = field(default_factory=asyncio.Lock)
+    policy_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """Held while the network policy changes, so the recorded policy is the one in force."""
 
     @property
     def expire_time(self) -> float:
@@ -81,12 +86,16 @@ class Exec:
     stdin: bytes
     timeout_s: float
     max_output: int
+    tenant: str = DEFAULT_TENANT
+    """The tenant of its sandbox."""
     create_time: float = field(default_factory=time.time)
     state: ExecState = ExecState.QUEUED
     exit_code: int = -1
     chunks: list[tuple[int, bytes]] = field(default_factory=list)
     totals: tuple[int, int] = (0, 0)
     error: str = ""
+    oom_killed: bool = False
+    """True when the kernel killed a process of this command for lack of memory and it did not succeed."""
     start_time: float | None = None
     end_time: float | None = None
     agent_id: int | None = None

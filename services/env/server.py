@@ -1,4 +1,5 @@
-"""Bootstrap of the env service: settings → backend → manager → gRPC server (`orchard serve env`)."""
+"""Bootstrap of the env service: settings → backend → manager → gRPC server (+ REST gateway with
+--http-port) (`orchard serve env`)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from orchard.runtime.settings import SettingsError
 from orchard.services.env import metrics
 from orchard.services.env.backends import load_backend_class
 from orchard.services.env.manager import SandboxManager
+from orchard.services.env.rest import HttpGateway
 from orchard.services.env.servicer import EnvServicer
 from orchard.services.env.settings import EnvSettings
 
@@ -37,8 +39,26 @@ async def build(settings: EnvSettings) -> tuple[GrpcServer, SandboxManager]:
     return server, manager
 
 
+async def start_gateway(settings: EnvSettings, server: GrpcServer, manager: SandboxManager) -> HttpGateway | None:
+    """Start the REST gateway (settings.http_port) over the built service's manager; None when not asked for.
+
+    Stop callbacks run last registered first: on SIGTERM gRPC drains, then the gateway, then the manager closes.
+    """
+    if settings.http_port is None:
+        return None
+    gateway = HttpGateway(manager, settings)
+    await gateway.start()
+    server.on_stop(gateway.stop)
+    return gateway
+
+
 async def serve(settings: EnvSettings) -> None:
-    server, _ = await build(settings)
+    server, manager = await build(settings)
+    try:
+        await start_gateway(settings, server, manager)
+    except BaseException:
+        await manager.close()
+        raise
     await server.serve()  # until SIGTERM/SIGINT: NOT_SERVING, drain, then every sandbox is destroyed
 
 

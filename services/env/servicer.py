@@ -12,12 +12,15 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from orchard.env.v1 import env_pb2 as pb
 from orchard.env.v1 import env_pb2_grpc
-from orchard.errors import InvalidArgument, Unimplemented
+from orchard.errors import InvalidArgument, OrchardError, Unimplemented
+from orchard.services.env.agent_client import PtySession
 from orchard.services.env.backends.base import EgressRule, Resources
 from orchard.services.env.files import FileInfo
 from orchard.services.env.manager import CreateRequest, ExecRequest, SandboxManager
 from orchard.services.env.models import Exec, Sandbox
 
+PTY_STARTED_KEY = "orchard-pty-started"
+"""Initial metadata OpenPty sends once the program runs (a failed start ends the call without it)."""
 FILE_TYPES = {"file": pb.FILE_TYPE_FILE, "directory": pb.FILE_TYPE_DIRECTORY, "symlink": pb.FILE_TYPE_SYMLINK}
 
 
@@ -54,6 +57,7 @@ def sandbox_pb(sb: Sandbox) -> pb.Sandbox:
                                                for e in sb.egress]),
         workdir=sb.workdir, create_time=_ts(sb.create_time), expire_time=_ts(sb.expire_time), ttl=_dur(sb.ttl_s),
         heartbeat_timeout=_dur(sb.heartbeat_timeout_s), last_heartbeat_time=_ts(sb.last_heartbeat_time),
+        tenant=sb.tenant,
     )
 
 
@@ -64,7 +68,7 @@ def exec_pb(ex: Exec, *, with_output: bool = True) -> pb.Exec:
         stdout_truncated=ex.truncated(1), stderr_truncated=ex.truncated(2),
         stdout_total_bytes=ex.totals[0], stderr_total_bytes=ex.totals[1], error=ex.error,
         create_time=_ts(ex.create_time), start_time=_ts(ex.start_time), end_time=_ts(ex.end_time),
-        timeout=_dur(ex.timeout_s),
+        timeout=_dur(ex.timeout_s), oom_killed=ex.oom_killed,
     )
     if with_output:
         msg.stdout, msg.stderr = ex.output(1), ex.output(2)
@@ -76,6 +80,22 @@ def exec_pb(ex: Exec, *, with_output: bool = True) -> pb.Exec:
 def file_pb(info: FileInfo) -> pb.FileInfo:
     return pb.FileInfo(name=info.name, path=info.path, type=FILE_TYPES.get(info.type, pb.FILE_TYPE_UNSPECIFIED),
                        size_bytes=info.size, mode=info.mode, modify_time=_ts(info.mtime))
+
+
+async def _relay_pty_input(requests: AsyncIterator[pb.OpenPtyRequest], session: PtySession) -> None:
+    """Pass keystrokes and resizes to the session; a bad message kills the program, and is raised."""
+    try:
+        async for message in requests:
+            part = message.WhichOneof("part")
+            if part == "input":
+                await session.send_input(message.input)
+            elif part == "resize":
+                await session.resize(message.resize.rows, message.resize.cols)
+            else:
+                raise InvalidArgument("start may only be the first message of a PTY session", field="start")
+    except OrchardError:
+        await session.kill()
+        raise
 
 
 class EnvServicer(env_pb2_grpc.EnvServiceServicer):
@@ -122,9 +142,9 @@ class EnvServicer(env_pb2_grpc.EnvServiceServicer):
 
     async def SetNetworkPolicy(self, request: pb.SetNetworkPolicyRequest, context: grpc.aio.ServicerContext
                                ) -> pb.SetNetworkPolicyResponse:
-        self.manager.get_sandbox(request.sandbox_id)
-        raise Unimplemented("changing the network policy of a live sandbox is not available yet "
-                            "(planned with egress allowlists); sandboxes have no network")
+        sandbox = await self.manager.set_network_policy(
+            request.sandbox_id, tuple(EgressRule(r.cidr, r.host, r.port) for r in request.network_policy.allow))
+        return pb.SetNetworkPolicyResponse(sandbox=sandbox_pb(sandbox))
 
     async def StartExec(self, request: pb.StartExecRequest, context: grpc.aio.ServicerContext
                         ) -> pb.StartExecResponse:
@@ -199,9 +219,28 @@ class EnvServicer(env_pb2_grpc.EnvServiceServicer):
 
     async def OpenPty(self, request_iterator: AsyncIterator[pb.OpenPtyRequest], context: grpc.aio.ServicerContext
                       ) -> AsyncIterator[pb.OpenPtyResponse]:
-        raise Unimplemented("interactive PTY sessions are not available yet in this env service; "
-                            "use StartExec/StreamExec")
-        yield  # pragma: no cover - makes this an async generator like the real one will be
+        requests = aiter(request_iterator)
+        first = await anext(requests, None)
+        if first is None or first.WhichOneof("part") != "start":
+            raise InvalidArgument("the first message of a PTY session must be start", field="start")
+        start = first.start
+        async with self.manager.open_pty(start.sandbox_id, list(start.argv), start.rows, start.cols, start.cwd,
+                                         dict(start.env)) as session:
+            await context.send_initial_metadata(((PTY_STARTED_KEY, "1"),))  # the SDK waits for it: the session is up
+            # Input in a task of its own, output here; leaving (the exit, an error, the client going away)
+            # cancels the input task, and leaving the block kills the program's process tree.
+            relay = asyncio.create_task(_relay_pty_input(requests, session), name="pty-input")
+            try:
+                async for event in session:
+                    if event.kind == "out":
+                        yield pb.OpenPtyResponse(output=event.data)
+                    elif relay.done() and not relay.cancelled() and (err := relay.exception()) is not None:
+                        raise err  # the session ended because of a bad input message: report that instead
+                    else:
+                        yield pb.OpenPtyResponse(exit_code=event.exit_code)
+            finally:
+                relay.cancel()
+                await asyncio.gather(relay, return_exceptions=True)
 
     async def Screenshot(self, request: pb.ScreenshotRequest, context: grpc.aio.ServicerContext
                          ) -> pb.ScreenshotResponse:

@@ -22,6 +22,8 @@ class EnvSettings(ServiceSettings):
 
     port: int = 50051
     """TCP port to listen on (0 picks a free one)."""
+    http_port: int | None = Field(default=None, ge=0, le=65535)
+    """Port of the REST gateway speaking the public Orchard Env HTTP API (0 picks a free one); unset = none."""
     backend: str = "local"
     """Sandbox backend: local."""
     state_dir: Path = Field(default_factory=default_state_dir)
@@ -36,6 +38,8 @@ class EnvSettings(ServiceSettings):
     """Most commands running at once across all sandboxes; more wait in line."""
     max_queued_execs: int = Field(default=10000, ge=1)
     """Most commands waiting in line; StartExec beyond it gets RESOURCE_EXHAUSTED."""
+    max_pty_sessions: int = Field(default=256, ge=1)
+    """Most interactive terminal sessions open at once (they take no command slot); more get RESOURCE_EXHAUSTED."""
     default_exec_timeout_s: float = Field(default=300.0, gt=0)
     """Timeout of a command that sets none."""
     max_exec_timeout_s: float = Field(default=24 * 3600.0, gt=0)
@@ -58,3 +62,11 @@ class EnvSettings(ServiceSettings):
     """How long a new sandbox's agent may take to start."""
     bwrap_path: str = "bwrap"
     """The bubblewrap binary."""
+    default_cpu_millis: int = Field(default=0, ge=0)
+    """CPU limit (1000 = one core) of a sandbox that sets none; 0 = unlimited."""
+    default_memory_bytes: int = Field(default=0, ge=0)
+    """Memory limit of a sandbox that sets none; 0 = unlimited."""
+    default_pids: int = Field(default=4096, ge=0)
+    """Process (and thread) limit of a sandbox that sets none, so a fork bomb stays inside; 0 = unlimited."""
+    default_disk_bytes: int = Field(default=0, ge=0)
+    """Size cap of the writable layer of a sandbox that sets none; 0 = unlimited."""

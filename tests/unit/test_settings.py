@@ -43,6 +43,7 @@ def test_defaults() -> None:
         "log_level": "INFO",
         "log_format": "json",
         "auth_token": None,
+        "auth_tokens_file": None,
         "max_message_bytes": 64 * 1024 * 1024,
         "metrics_port": None,
         "tls_cert_file": None,

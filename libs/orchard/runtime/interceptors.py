@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import inspect
 import logging
 import time
@@ -20,6 +19,7 @@ import grpc
 from grpc_health.v1 import health as grpc_health
 
 from orchard import errors
+from orchard.runtime import tenancy
 from orchard.runtime.metrics import observe_rpc
 
 _log = logging.getLogger("orchard.rpc")
@@ -170,10 +170,11 @@ class _Rpc:
 
 
 class BearerAuthInterceptor(grpc.aio.ServerInterceptor):
-    """Requires `authorization: Bearer <token>` on every call except health and reflection."""
+    """Requires `authorization: Bearer <token>` on every call except health and reflection, and runs the call
+    as the token's tenant (orchard.runtime.tenancy)."""
 
-    def __init__(self, token: str) -> None:
-        self._expected = f"Bearer {token}".encode()
+    def __init__(self, tokens: dict[str, str] | str) -> None:
+        self._tokens = {tokens: tenancy.DEFAULT_TENANT} if isinstance(tokens, str) else dict(tokens)
 
     async def intercept_service(
         self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
@@ -183,7 +184,12 @@ class BearerAuthInterceptor(grpc.aio.ServerInterceptor):
         if handler is None or method.startswith(_AUTH_EXEMPT_PREFIXES):
             return handler
         sent = _metadata_value(handler_call_details, "authorization")
-        if sent is not None and hmac.compare_digest(sent.encode(), self._expected):
+        tenant = None
+        if sent is not None and sent.startswith("Bearer "):
+            tenant = tenancy.tenant_of(sent.removeprefix("Bearer "), self._tokens)
+        if tenant is not None:
+            # The interceptor runs in the call's own task, before its handler: the handler sees this tenant.
+            tenancy.set_tenant(tenant)
             return handler
         if sent is None:
             message = "missing 'authorization' metadata; send 'authorization: Bearer <token>'"

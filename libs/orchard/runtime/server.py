@@ -75,8 +75,8 @@ class GrpcServer:
             raise RuntimeError("server already started")
         settings = self._settings
         interceptors: list[grpc.aio.ServerInterceptor] = [ErrorInterceptor(self._name)]
-        if settings.auth_token is not None:
-            interceptors.append(BearerAuthInterceptor(settings.auth_token))
+        if settings.auth_enabled:
+            interceptors.append(BearerAuthInterceptor(settings.auth_tokens()))
         server = grpc.aio.server(
             interceptors=interceptors,
             options=[
@@ -117,7 +117,7 @@ class GrpcServer:
                 "service": self._name,
                 "address": f"{host}:{port}",
                 "services": names,
-                "auth": settings.auth_token is not None,
+                "auth": settings.auth_enabled,
                 "tls": "mutual" if settings.tls_client_ca_file else bool(settings.tls_cert_file),
             },
         )

@@ -15,6 +15,8 @@ from pydantic import Field, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from orchard.runtime.tenancy import load_tokens
+
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
@@ -50,7 +52,11 @@ class ServiceSettings(BaseSettings):
     """Log line format: json (one object per line) or text (for humans)."""
 
     auth_token: str | None = Field(default=None, repr=False)
-    """Bearer token clients must send as 'authorization: Bearer <token>'; unset disables auth."""
+    """Bearer token clients must send as 'authorization: Bearer <token>' (tenant "default"); unset with no
+    auth_tokens_file disables auth."""
+
+    auth_tokens_file: Path | None = None
+    """File of `tenant:token` lines: each token is a tenant, who sees only its own resources."""
 
     max_message_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
     """Largest gRPC message sent or received, in bytes."""
@@ -66,6 +72,22 @@ class ServiceSettings(BaseSettings):
 
     tls_client_ca_file: Path | None = None
     """PEM CA bundle; when set, clients must present a certificate it signed (mutual TLS)."""
+
+    @property
+    def auth_enabled(self) -> bool:
+        return self.auth_token is not None or self.auth_tokens_file is not None
+
+    def auth_tokens(self) -> dict[str, str]:
+        """token -> tenant (see orchard.runtime.tenancy.load_tokens)."""
+        return load_tokens(self.auth_token, self.auth_tokens_file)
+
+    @model_validator(mode="after")
+    def _check_auth_tokens(self) -> ServiceSettings:
+        if self.auth_tokens_file is not None:
+            if not self.auth_tokens_file.is_file():
+                raise ValueError(f"auth tokens file {self.auth_tokens_file} does not exist")
+            self.auth_tokens()  # malformed lines fail at start-up, naming the line
+        return self
 
     @model_validator(mode="after")
     def _check_tls(self) -> ServiceSettings:

@@ -10,8 +10,8 @@ Names follow the public Orchard Env SDK (`orchard_env`), so code written for it 
 
 from orchard.sdk.aio import AsyncSandboxClient, AsyncSandboxPager
 from orchard.sdk.results import FileEntry, JobResult, PatchError, PatchResult, SandboxInfo, UploadResult
-from orchard.sdk.sandbox import AsyncExecHandle, AsyncSandbox
-from orchard.sdk.sync import ExecHandle, Sandbox, SandboxClient
+from orchard.sdk.sandbox import AsyncExecHandle, AsyncPtySession, AsyncSandbox
+from orchard.sdk.sync import ExecHandle, PtySession, Sandbox, SandboxClient
 
 SandboxInstance = Sandbox
 """The public SDK's name for a sandbox."""
@@ -20,6 +20,7 @@ AsyncSandboxInstance = AsyncSandbox
 
 __all__ = [
     "AsyncExecHandle",
+    "AsyncPtySession",
     "AsyncSandbox",
     "AsyncSandboxClient",
     "AsyncSandboxInstance",
@@ -29,6 +30,7 @@ __all__ = [
     "JobResult",
     "PatchError",
     "PatchResult",
+    "PtySession",
     "Sandbox",
     "SandboxClient",
     "SandboxInfo",

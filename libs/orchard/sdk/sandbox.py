@@ -1,8 +1,10 @@
-"""One sandbox (AsyncSandbox) and one command running in it (AsyncExecHandle), for the async client."""
+"""One sandbox (AsyncSandbox), a command running in it (AsyncExecHandle) and an interactive terminal in it
+(AsyncPtySession), for the async client."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -10,10 +12,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Self
 
+import grpc
 from google.protobuf.duration_pb2 import Duration
 
 from orchard.env.v1 import env_pb2 as pb
-from orchard.errors import DeadlineExceeded, FailedPrecondition
+from orchard.errors import DeadlineExceeded, FailedPrecondition, NotFound
 from orchard.sdk.results import (
     FileEntry,
     JobResult,
@@ -40,6 +43,8 @@ EXEC_MARGIN_S = 60.0
 """How much longer than a command's timeout exec() waits before giving up on it (queueing, transport)."""
 RPC_MARGIN_S = 10.0
 """Slack on a WaitExec deadline beyond the wait itself."""
+PTY_STARTED_KEY = "orchard-pty-started"
+"""Initial metadata the service sends once a terminal session's program runs."""
 
 Command = str | Sequence[str]
 DONE_STATES = frozenset({pb.EXEC_STATE_SUCCEEDED, pb.EXEC_STATE_FAILED, pb.EXEC_STATE_TIMED_OUT,
@@ -109,6 +114,59 @@ class AsyncExecHandle:
 
     def __repr__(self) -> str:
         return f"AsyncExecHandle(job_id={self.job_id!r}, sandbox_id={self.sandbox_id!r})"
+
+
+class AsyncPtySession:
+    """An interactive terminal in a sandbox: `async for chunk in session` yields its output bytes until the
+    program ends (exit_code is set then); send() types into it and resize() changes its size."""
+
+    def __init__(self, transport: Transport, call: grpc.aio.StreamStreamCall, sandbox_id: str,
+                 timeout: float) -> None:
+        self._transport = transport
+        self._call = call
+        self._timeout = timeout
+        self.sandbox_id = sandbox_id
+        self.exit_code: int | None = None
+        """The program's exit code once its output ended (128 + n when killed by signal n)."""
+
+    async def send(self, data: bytes | str) -> None:
+        """Type into the terminal (str is UTF-8 encoded), e.g. "ls\\n"."""
+        await self._write(pb.OpenPtyRequest(input=data.encode() if isinstance(data, str) else data))
+
+    async def resize(self, rows: int, cols: int) -> None:
+        """Change the terminal's size (1..1000 each); the program gets SIGWINCH."""
+        await self._write(pb.OpenPtyRequest(resize=pb.PtyResize(rows=rows, cols=cols)))
+
+    async def _write(self, request: pb.OpenPtyRequest) -> None:
+        try:
+            await self._call.write(request)
+        except asyncio.InvalidStateError:  # the call is over: say how it ended
+            await self._read()
+            raise FailedPrecondition(f"the terminal session in sandbox {self.sandbox_id} has ended (exit code "
+                                     f"{self.exit_code}); open a new one") from None
+        except grpc.aio.AioRpcError as err:
+            raise self._transport.error(err, "OpenPty", self._timeout) from None
+
+    async def _read(self) -> pb.OpenPtyResponse | None:
+        """The next message, None at the end; the call's error as an orchard error."""
+        try:
+            message = await self._call.read()
+        except grpc.aio.AioRpcError as err:
+            raise self._transport.error(err, "OpenPty", self._timeout) from None
+        return None if message is grpc.aio.EOF else message
+
+    async def _output(self) -> AsyncIterator[bytes]:
+        while self.exit_code is None and (message := await self._read()) is not None:
+            if message.WhichOneof("part") == "output":
+                yield message.output
+            else:
+                self.exit_code = message.exit_code
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self._output()
+
+    def __repr__(self) -> str:
+        return f"AsyncPtySession(sandbox_id={self.sandbox_id!r}, exit_code={self.exit_code!r})"
 
 
 class AsyncSandbox:
@@ -196,6 +254,41 @@ class AsyncSandbox:
         """The state (and output so far) of a command of this service, by id."""
         response = await self._transport.unary("GetExec", pb.GetExecRequest(exec_id=job_id), idempotent=True)
         return job_result(response.exec)
+
+    async def attach(self, job_id: str) -> AsyncExecHandle:
+        """A handle on a command of this sandbox by id, e.g. one started by another process; its stream()
+        starts from the command's first byte."""
+        response = await self._transport.unary("GetExec", pb.GetExecRequest(exec_id=job_id), idempotent=True)
+        if response.exec.sandbox_id != self.sandbox_id:
+            raise NotFound(f"command {job_id!r} belongs to sandbox {response.exec.sandbox_id!r}, not to "
+                           f"{self.sandbox_id!r}; attach through that sandbox")
+        return AsyncExecHandle(self._transport, response.exec)
+
+    @contextlib.asynccontextmanager
+    async def pty(self, argv: Sequence[str] | None = None, rows: int = 24, cols: int = 80, cwd: str | None = None,
+                  env: Mapping[str, str] | None = None, timeout: float = 3600) -> AsyncIterator[AsyncPtySession]:
+        """An interactive terminal running argv (an interactive bash by default) until the program exits or
+        the block is left, which kills its whole process tree. It ends with DeadlineExceeded after `timeout` s.
+
+            async with sandbox.pty() as term:
+                await term.send("echo hi; exit\\n")
+                output = b"".join([chunk async for chunk in term])
+        """
+        call = await self._transport.bidi_stream("OpenPty", timeout=timeout)
+        session = AsyncPtySession(self._transport, call, self.sandbox_id, timeout)
+        try:
+            start = pb.PtyStart(sandbox_id=self.sandbox_id, argv=list(argv or ()), rows=rows, cols=cols,
+                                cwd=cwd or "", env=dict(env or {}))
+            await session._write(pb.OpenPtyRequest(start=start))
+            try:
+                started = await call.initial_metadata()
+            except grpc.aio.AioRpcError as err:
+                raise self._transport.error(err, "OpenPty", timeout) from None
+            if PTY_STARTED_KEY not in started:
+                await session._read()  # raises the error that stopped the session from starting
+            yield session
+        finally:
+            call.cancel()
 
     async def apply_patch(self, patch: str, timeout: float = 30, cwd: str | None = None) -> PatchResult:
         """Apply a unified (git) diff, all or nothing; raises PatchError when it does not apply."""

@@ -5,16 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import os
 import threading
-from collections.abc import AsyncIterator, Coroutine, Iterator, Mapping
+from collections.abc import AsyncIterator, Coroutine, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
 from orchard.sdk.aio import AsyncSandboxClient
 from orchard.sdk.config import ClientConfig
 from orchard.sdk.results import FileEntry, JobResult, PatchResult, SandboxInfo, UploadResult
-from orchard.sdk.sandbox import AsyncExecHandle, AsyncSandbox, Command
+from orchard.sdk.sandbox import AsyncExecHandle, AsyncPtySession, AsyncSandbox, Command
 
 T = TypeVar("T")
 
@@ -98,6 +99,35 @@ class ExecHandle:
         return f"ExecHandle(job_id={self.job_id!r}, sandbox_id={self.sandbox_id!r})"
 
 
+class PtySession:
+    """An interactive terminal in a sandbox: iterate it for output bytes until the program ends (exit_code is
+    set then); send() types into it and resize() changes its size."""
+
+    def __init__(self, session: AsyncPtySession, runner: _LoopThread) -> None:
+        self._session = session
+        self._run = runner
+        self.sandbox_id = session.sandbox_id
+
+    @property
+    def exit_code(self) -> int | None:
+        """The program's exit code once its output ended."""
+        return self._session.exit_code
+
+    def send(self, data: bytes | str) -> None:
+        """Type into the terminal (str is UTF-8 encoded)."""
+        self._run.run(self._session.send(data))
+
+    def resize(self, rows: int, cols: int) -> None:
+        """Change the terminal's size (1..1000 each)."""
+        self._run.run(self._session.resize(rows, cols))
+
+    def __iter__(self) -> Iterator[bytes]:
+        return self._run.iterate(aiter(self._session))
+
+    def __repr__(self) -> str:
+        return f"PtySession(sandbox_id={self.sandbox_id!r}, exit_code={self.exit_code!r})"
+
+
 class Sandbox:
     """A live sandbox. `with` deletes it on exit."""
 
@@ -142,6 +172,21 @@ class Sandbox:
 
     def get_job(self, job_id: str) -> JobResult:
         return self._run.run(self._sandbox.get_job(job_id))
+
+    def attach(self, job_id: str) -> ExecHandle:
+        """A handle on a command of this sandbox by id; its stream() starts from the command's first byte."""
+        return ExecHandle(self._run.run(self._sandbox.attach(job_id)), self._run)
+
+    @contextlib.contextmanager
+    def pty(self, argv: Sequence[str] | None = None, rows: int = 24, cols: int = 80, cwd: str | None = None,
+            env: Mapping[str, str] | None = None, timeout: float = 3600) -> Iterator[PtySession]:
+        """An interactive terminal running argv (an interactive bash by default); leaving the block kills it."""
+        context = self._sandbox.pty(argv, rows, cols, cwd, env, timeout)
+        session = self._run.run(context.__aenter__())
+        try:
+            yield PtySession(session, self._run)
+        finally:
+            self._run.run(context.__aexit__(None, None, None))
 
     def apply_patch(self, patch: str, timeout: float = 30, cwd: str | None = None) -> PatchResult:
         """Apply a unified (git) diff, all or nothing; raises PatchError when it does not apply."""

@@ -74,7 +74,7 @@ class Transport:
             try:
                 return await rpc(request, timeout=deadline, metadata=self._metadata)
             except grpc.aio.AioRpcError as err:
-                raise self._error(err, method, deadline) from None
+                raise self.error(err, method, deadline) from None
 
         return await with_retries(attempt, idempotent=idempotent, what=method)
 
@@ -87,9 +87,14 @@ class Transport:
             async for message in call:
                 yield message
         except grpc.aio.AioRpcError as err:
-            raise self._error(err, method, deadline) from None
+            raise self.error(err, method, deadline) from None
         finally:
             call.cancel()
+
+    async def bidi_stream(self, method: str, *, timeout: float | None = None) -> grpc.aio.StreamStreamCall:
+        """Open a bidirectional-streaming RPC for write()/read(); map its RpcErrors with `error`."""
+        stub = await self.connect()
+        return getattr(stub, method)(timeout=timeout or self.timeout, metadata=self._metadata)
 
     async def client_stream(self, method: str, requests: AsyncIterator[Any], *, timeout: float | None = None) -> Any:
         """Send a request stream and return the single response."""
@@ -98,9 +103,9 @@ class Transport:
         try:
             return await getattr(stub, method)(requests, timeout=deadline, metadata=self._metadata)
         except grpc.aio.AioRpcError as err:
-            raise self._error(err, method, deadline) from None
+            raise self.error(err, method, deadline) from None
 
-    def _error(self, err: grpc.aio.AioRpcError, method: str, deadline: float) -> OrchardError:
+    def error(self, err: grpc.aio.AioRpcError, method: str, deadline: float) -> OrchardError:
         """The orchard.errors class for `err`, with the address or deadline added where gRPC's text is bare."""
         error = from_rpc_error(err)
         target = self.config.target

@@ -53,6 +53,14 @@ class SandboxBackend(Protocol):
         """Kill every process of the sandbox and remove its files; idempotent."""
         ...
 
+    async def set_egress(self, sandbox_id: str, rules: tuple[EgressRule, ...]) -> None:
+        """Replace a live sandbox's egress allowlist in one step (no rules: no egress at all)."""
+        ...
+
+    async def oom_kills(self, sandbox_id: str) -> int:
+        """How many of the sandbox's processes the kernel has killed for lack of memory so far (0 if untracked)."""
+        ...
+
     async def close(self) -> None:
         """Destroy every sandbox this backend still holds (service shutdown)."""
         ...

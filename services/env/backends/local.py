@@ -13,7 +13,10 @@ from pathlib import Path
 
 from orchard.errors import FailedPrecondition, Unavailable
 from orchard.services.env.agent_client import AgentClient
-from orchard.services.env.backends.base import SandboxSpec
+from orchard.services.env.backends.base import EgressRule, SandboxSpec
+from orchard.services.env.backends.cgroups import Cgroups, check_limits, enter_argv
+from orchard.services.env.backends.disk import check_disk, mount_layer
+from orchard.services.env.backends.network import SandboxNetworks
 from orchard.services.env.images import ImageStore
 from orchard.services.env.settings import EnvSettings
 
@@ -51,6 +54,8 @@ class LocalBackend:
         self._procs: dict[str, asyncio.subprocess.Process] = {}
         self._clients: dict[str, AgentClient] = {}
         self._lock_fd: int | None = None
+        self._cgroups = Cgroups(settings.state_dir)
+        self._net = SandboxNetworks(settings.state_dir)
         if shutil.which(settings.bwrap_path) is None:
             raise FailedPrecondition(f"bubblewrap ({settings.bwrap_path!r}) is not installed; run scripts/install.sh "
                                      "or `apt-get install bubblewrap`")
@@ -66,6 +71,14 @@ class LocalBackend:
             os.close(self._lock_fd)
             raise FailedPrecondition(f"another env service is using the state dir {self._settings.state_dir}; "
                                      "stop it or give this one its own --state-dir") from None
+        if removed := await asyncio.to_thread(self._cgroups.start):
+            log.info("removed the cgroups of %d sandboxes left by a previous run", removed)
+        if removed := await self._net.remove_leftovers():
+            log.info("removed %d sandbox networks left by a previous run", removed)
+        s = self._settings
+        if s.default_cpu_millis or s.default_memory_bytes or s.default_pids:
+            self._cgroups.require("the service's default cpu, memory or pids limit",
+                                  "set them to 0 (e.g. ORCHARD_ENV_DEFAULT_PIDS=0) to run sandboxes without limits")
         leftovers = [p for p in self._root.iterdir() if p.is_dir()]
         for path in leftovers:
             await asyncio.to_thread(self._remove_dir, path)
@@ -74,13 +87,16 @@ class LocalBackend:
 
     def _remove_dir(self, path: Path) -> None:
         _unmount(path / "rootfs")
+        _unmount(path / "layer")  # a disk cap's filesystem; its loop device goes with it
         shutil.rmtree(path, ignore_errors=True)
 
     def _bwrap_argv(self, spec: SandboxSpec, rootfs: Path, host_image: bool) -> list[str]:
         argv = [self._settings.bwrap_path, "--bind", str(rootfs), "/", "--dev", "/dev", "--proc", "/proc"]
         if host_image:
             # The host's root is the lower layer: hide the host's /tmp and every sandbox's state from it.
-            argv += ["--tmpfs", "/tmp", "--tmpfs", str(self._settings.state_dir)]
+            # A disk cap caps /tmp alike (it lives in memory: a tmpfs).
+            size = ["--size", str(spec.resources.disk_bytes)] if spec.resources.disk_bytes else []
+            argv += [*size, "--tmpfs", "/tmp", "--tmpfs", str(self._settings.state_dir)]
         argv += [
             "--unshare-all", "--die-with-parent", "--new-session",
             "--cap-drop", "ALL",  # as root bwrap would keep every capability (remount, nft ...)
@@ -90,30 +106,36 @@ class LocalBackend:
             # Patches can keep a file's size and mtime second; stale .pyc files would then hide the change.
             "--setenv", "PYTHONDONTWRITEBYTECODE", "1",
         ]
+        if spec.egress:
+            argv.append("--share-net")  # keep the namespace with the allowlist it is started in (network.py)
         for key, value in spec.env.items():
             argv += ["--setenv", key, value]
         argv += ["--chdir", spec.workdir, "/usr/bin/python3", "-I", "-S", "-c", AGENT_SOURCE]
         return argv
 
     async def create(self, spec: SandboxSpec) -> AgentClient:
-        if spec.egress:
-            raise FailedPrecondition("the local backend has no egress allowlists yet: every sandbox has no network; "
-                                     "create the sandbox without network_policy rules")
-        if any((spec.resources.cpu_millis, spec.resources.memory_bytes, spec.resources.pids,
-                spec.resources.disk_bytes)):
-            raise FailedPrecondition("the local backend does not enforce resource limits yet; "
-                                     "create the sandbox without resources")
+        res = spec.resources
+        check_limits(res)
+        check_disk(res.disk_bytes, self._settings.state_dir)
         image = self._images.resolve(spec.image)
         home = self._root / spec.sandbox_id
         rootfs = home / "rootfs"
-        for sub in ("upper", "work", "rootfs"):
-            (home / sub).mkdir(parents=True, exist_ok=True)
+        rootfs.mkdir(parents=True, exist_ok=True)
         try:
-            _mount_overlay(image.rootfs, home / "upper", home / "work", rootfs)
+            if spec.egress:
+                await self._net.create(spec.sandbox_id, spec.egress)
+            layer = await mount_layer(home, res.disk_bytes) if res.disk_bytes else home
+            for sub in ("upper", "work"):
+                (layer / sub).mkdir(exist_ok=True)
+            _mount_overlay(image.rootfs, layer / "upper", layer / "work", rootfs)
             (rootfs / spec.workdir.lstrip("/")).mkdir(parents=True, exist_ok=True)
             with open(home / "agent.log", "wb") as agent_log:
+                argv = self._bwrap_argv(spec, rootfs, image.is_host)
+                if res.cpu_millis or res.memory_bytes or res.pids:
+                    argv = enter_argv(await asyncio.to_thread(self._cgroups.create, spec.sandbox_id, res), argv)
+                argv = [*self._net.enter_argv(spec.sandbox_id), *argv]
                 proc = await asyncio.create_subprocess_exec(
-                    *self._bwrap_argv(spec, rootfs, image.is_host),
+                    *argv,
                     stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=agent_log,
                 )
             self._procs[spec.sandbox_id] = proc
@@ -138,10 +160,20 @@ class LocalBackend:
         if proc is not None and proc.returncode is None:
             proc.kill()  # bwrap's init dies with it (--die-with-parent) and takes the pid namespace along
             await proc.wait()
+        await asyncio.to_thread(self._cgroups.remove, sandbox_id)
+        await self._net.destroy(sandbox_id)
         await asyncio.to_thread(self._remove_dir, self._root / sandbox_id)
+
+    async def set_egress(self, sandbox_id: str, rules: tuple[EgressRule, ...]) -> None:
+        await self._net.apply(sandbox_id, rules)
+
+    async def oom_kills(self, sandbox_id: str) -> int:
+        # A read of a small kernel counter, on the loop: a thread hop would cost more than the read.
+        return self._cgroups.oom_kills(sandbox_id)
 
     async def close(self) -> None:
         await asyncio.gather(*(self.destroy(sid) for sid in list(self._procs)))
+        await asyncio.to_thread(self._cgroups.close)
         if self._lock_fd is not None:
             os.close(self._lock_fd)  # releases the flock
             self._lock_fd = None

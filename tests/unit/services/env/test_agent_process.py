@@ -1,0 +1,301 @@
+"""The in-sandbox agent as a real process (no sandbox): started from its source as the backend starts it
+(`python -I -S -c <source>`), driven by the manager's AgentClient over its stdin/stdout."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchard.errors import FailedPrecondition, NotFound, OrchardError
+from orchard.services.env import agent_client
+from orchard.services.env.agent import agent as agent_module
+from orchard.services.env.agent_client import AgentClient, ExecEvent
+
+SOURCE = Path(agent_module.__file__).read_text()
+# Modules the agent avoids for its memory (each costs from ~0.3 to ~5 MB in every sandbox).
+HEAVY_MODULES = ("asyncio", "ssl", "concurrent.futures", "subprocess", "threading", "json", "re", "enum",
+                 "selectors", "signal", "collections")
+PRIVATE_DIRTY_BOUND_KIB = 6 * 1024
+
+
+class Agent:
+    def __init__(self, proc: asyncio.subprocess.Process, client: AgentClient) -> None:
+        self.proc = proc
+        self.client = client
+
+    async def run(self, argv: list[str], *, stdin: bytes = b"", timeout: float = 30, max_output: int = 1 << 30,
+                  cwd: str = "/", env: dict[str, str] | None = None,
+                  on_id: Any = None) -> tuple[bytes, bytes, ExecEvent]:
+        """(stdout, stderr, exit event) of one command; checks that no event follows the exit."""
+        out: list[bytes] = [b"", b""]
+        last = None
+        async for event in self.client.exec(argv, cwd=cwd, env=env or {}, stdin=stdin, timeout=timeout,
+                                            max_output=max_output, on_id=on_id):
+            assert last is None, "an event after the exit"
+            if event.kind == "out":
+                out[event.fd - 1] += event.data
+            else:
+                last = event
+        assert last is not None
+        return out[0], out[1], last
+
+    async def info(self) -> dict[str, Any]:
+        head, _ = await self.client.call("info")
+        return head
+
+
+@pytest.fixture
+async def agent() -> AsyncIterator[Agent]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-I", "-S", "-c", SOURCE, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stdin is not None
+    client = AgentClient(proc.stdout, proc.stdin, label="test-agent")
+    try:
+        await client.start(10)
+        yield Agent(proc, client)
+    finally:
+        await client.close("the test ended")
+        try:
+            await asyncio.wait_for(proc.wait(), 5)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+
+
+def state_of(pid: int) -> str | None:
+    """A process's state letter, or None once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+
+
+async def test_agent_is_lean(agent: Agent) -> None:
+    """The agent loads no asyncio (nor the other heavy modules) and stays small after a few commands; it runs
+    in the process the backend started (relaunched in place: same pid)."""
+    for _ in range(5):
+        assert (await agent.run(["echo", "hi"]))[0] == b"hi\n"
+    info = await agent.info()
+    assert info["pid"] == agent.proc.pid
+    loaded = set(info["modules"])
+    assert not loaded & set(HEAVY_MODULES), sorted(loaded & set(HEAVY_MODULES))
+    assert 0 < info["private_dirty_kib"] < PRIVATE_DIRTY_BOUND_KIB, info
+    assert SOURCE[:200] not in Path(f"/proc/{agent.proc.pid}/cmdline").read_text()
+
+
+async def test_exec_stdin_stdout_stderr_and_code(agent: Agent) -> None:
+    """stdin reaches the command; stdout and stderr come apart; the exit code and totals come with the exit."""
+    out, err, exit_ = await agent.run(["sh", "-c", "cat; echo oops >&2; exit 3"], stdin=b"abc" * 100_000)
+    assert out == b"abc" * 100_000 and err == b"oops\n"
+    assert (exit_.exit_code, exit_.totals, exit_.reason, exit_.error) == (3, (300_000, 5), None, None)
+
+
+async def test_exec_env_cwd_and_own_path(agent: Agent, tmp_path: Path) -> None:
+    """The request's env (with the exec mark added) and cwd apply; a program is looked up on the request's PATH."""
+    tool = tmp_path / "bin" / "my-tool"
+    tool.parent.mkdir()
+    tool.write_text("#!/bin/sh\necho tool in $(pwd) $FOO $ORCHARD_EXEC\n")
+    tool.chmod(0o755)
+    env = {"FOO": "bar", "PATH": f"{tool.parent}:/usr/bin:/bin"}
+    calls: list[int] = []
+    out, _, exit_ = await agent.run(["my-tool"], cwd=str(tmp_path), env=env, on_id=calls.append)
+    assert out == f"tool in {tmp_path} bar {calls[0]}\n".encode() and exit_.exit_code == 0
+    out, _, _ = await agent.run(["pwd"], cwd="")  # no cwd: the agent's own, unchanged by the one before
+    assert out == f"{Path.cwd()}\n".encode()
+
+
+@pytest.mark.parametrize(("argv", "cwd", "message"), [
+    (["no-such-program"], "/", "cannot start: No such file or directory: no-such-program"),
+    (["/no/such/path"], "/", "cannot start: No such file or directory: /no/such/path"),
+    (["true"], "/no-such-dir", "cannot start: No such file or directory: /no-such-dir"),
+    (["/dev/null"], "/", "cannot start: Permission denied: /dev/null"),
+    (["true", "a\0b"], "/", "cannot start: embedded null byte"),
+])
+async def test_exec_cannot_start(agent: Agent, argv: list[str], cwd: str, message: str) -> None:
+    """A command that cannot start exits 127 with why; the agent carries on."""
+    _, _, exit_ = await agent.run(argv, cwd=cwd)
+    assert (exit_.exit_code, exit_.error) == (127, message)
+    assert (await agent.run(["echo", "still here"]))[0] == b"still here\n"
+
+
+async def test_output_cap_counts_everything(agent: Agent) -> None:
+    """Output beyond max_output is not sent but is counted in the totals."""
+    out, err, exit_ = await agent.run(["sh", "-c", "head -c 300000 /dev/zero; head -c 7 /dev/zero >&2"],
+                                      max_output=1000)
+    assert (len(out), len(err), exit_.totals) == (1000, 7, (300_000, 7))
+
+
+async def test_unread_stdin_does_not_hurt_the_agent(agent: Agent) -> None:
+    """A command that ignores a large stdin ends normally, and the agent survives the broken pipe."""
+    _, _, exit_ = await agent.run(["true"], stdin=b"x" * (4 << 20))
+    assert exit_.exit_code == 0
+    await agent.client.call("ping")
+
+
+async def test_concurrent_execs_keep_their_output_apart(agent: Agent) -> None:
+    """Many commands writing a lot at once: every byte arrives, in order, on the right exec and stream."""
+    lines = 60_000
+
+    def expected(tag: str) -> bytes:
+        return "".join(f"{tag}-{n}\n" for n in range(1, lines + 1)).encode()
+
+    results = await asyncio.gather(*(
+        agent.run(["sh", "-c", f"seq -f 'o{i}-%g' 1 {lines} & seq -f 'e{i}-%g' 1 {lines} >&2; wait"])
+        for i in range(16)
+    ))
+    for i, (out, err, exit_) in enumerate(results):
+        assert out == expected(f"o{i}") and err == expected(f"e{i}")
+        assert exit_.exit_code == 0 and exit_.totals == (len(out), len(err))
+
+
+async def test_timeout_and_cancel_kill_the_tree(agent: Agent) -> None:
+    """A timeout or a cancel kills the command's whole tree, including what left its session."""
+    start = time.monotonic()
+    _, _, exit_ = await agent.run(["sh", "-c", "setsid sleep 60 & sleep 60"], timeout=0.3)
+    assert exit_.reason == "timeout" and exit_.exit_code == 137 and time.monotonic() - start < 5
+
+    ids: list[int] = []
+    task = asyncio.create_task(agent.run(["sh", "-c", "echo started; sleep 60"], on_id=ids.append))
+    await asyncio.sleep(0.3)
+    await agent.client.cancel(ids[0], "cancelled")
+    _, _, exit_ = await asyncio.wait_for(task, 5)
+    assert exit_.reason == "cancelled"
+    leftovers = [pid for pid in os.listdir("/proc") if pid.isdigit() and state_of(int(pid)) not in (None, "Z")
+                 and f"ORCHARD_EXEC={ids[0]}".encode() in _environ(pid)]
+    assert leftovers == []
+
+
+def _environ(pid: str) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return b""
+
+
+async def test_background_holders_do_not_hold_the_exit(agent: Agent) -> None:
+    """A background child keeping the pipes open does not delay the exit beyond a short drain, and dies."""
+    start = time.monotonic()
+    out, _, exit_ = await agent.run(["sh", "-c", "sleep 30 & echo done"])
+    assert out == b"done\n" and exit_.exit_code == 0 and time.monotonic() - start < 3
+
+
+async def test_files(agent: Agent, tmp_path: Path) -> None:
+    """write (chunked, renamed into place), read at an offset, stat, list; errors carry their errno."""
+    target = tmp_path / "sub" / "f.bin"
+    await agent.client.call("write", b"a" * 10, path=str(target), upload="u1", offset=0, mode=0o640, last=False)
+    await agent.client.call("write", b"b" * 5, path=str(target), upload="u1", offset=10, mode=0o640, last=True)
+    assert target.read_bytes() == b"a" * 10 + b"b" * 5 and target.stat().st_mode & 0o777 == 0o640
+    head, data = await agent.client.call("read", path=str(target), offset=8, length=4)
+    assert data == b"aabb" and head["size"] == 15
+    head, _ = await agent.client.call("stat", path=str(target))
+    assert head["info"]["type"] == "file" and head["info"]["size"] == 15
+    head, _ = await agent.client.call("list", path=str(tmp_path))
+    assert [(f["name"], f["type"]) for f in head["files"]] == [("sub", "directory")]
+    with pytest.raises(NotFound):
+        await agent.client.call("stat", path=str(tmp_path / "missing"))
+    with pytest.raises(FailedPrecondition, match="Is a directory"):
+        await agent.client.call("read", path=str(tmp_path), offset=0, length=10)
+
+
+async def test_reading_a_fifo_does_not_hang_the_agent(agent: Agent, tmp_path: Path) -> None:
+    """Files open non-blocking: a FIFO with no writer fails at once instead of stopping the agent."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(OrchardError):
+        await asyncio.wait_for(agent.client.call("read", path=str(fifo), offset=0, length=10), 5)
+    await agent.client.call("ping")
+
+
+async def test_pty_is_the_controlling_terminal(agent: Agent) -> None:
+    """A pty program has its terminal as controlling tty, gets typed input, and reports its exit."""
+    session = await agent.client.open_pty(["sh", "-c", "read x; echo got=$x > /dev/tty; exit 4"], cwd="/",
+                                          env={}, rows=24, cols=80)
+    await session.send_input(b"hello\n")
+    output = b""
+    async for event in session:
+        output += event.data
+    assert b"got=hello" in output and session.exit_code == 4
+
+
+async def test_agent_exit_kills_running_commands(agent: Agent) -> None:
+    """When the manager closes the agent's stdin, the agent kills its commands and exits."""
+    pids: asyncio.Queue[int] = asyncio.Queue()
+
+    async def run() -> None:
+        async for event in agent.client.exec(["sh", "-c", "echo $$; exec sleep 60"], cwd="/", env={}, stdin=b"",
+                                             timeout=60, max_output=1000):
+            if event.kind == "out":
+                pids.put_nowait(int(event.data))
+
+    task = asyncio.create_task(run())
+    pid = await asyncio.wait_for(pids.get(), 5)
+    assert agent.proc.stdin is not None
+    agent.proc.stdin.close()
+    assert await asyncio.wait_for(agent.proc.wait(), 5) == 0
+    deadline = time.monotonic() + 5
+    while state_of(pid) not in (None, "Z") and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert state_of(pid) in (None, "Z")
+    task.cancel()
+    with pytest.raises((asyncio.CancelledError, OrchardError)):
+        await task
+
+
+@pytest.mark.parametrize("header", [
+    {"id": 1, "op": "exec", "argv": ["bash", "-c", "echo é"], "env": {"A": "\u2028\x00\n\"\\"}, "timeout": 1.5},
+    {"id": 2, "ev": "exit", "code": 0, "totals": [0, 12], "reason": None, "error": None, "x": [True, False, {}]},
+    {"id": 3, "ev": "ok", "info": {"mtime": 1712345678.123456, "size": 1 << 40, "name": "😀"}},
+])
+def test_header_codec_matches_json(header: dict[str, Any]) -> None:
+    """The agent's JSON (json's C half, used directly) reads and writes exactly what the json package does."""
+    compact = json.dumps(header, separators=(",", ":"))
+    assert agent_module.dumps(header) == compact
+    assert agent_module.loads(compact) == header == json.loads(agent_module.dumps(header))
+    assert agent_client.encode is agent_module.encode
+
+
+def private_dirty_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if line.startswith("Private_Dirty:"):
+            return int(line.split()[1])
+    raise AssertionError("no Private_Dirty")
+
+
+async def test_output_waits_in_the_pipe_while_the_manager_is_behind() -> None:
+    """A manager that does not read: the command's output stays in its pipe (the command waits), not in the
+    agent's memory; once read, all of it arrives."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-I", "-S", "-c", SOURCE, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        limit=1 << 26,
+    )
+    assert proc.stdout is not None and proc.stdin is not None
+    try:
+        assert (await agent_module.read_frame(proc.stdout))[0]["ev"] == "ready"  # type: ignore[index]
+        size = 64 << 20
+        proc.stdin.write(agent_module.encode({"id": 1, "op": "exec", "argv": ["head", "-c", str(size), "/dev/zero"],
+                                              "cwd": "/", "env": {}, "timeout": 60, "max_output": size}))
+        await proc.stdin.drain()
+        proc.stdout._transport.pause_reading()  # type: ignore[attr-defined]  # the manager falls behind
+        await asyncio.sleep(1.0)
+        assert private_dirty_kib(proc.pid) < 16 * 1024  # far below the 64 MiB the command wants to write
+        proc.stdout._transport.resume_reading()  # type: ignore[attr-defined]
+        received = 0
+        while True:
+            frame = await asyncio.wait_for(agent_module.read_frame(proc.stdout), 30)
+            assert frame is not None
+            if frame[0]["ev"] == "exit":
+                break
+            received += len(frame[1])
+        assert received == size and frame[0]["totals"] == [size, 0] and frame[0]["code"] == 0
+    finally:
+        proc.stdin.close()
+        await proc.wait()
