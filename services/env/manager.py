@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import contextlib
 import ipaddress
 import logging
@@ -33,6 +34,7 @@ from orchard.services.env.backends.base import EgressRule, Resources, SandboxBac
 from orchard.services.env.files import FileOps, resolve_path
 from orchard.services.env.models import Exec, ExecState, Sandbox, SandboxState
 from orchard.services.env.settings import EnvSettings
+from orchard.services.env.snapshots import Snapshots
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +61,7 @@ class CreateRequest:
     sandbox_id: str = ""
     request_id: str = ""
     workdir: str = ""
+    from_snapshot: str = ""
 
 
 @dataclass(frozen=True)
@@ -123,12 +126,14 @@ class SandboxManager:
         self._ptys = 0  # terminal sessions open
         self._gone: OrderedDict[str, tuple[str, str]] = OrderedDict()  # id -> (tenant, why it ended)
         self._by_request: dict[tuple[str, str], str] = {}  # (tenant, request_id) -> sandbox id
+        self._records = settings.state_dir / "records"
         self._create_slots = asyncio.Semaphore(settings.max_concurrent_creates)
         self._exec_slots = asyncio.Semaphore(settings.max_concurrent_execs)
         self._tasks: set[asyncio.Task[None]] = set()
         self._deleting: dict[str, asyncio.Task[None]] = {}
         self._sweeper: asyncio.Task[None] | None = None
         self.files = FileOps(self)
+        self.snapshots = Snapshots(self)
 
     @property
     def queued_execs(self) -> int:
@@ -138,6 +143,16 @@ class SandboxManager:
     # ---- lifecycle of the manager ----
 
     async def start(self) -> None:
+        """Learn which sandboxes a previous run left (their backend already removed them), then sweep."""
+        self._records.mkdir(parents=True, exist_ok=True)
+        for record in self._records.glob("*.json"):
+            try:
+                data = json.loads(record.read_text())
+                self._gone[data["sandbox_id"]] = (data["tenant"], "ended when the env service restarted: the previous "
+                                                  "service process stopped without deleting it")
+            except (OSError, ValueError, KeyError):
+                log.warning("unreadable sandbox record %s", record)
+            record.unlink(missing_ok=True)
         self._sweeper = asyncio.create_task(self._sweep_forever(), name="env-sweeper")
 
     async def close(self) -> None:
@@ -184,8 +199,13 @@ class SandboxManager:
             await sandbox.ready.wait()
             return sandbox
         s = self.settings
-        if not req.image:
+        snapshot = self.snapshots.get(req.from_snapshot, field="from_snapshot") if req.from_snapshot else None
+        image = req.image or (snapshot.image if snapshot else "")
+        if not image:
             raise InvalidArgument("image is required, e.g. 'python:3.11-slim' or 'host'", field="image")
+        if snapshot is not None and image != snapshot.image:
+            raise InvalidArgument(f"image {image!r} is not the image of snapshot {snapshot.snapshot_id!r} "
+                                  f"({snapshot.image!r}); leave image empty to use the snapshot's", field="image")
         if req.sandbox_id and not SANDBOX_ID.match(req.sandbox_id):
             raise InvalidArgument(f"sandbox_id {req.sandbox_id!r} must be 1-63 lowercase letters, digits or '-', "
                                   "starting and ending with a letter or digit", field="sandbox_id")
@@ -213,15 +233,17 @@ class SandboxManager:
                               r.pids or s.default_pids, r.disk_bytes or s.default_disk_bytes)
         sandbox = Sandbox(
             sandbox_id=req.sandbox_id or f"sb-{uuid.uuid4().hex[:12]}",
-            image=req.image, workdir=posixpath.normpath(workdir), env=dict(req.env), labels=dict(req.labels),
+            image=image, workdir=posixpath.normpath(workdir), env=dict(req.env), labels=dict(req.labels),
             resources=resources, egress=req.egress, ttl_s=req.ttl_s or s.default_ttl_s,
             heartbeat_timeout_s=req.heartbeat_timeout_s, request_id=req.request_id, tenant=tenant,
+            from_snapshot=req.from_snapshot, layers=snapshot.layers if snapshot else (),
         )
         self.sandboxes[sandbox.sandbox_id] = sandbox
         if req.request_id:
             self._by_request[tenant, req.request_id] = sandbox.sandbox_id
         spec = SandboxSpec(sandbox_id=sandbox.sandbox_id, image=sandbox.image, workdir=sandbox.workdir,
-                           env=sandbox.env, resources=sandbox.resources, egress=sandbox.egress)
+                           env=sandbox.env, resources=sandbox.resources, egress=sandbox.egress,
+                           layers=sandbox.layers)
         try:
             async with self._create_slots:
                 sandbox.client = await self.backend.create(spec)
@@ -230,10 +252,14 @@ class SandboxManager:
             self._by_request.pop((tenant, req.request_id), None)
             sandbox.state = SandboxState.FAILED
             sandbox.ready.set()
+            await self.snapshots.collect()  # the snapshot may have been deleted meanwhile
             raise
         sandbox.state = SandboxState.READY
         sandbox.ready.set()
         metrics.SANDBOXES_CREATED.inc()
+        # A record on disk, so that after a crash the next run can say what became of this sandbox.
+        (self._records / f"{sandbox.sandbox_id}.json").write_text(json.dumps(
+            {"sandbox_id": sandbox.sandbox_id, "tenant": sandbox.tenant, "create_time": sandbox.create_time}))
         log.info("sandbox created", extra={"sandbox_id": sandbox.sandbox_id, "image": sandbox.image})
         return sandbox
 
@@ -288,9 +314,11 @@ class SandboxManager:
             self.sandboxes.pop(sandbox_id, None)
             self._by_request.pop((sandbox.tenant, sandbox.request_id), None)
             self._gone[sandbox_id] = (sandbox.tenant, reason)
+            (self._records / f"{sandbox_id}.json").unlink(missing_ok=True)
             metrics.SANDBOXES_ENDED.labels(metrics.reason_kind(reason)).inc()
             while len(self._gone) > TOMBSTONES:
                 self._gone.popitem(last=False)
+        await self.snapshots.collect()  # the layers of deleted snapshots this sandbox stacked may go now
         log.info("sandbox deleted", extra={"sandbox_id": sandbox_id, "reason": reason})
 
     async def set_network_policy(self, sandbox_id: str, egress: tuple[EgressRule, ...]) -> Sandbox:
@@ -383,8 +411,8 @@ class SandboxManager:
             ex.state = ExecState.RUNNING
             self._queued -= 1
             ex.start_time = time.time()
+            oom_kills = await self.backend.oom_kills(sandbox.sandbox_id)
             try:
-                oom_kills = await self.backend.oom_kills(sandbox.sandbox_id)
                 async for event in sandbox.client.exec(
                     ex.argv, cwd=ex.cwd, env=ex.env, stdin=ex.stdin, timeout=ex.timeout_s,
                     max_output=ex.max_output, on_id=lambda rid: setattr(ex, "agent_id", rid),
@@ -401,7 +429,11 @@ class SandboxManager:
                         await self._finish(ex, state, error=error)
             except OrchardError as err:
                 if isinstance(err, Unavailable) and sandbox.state is SandboxState.READY:
-                    self.mark_failed(sandbox, err.message)
+                    reason = err.message
+                    if await self.backend.oom_kills(sandbox.sandbox_id) > oom_kills:
+                        reason = (f"the sandbox ran out of memory (limit {sandbox.resources.memory_bytes >> 20} MiB) "
+                                  "and the kernel killed its agent")
+                    self.mark_failed(sandbox, reason)
                 await self._finish(ex, ExecState.FAILED, error=err.message)
             except asyncio.CancelledError:
                 await self._finish(ex, ExecState.CANCELLED, error="the env service stopped")

@@ -1,4 +1,4 @@
-"""The env service's domain objects: sandboxes and the commands (execs) run in them."""
+"""The env service's domain objects: sandboxes, the commands (execs) run in them, and snapshots of them."""
 
 from __future__ import annotations
 
@@ -58,6 +58,10 @@ class Sandbox:
     exec_order: asyncio.Lock = field(default_factory=asyncio.Lock)
     policy_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     """Held while the network policy changes, so the recorded policy is the one in force."""
+    from_snapshot: str = ""
+    """The id of the snapshot it was made from; empty when made from its image alone."""
+    layers: tuple[str, ...] = ()
+    """The snapshot layers its files stack on (that snapshot's layers); they stay on disk while it lives."""
 
     @property
     def expire_time(self) -> float:
@@ -113,3 +117,21 @@ class Exec:
     async def notify(self) -> None:
         async with self.changed:
             self.changed.notify_all()
+
+
+@dataclass
+class Snapshot:
+    """A frozen copy of a sandbox's files; sandboxes made from it stack its layers over their image."""
+
+    snapshot_id: str
+    sandbox_id: str
+    """The sandbox it was taken from."""
+    image: str
+    layers: tuple[str, ...]
+    """The layers a sandbox made from it stacks, top first: its own, then its source sandbox's."""
+    size_bytes: int
+    labels: dict[str, str]
+    tenant: str = DEFAULT_TENANT
+    """The tenant that took it; other tenants get NOT_FOUND for it."""
+    create_time: float = field(default_factory=time.time)
+    request_id: str = ""

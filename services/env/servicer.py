@@ -17,7 +17,7 @@ from orchard.services.env.agent_client import PtySession
 from orchard.services.env.backends.base import EgressRule, Resources
 from orchard.services.env.files import FileInfo
 from orchard.services.env.manager import CreateRequest, ExecRequest, SandboxManager
-from orchard.services.env.models import Exec, Sandbox
+from orchard.services.env.models import Exec, Sandbox, Snapshot
 
 PTY_STARTED_KEY = "orchard-pty-started"
 """Initial metadata OpenPty sends once the program runs (a failed start ends the call without it)."""
@@ -57,8 +57,14 @@ def sandbox_pb(sb: Sandbox) -> pb.Sandbox:
                                                for e in sb.egress]),
         workdir=sb.workdir, create_time=_ts(sb.create_time), expire_time=_ts(sb.expire_time), ttl=_dur(sb.ttl_s),
         heartbeat_timeout=_dur(sb.heartbeat_timeout_s), last_heartbeat_time=_ts(sb.last_heartbeat_time),
-        tenant=sb.tenant,
+        tenant=sb.tenant, from_snapshot=sb.from_snapshot,
     )
+
+
+def snapshot_pb(snap: Snapshot) -> pb.Snapshot:
+    return pb.Snapshot(name=f"snapshots/{snap.snapshot_id}", snapshot_id=snap.snapshot_id, sandbox_id=snap.sandbox_id,
+                       image=snap.image, size_bytes=snap.size_bytes, create_time=_ts(snap.create_time),
+                       labels=snap.labels, tenant=snap.tenant)
 
 
 def exec_pb(ex: Exec, *, with_output: bool = True) -> pb.Exec:
@@ -119,6 +125,7 @@ class EnvServicer(env_pb2_grpc.EnvServiceServicer):
             ttl_s=_seconds(request.ttl, "ttl"),
             heartbeat_timeout_s=_seconds(request.heartbeat_timeout, "heartbeat_timeout"),
             sandbox_id=request.sandbox_id, request_id=request.request_id, workdir=request.workdir,
+            from_snapshot=request.from_snapshot,
         ))
         return pb.CreateSandboxResponse(sandbox=sandbox_pb(sandbox))
 
@@ -145,6 +152,26 @@ class EnvServicer(env_pb2_grpc.EnvServiceServicer):
         sandbox = await self.manager.set_network_policy(
             request.sandbox_id, tuple(EgressRule(r.cidr, r.host, r.port) for r in request.network_policy.allow))
         return pb.SetNetworkPolicyResponse(sandbox=sandbox_pb(sandbox))
+
+    async def SnapshotSandbox(self, request: pb.SnapshotSandboxRequest, context: grpc.aio.ServicerContext
+                              ) -> pb.SnapshotSandboxResponse:
+        snapshot = await self.manager.snapshots.take(request.sandbox_id, request.snapshot_id, dict(request.labels),
+                                                     request.request_id)
+        return pb.SnapshotSandboxResponse(snapshot=snapshot_pb(snapshot))
+
+    async def GetSnapshot(self, request: pb.GetSnapshotRequest, context: grpc.aio.ServicerContext
+                          ) -> pb.GetSnapshotResponse:
+        return pb.GetSnapshotResponse(snapshot=snapshot_pb(self.manager.snapshots.get(request.snapshot_id)))
+
+    async def ListSnapshots(self, request: pb.ListSnapshotsRequest, context: grpc.aio.ServicerContext
+                            ) -> pb.ListSnapshotsResponse:
+        page, token = self.manager.snapshots.list(dict(request.label_selector), request.page_size, request.page_token)
+        return pb.ListSnapshotsResponse(snapshots=[snapshot_pb(s) for s in page], next_page_token=token)
+
+    async def DeleteSnapshot(self, request: pb.DeleteSnapshotRequest, context: grpc.aio.ServicerContext
+                             ) -> pb.DeleteSnapshotResponse:
+        snapshot = await self.manager.snapshots.delete(request.snapshot_id)
+        return pb.DeleteSnapshotResponse(snapshot=snapshot_pb(snapshot))
 
     async def StartExec(self, request: pb.StartExecRequest, context: grpc.aio.ServicerContext
                         ) -> pb.StartExecResponse:

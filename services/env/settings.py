@@ -32,6 +32,8 @@ class EnvSettings(ServiceSettings):
     """Where built images live (`orchard image build`)."""
     max_sandboxes: int = Field(default=2000, ge=1)
     """Most sandboxes alive at once; creates beyond it get RESOURCE_EXHAUSTED."""
+    max_snapshots: int = Field(default=1000, ge=1)
+    """Most snapshots kept at once; SnapshotSandbox beyond it gets RESOURCE_EXHAUSTED."""
     max_concurrent_creates: int = Field(default=32, ge=1)
     """Most sandbox creations in progress at once; more wait in line."""
     max_concurrent_execs: int = Field(default=400, ge=1)

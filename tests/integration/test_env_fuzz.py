@@ -68,6 +68,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[env_pb2_g
     thread.join(10)
     loop.close()
     assert not list((state / "sandboxes").iterdir())
+    assert not list((state / "snapshots").iterdir())
 
 
 def call(fn: Callable[..., Any], request: Any) -> Any:
@@ -177,6 +178,25 @@ def test_fuzz_browser_and_pty(server: tuple[env_pb2_grpc.EnvServiceStub, str], d
         "resize": pb.OpenPtyRequest(resize=pb.PtyResize(rows=5, cols=5)),
     }
     call(stub.OpenPty, iter([messages[first]]))
+
+
+@FUZZ
+@given(data=st.data())
+def test_fuzz_snapshots(server: tuple[env_pb2_grpc.EnvServiceStub, str], data: st.DataObject) -> None:
+    """SnapshotSandbox, Get/List/DeleteSnapshot and CreateSandbox from_snapshot with random inputs."""
+    stub, _ = server
+    taken = call(stub.SnapshotSandbox, pb.SnapshotSandboxRequest(
+        sandbox_id=data.draw(sandbox_ids(server)), snapshot_id=data.draw(names), labels=data.draw(small_maps),
+        request_id=data.draw(text)))
+    snapshot_id = taken.snapshot.snapshot_id if taken else data.draw(names)
+    call(stub.GetSnapshot, pb.GetSnapshotRequest(snapshot_id=snapshot_id))
+    call(stub.ListSnapshots, pb.ListSnapshotsRequest(label_selector=data.draw(small_maps),
+                                                     page_size=data.draw(st.integers(-(2**31), 2**31 - 1)),
+                                                     page_token=data.draw(text)))
+    forked = call(stub.CreateSandbox, pb.CreateSandboxRequest(image=data.draw(names), from_snapshot=snapshot_id))
+    call(stub.DeleteSnapshot, pb.DeleteSnapshotRequest(snapshot_id=snapshot_id))
+    if forked:
+        call(stub.DeleteSandbox, pb.DeleteSandboxRequest(sandbox_id=forked.sandbox.sandbox_id))
 
 
 def test_service_still_works_after_fuzzing(server: tuple[env_pb2_grpc.EnvServiceStub, str]) -> None:

@@ -280,7 +280,9 @@ async def test_pty_websocket(start_api: StartApi) -> None:
             await read_until(ws, b"42")
             await ws.send_json({"type": "stdin", "data": base64.b64encode(b"sleep 1000\n").decode()})
             await ws.send_json({"type": "close"})
-            assert (await ws.receive(timeout=10)).type is aiohttp.WSMsgType.CLOSE
+            while (message := await ws.receive(timeout=10)).type is aiohttp.WSMsgType.TEXT:
+                assert message.json()["type"] == "stdout"  # the terminal may still echo what was typed
+            assert message.type is aiohttp.WSMsgType.CLOSE
         async with bare.ws_connect(ws_url.replace(sandbox_id, "nope"), protocols=[f"api_key.{TOKEN}"]) as ws:
             await ws.send_json({"type": "init", "cmd": ["true"]})
             assert "not found" in (await ws.receive_json(timeout=10))["message"]

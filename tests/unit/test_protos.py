@@ -22,6 +22,7 @@ SERVICES: dict[str, tuple[str, str, list[str]]] = {
         "EnvService",
         [
             "CreateSandbox", "GetSandbox", "ListSandboxes", "DeleteSandbox", "Heartbeat", "SetNetworkPolicy",
+            "SnapshotSandbox", "GetSnapshot", "ListSnapshots", "DeleteSnapshot",
             "StartExec", "GetExec", "WaitExec", "StreamExec", "CancelExec",
             "ApplyPatch", "UploadFile", "DownloadFile", "ListFiles", "OpenPty",
             "Screenshot", "Act", "GetPageContent",

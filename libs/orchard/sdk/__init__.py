@@ -9,7 +9,7 @@ Names follow the public Orchard Env SDK (`orchard_env`), so code written for it 
 """
 
 from orchard.sdk.aio import AsyncSandboxClient, AsyncSandboxPager
-from orchard.sdk.results import FileEntry, JobResult, PatchError, PatchResult, SandboxInfo, UploadResult
+from orchard.sdk.results import FileEntry, JobResult, PatchError, PatchResult, SandboxInfo, SnapshotInfo, UploadResult
 from orchard.sdk.sandbox import AsyncExecHandle, AsyncPtySession, AsyncSandbox
 from orchard.sdk.sync import ExecHandle, PtySession, Sandbox, SandboxClient
 
@@ -35,5 +35,6 @@ __all__ = [
     "SandboxClient",
     "SandboxInfo",
     "SandboxInstance",
+    "SnapshotInfo",
     "UploadResult",
 ]

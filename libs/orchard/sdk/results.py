@@ -1,4 +1,4 @@
-"""What SDK calls return: command results, file entries, patch results and sandbox info,
+"""What SDK calls return: command results, file entries, patch results, sandbox and snapshot info,
 built from the env service's protos. Field names follow the public Orchard Env SDK."""
 
 from __future__ import annotations
@@ -138,6 +138,23 @@ class SandboxInfo:
     """Epoch seconds when the service deletes it unless its lease is extended."""
     ttl: float | None = None
     """Its lifetime cap in seconds."""
+    from_snapshot: str = ""
+    """The id of the snapshot it was made from; empty when made from its image alone."""
+
+
+@dataclass(frozen=True)
+class SnapshotInfo:
+    """A snapshot: a sandbox's files, frozen; `create_sandbox(from_snapshot=...)` starts sandboxes from it."""
+
+    snapshot_id: str
+    sandbox_id: str
+    """The sandbox it was taken from."""
+    image: str
+    """The image sandboxes made from it run on."""
+    size: int
+    """Bytes of the files it holds over its image (and over the snapshot its sandbox was made from)."""
+    labels: dict[str, str] = field(default_factory=dict)
+    created_at: float | None = None
 
 
 def _seconds(msg: Message, name: str) -> float | None:
@@ -169,4 +186,10 @@ def sandbox_info(sb: pb.Sandbox) -> SandboxInfo:
         sandbox_id=sb.sandbox_id, image=sb.image, state=SANDBOX_STATE.get(sb.state, "unknown"), workdir=sb.workdir,
         labels=dict(sb.labels), env=dict(sb.env), failure_reason=sb.failure_reason,
         created_at=_seconds(sb, "create_time"), expires_at=_seconds(sb, "expire_time"), ttl=_seconds(sb, "ttl"),
+        from_snapshot=sb.from_snapshot,
     )
+
+
+def snapshot_info(snap: pb.Snapshot) -> SnapshotInfo:
+    return SnapshotInfo(snapshot_id=snap.snapshot_id, sandbox_id=snap.sandbox_id, image=snap.image,
+                        size=snap.size_bytes, labels=dict(snap.labels), created_at=_seconds(snap, "create_time"))

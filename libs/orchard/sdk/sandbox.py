@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -23,10 +24,12 @@ from orchard.sdk.results import (
     PatchError,
     PatchResult,
     SandboxInfo,
+    SnapshotInfo,
     UploadResult,
     file_entry,
     job_result,
     sandbox_info,
+    snapshot_info,
 )
 from orchard.sdk.transport import Transport
 
@@ -372,6 +375,16 @@ class AsyncSandbox:
         request = pb.ListFilesRequest(sandbox_id=self.sandbox_id, path=path)
         response = await self._transport.unary("ListFiles", request, idempotent=True)
         return [file_entry(info) for info in response.files]
+
+    async def snapshot(self, labels: Mapping[str, str] | None = None, snapshot_id: str | None = None) -> SnapshotInfo:
+        """Freeze the sandbox's files into a snapshot, taken after the commands started before this call and
+        before those started after it; `client.create_sandbox(from_snapshot=snap.snapshot_id)` starts copies of
+        it, cheaply and as many as you like. Processes still running in the background are not paused."""
+        request = pb.SnapshotSandboxRequest(sandbox_id=self.sandbox_id, snapshot_id=snapshot_id or "",
+                                            labels=dict(labels or {}), request_id=uuid.uuid4().hex)
+        response = await self._transport.unary("SnapshotSandbox", request, idempotent=True)
+        self._client._snapshots.add(response.snapshot.snapshot_id)
+        return snapshot_info(response.snapshot)
 
     async def delete(self) -> None:
         """Delete the sandbox: its processes are killed and its files removed. Deleting twice is fine."""

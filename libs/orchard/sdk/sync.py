@@ -14,7 +14,7 @@ from typing import Any, Self, TypeVar
 
 from orchard.sdk.aio import AsyncSandboxClient
 from orchard.sdk.config import ClientConfig
-from orchard.sdk.results import FileEntry, JobResult, PatchResult, SandboxInfo, UploadResult
+from orchard.sdk.results import FileEntry, JobResult, PatchResult, SandboxInfo, SnapshotInfo, UploadResult
 from orchard.sdk.sandbox import AsyncExecHandle, AsyncPtySession, AsyncSandbox, Command
 
 T = TypeVar("T")
@@ -208,6 +208,10 @@ class Sandbox:
     def list_files(self, path: str = "") -> list[FileEntry]:
         return self._run.run(self._sandbox.list_files(path))
 
+    def snapshot(self, labels: Mapping[str, str] | None = None, snapshot_id: str | None = None) -> SnapshotInfo:
+        """Freeze the sandbox's files into a snapshot (between its commands); see AsyncSandbox.snapshot."""
+        return self._run.run(self._sandbox.snapshot(labels, snapshot_id))
+
     def delete(self) -> None:
         """Delete the sandbox; deleting twice is fine."""
         self._run.run(self._sandbox.delete())
@@ -260,13 +264,13 @@ class SandboxClient:
     def target(self) -> str:
         return self._client.target
 
-    def create_sandbox(self, image: str, block_network: bool = True, sandbox_id: str | None = None,
+    def create_sandbox(self, image: str = "", block_network: bool = True, sandbox_id: str | None = None,
                        cpu: str | float | None = None, memory: str | int | None = None, timeout: float | None = 3600,
                        wait_ready: bool = True, env: Mapping[str, str] | None = None,
-                       labels: Mapping[str, str] | None = None) -> Sandbox:
-        """Create a sandbox and return it ready; see AsyncSandboxClient.create_sandbox."""
+                       labels: Mapping[str, str] | None = None, from_snapshot: str | None = None) -> Sandbox:
+        """Create a sandbox (from an image or a snapshot) and return it ready; see AsyncSandboxClient.create_sandbox."""
         sandbox = self._run.run(self._client.create_sandbox(image, block_network, sandbox_id, cpu, memory, timeout,
-                                                            wait_ready, env, labels))
+                                                            wait_ready, env, labels, from_snapshot))
         return Sandbox(sandbox, self._run)
 
     def get_sandbox(self, sandbox_id: str) -> Sandbox:
@@ -281,6 +285,18 @@ class SandboxClient:
         """Every sandbox carrying all of `labels`, ordered by id, fetched a page at a time."""
         pager = self._client.list_sandboxes(labels, page_size)
         return (Sandbox(sandbox, self._run) for sandbox in self._run.iterate(aiter(pager)))
+
+    def get_snapshot(self, snapshot_id: str) -> SnapshotInfo:
+        """A snapshot; raises NotFound."""
+        return self._run.run(self._client.get_snapshot(snapshot_id))
+
+    def list_snapshots(self, labels: Mapping[str, str] | None = None) -> list[SnapshotInfo]:
+        """Every snapshot carrying all of `labels`, ordered by id."""
+        return self._run.run(self._client.list_snapshots(labels))
+
+    def delete_snapshot(self, snapshot_id: str) -> bool:
+        """Delete a snapshot; returns False if it was already gone. Sandboxes made from it keep running."""
+        return self._run.run(self._client.delete_snapshot(snapshot_id))
 
     def cleanup_all(self) -> list[str]:
         """Delete every sandbox this client created and has not deleted yet; returns the ids deleted now."""

@@ -18,6 +18,8 @@ memory is mostly the Python modules it imports. So the agent runs its own small 
 heap, callbacks; one thread) instead of asyncio (about 5 MB more per agent, plus ssl), starts programs with
 os.posix_spawn instead of subprocess, and parses headers with json's C half instead of the json package
 (which imports re and enum). Every module it does import is either built into the interpreter or small.
+And since CPython keeps a -c program's syntax tree for as long as it runs, the interpreter the backend
+starts with this source only compiles it and execs a fresh one that runs the compiled code (relaunch).
 """
 
 import errno
@@ -91,7 +93,8 @@ def _json_codec():
         def dumps(value):
             return "".join(encoder(value, 0))
 
-        sample = {"id": 7, "s": "a\"\\\n\x00é\u2028😀", "l": [1.5, -2, None, True, False, [], {}], "f": 1e300}
+        sample = {"id": 7, "s": "a\"\\\n\x00\u00e9\u2028\U0001f600", "f": 1e300,
+                  "l": [1.5, -2, None, True, False, [], {}]}
         if dumps({"a": [1, "b", None]}) != '{"a":[1,"b",null]}' or loads(dumps(sample)) != sample:
             raise ValueError("_json differs")
         return loads, dumps
@@ -963,8 +966,8 @@ def main():
 
 
 # The second interpreter's whole program: read the agent's compiled code from the fd in argv, and run it.
-RELAUNCH_BOOT = ("import marshal,os,sys;fd=int(sys.argv[1]);code=marshal.loads(os.pread(fd,1<<26,0));os.close(fd);"
-                 "exec(code,{'__name__':'__main__','__builtins__':__builtins__,'RELAUNCHED':True})")
+RELAUNCH_BOOT = ("import marshal,os,sys;fd=int(sys.argv[1]);code=marshal.loads(os.pread(fd,os.fstat(fd).st_size,0));"
+                 "os.close(fd);exec(code,{'__name__':'__main__','__builtins__':__builtins__,'RELAUNCHED':True})")
 
 
 def relaunch(code):

@@ -38,6 +38,20 @@ class SandboxSpec:
     env: dict[str, str] = field(default_factory=dict)
     resources: Resources = Resources()
     egress: tuple[EgressRule, ...] = ()
+    layers: tuple[str, ...] = ()
+    """The snapshot layers (their snapshot ids, the top one first) the sandbox starts from, over its image:
+    SnapshotFiles.layers of the snapshot it is made from; empty for a sandbox made from its image alone."""
+
+
+@dataclass(frozen=True)
+class SnapshotFiles:
+    """What a backend made of a snapshot."""
+
+    layers: tuple[str, ...]
+    """The layers a sandbox made from the snapshot stacks over its image, top first: the snapshot's own, then
+    those the source sandbox itself was made from."""
+    size_bytes: int
+    """Bytes of the files in the snapshot's own layer."""
 
 
 class SandboxBackend(Protocol):
@@ -57,10 +71,19 @@ class SandboxBackend(Protocol):
         """Replace a live sandbox's egress allowlist in one step (no rules: no egress at all)."""
         ...
 
+    async def snapshot(self, sandbox_id: str, snapshot_id: str) -> SnapshotFiles:
+        """Copy the live sandbox's writable layer into an immutable snapshot layer named snapshot_id. The caller
+        keeps the sandbox's commands from running meanwhile."""
+        ...
+
+    async def delete_snapshot(self, snapshot_id: str) -> None:
+        """Remove a snapshot's layer; the caller makes sure no sandbox stacks it any more. Idempotent."""
+        ...
+
     async def oom_kills(self, sandbox_id: str) -> int:
         """How many of the sandbox's processes the kernel has killed for lack of memory so far (0 if untracked)."""
         ...
 
     async def close(self) -> None:
-        """Destroy every sandbox this backend still holds (service shutdown)."""
+        """Destroy every sandbox this backend still holds and remove every snapshot (service shutdown)."""
         ...

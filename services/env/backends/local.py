@@ -1,19 +1,30 @@
 """The `local` backend: each sandbox is bubblewrap namespaces (pid, mount, net, ipc, uts) over an
-overlayfs writable layer on its image, with one long-lived agent process inside that runs its commands."""
+overlayfs writable layer on its image, with one long-lived agent process inside that runs its commands.
+
+A snapshot is a copy of a sandbox's writable layer (`cp -a`: whiteouts, opaque directories, owners and xattrs
+kept) at <state_dir>/snapshots/<id>/layer. A sandbox made from it stacks that layer, and the layers its source
+sandbox stacked, between its own fresh writable layer and its image: no copying. The `host` image is the
+exception: overlayfs refuses a lower layer that lies inside another one (here: inside the host's root), so such a
+sandbox starts with a copy of the snapshot's layer as its writable layer instead (reflinked where the filesystem
+can), and snapshots of it need no other layer.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import fcntl
 import logging
 import os
 import shutil
+import signal
+from collections.abc import Sequence
 from pathlib import Path
 
 from orchard.errors import FailedPrecondition, Unavailable
 from orchard.services.env.agent_client import AgentClient
-from orchard.services.env.backends.base import EgressRule, SandboxSpec
+from orchard.services.env.backends.base import EgressRule, SandboxSpec, SnapshotFiles
 from orchard.services.env.backends.cgroups import Cgroups, check_limits, enter_argv
 from orchard.services.env.backends.disk import check_disk, mount_layer
 from orchard.services.env.backends.network import SandboxNetworks
@@ -25,16 +36,55 @@ log = logging.getLogger(__name__)
 AGENT_SOURCE = (Path(__file__).resolve().parent.parent / "agent" / "agent.py").read_text()
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 MNT_DETACH = 2
+MAX_LAYERS = 64
+"""Most snapshot layers one sandbox stacks (overlayfs allows about 500 lower layers; lookups slow with each)."""
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-def _mount_overlay(lower: Path, upper: Path, work: Path, target: Path) -> None:
-    opts = f"lowerdir={lower},upperdir={upper},workdir={work}".encode()
-    if _libc.mount(b"overlay", str(target).encode(), b"overlay", 0, opts) != 0:
-        err = ctypes.get_errno()
-        raise FailedPrecondition(f"cannot mount the sandbox's writable layer on {target}: {os.strerror(err)} "
-                                 "(the local backend needs root and overlayfs)")
+def _mount_overlay(layers: Sequence[Path], image: Path, upper: Path, work: Path, target: Path) -> None:
+    # Snapshot layers are named by /proc/self/fd links: mount options must fit in a page (4 KiB), and 64 layer
+    # paths under a long state dir would not.
+    fds: list[int] = []
+    try:
+        for layer in layers:
+            fds.append(os.open(layer, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC))
+        lower = ":".join([*(f"/proc/self/fd/{fd}" for fd in fds), str(image)])
+        opts = f"lowerdir={lower},upperdir={upper},workdir={work}".encode()
+        if _libc.mount(b"overlay", str(target).encode(), b"overlay", 0, opts) != 0:
+            err = ctypes.get_errno()
+            raise FailedPrecondition(f"cannot mount the sandbox's writable layer on {target}: {os.strerror(err)} "
+                                     "(the local backend needs root and overlayfs)")
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+async def _copy_tree(source: Path, target: Path) -> None:
+    """Copy a writable layer to target (which must not exist) with all overlayfs keeps in it: whiteouts (0/0
+    character devices), opaque directories (trusted.overlay.* xattrs), owners, modes, times, hard and symbolic links.
+    `cp -a` does all that as root, reflinked (copy-on-write) where the filesystem can."""
+    proc = await asyncio.create_subprocess_exec("cp", "-a", "--reflink=auto", "-T", str(source), str(target),
+                                                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+                                                stderr=asyncio.subprocess.PIPE)
+    try:
+        _, err = await proc.communicate()
+    except BaseException:  # cancelled: stop copying (os.kill, not proc.kill(): see destroy)
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGKILL)
+            await proc.wait()
+        raise
+    if proc.returncode != 0:
+        detail = err.decode(errors="replace").strip()[-1000:]
+        raise FailedPrecondition(f"cannot copy a sandbox's writable layer: {detail}")
+
+
+def _files_size(root: Path) -> int:
+    total = 0
+    for folder, _, files in os.walk(root):
+        total += sum(os.lstat(os.path.join(folder, name)).st_size for name in files)
+    return total
 
 
 def _unmount(target: Path) -> None:
@@ -51,7 +101,9 @@ class LocalBackend:
         self._settings = settings
         self._images = ImageStore(settings.images_dir)
         self._root = settings.state_dir / "sandboxes"
+        self._snapshots = settings.state_dir / "snapshots"
         self._procs: dict[str, asyncio.subprocess.Process] = {}
+        self._layers: dict[str, tuple[str, ...]] = {}  # sandbox id -> the snapshot layers it stacks
         self._clients: dict[str, AgentClient] = {}
         self._lock_fd: int | None = None
         self._cgroups = Cgroups(settings.state_dir)
@@ -62,8 +114,9 @@ class LocalBackend:
 
     async def start(self) -> None:
         """Take the state dir for this service, then remove what a previous, crashed run left behind
-        (its processes died with it)."""
+        (its processes died with it; its snapshots lived in its memory)."""
         self._root.mkdir(parents=True, exist_ok=True)
+        self._snapshots.mkdir(exist_ok=True)
         self._lock_fd = os.open(self._settings.state_dir / "service.lock", os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -84,6 +137,9 @@ class LocalBackend:
             await asyncio.to_thread(self._remove_dir, path)
         if leftovers:
             log.info("removed %d sandboxes left by a previous run", len(leftovers))
+        if snapshots := list(self._snapshots.iterdir()):
+            await asyncio.gather(*(asyncio.to_thread(shutil.rmtree, p, ignore_errors=True) for p in snapshots))
+            log.info("removed %d snapshots left by a previous run", len(snapshots))
 
     def _remove_dir(self, path: Path) -> None:
         _unmount(path / "rootfs")
@@ -125,9 +181,16 @@ class LocalBackend:
             if spec.egress:
                 await self._net.create(spec.sandbox_id, spec.egress)
             layer = await mount_layer(home, res.disk_bytes) if res.disk_bytes else home
-            for sub in ("upper", "work"):
-                (layer / sub).mkdir(exist_ok=True)
-            _mount_overlay(image.rootfs, layer / "upper", layer / "work", rootfs)
+            (layer / "work").mkdir(exist_ok=True)
+            layers = [self._snapshots / snapshot_id / "layer" for snapshot_id in spec.layers]
+            if image.is_host and layers:
+                assert len(layers) == 1, "a snapshot of a host-image sandbox is one layer"
+                await _copy_tree(layers[0], layer / "upper")
+                layers = []
+            else:
+                (layer / "upper").mkdir(exist_ok=True)
+            _mount_overlay(layers, image.rootfs, layer / "upper", layer / "work", rootfs)
+            self._layers[spec.sandbox_id] = spec.layers if layers else ()
             (rootfs / spec.workdir.lstrip("/")).mkdir(parents=True, exist_ok=True)
             with open(home / "agent.log", "wb") as agent_log:
                 argv = self._bwrap_argv(spec, rootfs, image.is_host)
@@ -153,12 +216,16 @@ class LocalBackend:
         return client
 
     async def destroy(self, sandbox_id: str) -> None:
+        self._layers.pop(sandbox_id, None)
         client = self._clients.pop(sandbox_id, None)
         if client is not None:
             await client.close("the sandbox was deleted")
         proc = self._procs.pop(sandbox_id, None)
         if proc is not None and proc.returncode is None:
-            proc.kill()  # bwrap's init dies with it (--die-with-parent) and takes the pid namespace along
+            # bwrap's init dies with it (--die-with-parent) and takes the pid namespace along. os.kill, not
+            # proc.kill(): that one reaps an already exited bwrap itself, behind the child watcher's back.
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGKILL)
             await proc.wait()
         await asyncio.to_thread(self._cgroups.remove, sandbox_id)
         await self._net.destroy(sandbox_id)
@@ -167,12 +234,38 @@ class LocalBackend:
     async def set_egress(self, sandbox_id: str, rules: tuple[EgressRule, ...]) -> None:
         await self._net.apply(sandbox_id, rules)
 
+    async def snapshot(self, sandbox_id: str, snapshot_id: str) -> SnapshotFiles:
+        layers = self._layers.get(sandbox_id)
+        if layers is None:
+            raise FailedPrecondition(f"sandbox {sandbox_id!r} is not running")
+        if len(layers) >= MAX_LAYERS:
+            raise FailedPrecondition(
+                f"sandbox {sandbox_id!r} already stacks {len(layers)} snapshot layers, the most a sandbox may; flatten "
+                "the chain: copy the files you need (e.g. a tar of the workspace) into a sandbox made from the image "
+                "and snapshot that one")
+        home = self._root / sandbox_id
+        upper = home / "layer" / "upper" if os.path.ismount(home / "layer") else home / "upper"  # under a disk cap
+        target = self._snapshots / snapshot_id
+        target.mkdir()
+        try:
+            await _copy_tree(upper, target / "layer")
+            size = await asyncio.to_thread(_files_size, target / "layer")
+        except BaseException:
+            await asyncio.to_thread(shutil.rmtree, target, ignore_errors=True)
+            raise
+        return SnapshotFiles(layers=(snapshot_id, *layers), size_bytes=size)
+
+    async def delete_snapshot(self, snapshot_id: str) -> None:
+        await asyncio.to_thread(shutil.rmtree, self._snapshots / snapshot_id, ignore_errors=True)
+
     async def oom_kills(self, sandbox_id: str) -> int:
         # A read of a small kernel counter, on the loop: a thread hop would cost more than the read.
         return self._cgroups.oom_kills(sandbox_id)
 
     async def close(self) -> None:
         await asyncio.gather(*(self.destroy(sid) for sid in list(self._procs)))
+        await asyncio.gather(*(asyncio.to_thread(shutil.rmtree, p, ignore_errors=True)
+                               for p in self._snapshots.iterdir()))
         await asyncio.to_thread(self._cgroups.close)
         if self._lock_fd is not None:
             os.close(self._lock_fd)  # releases the flock

@@ -67,6 +67,26 @@ class EnvServiceStub:
                 request_serializer=orchard_dot_env_dot_v1_dot_env__pb2.SetNetworkPolicyRequest.SerializeToString,
                 response_deserializer=orchard_dot_env_dot_v1_dot_env__pb2.SetNetworkPolicyResponse.FromString,
                 _registered_method=True)
+        self.SnapshotSandbox = channel.unary_unary(
+                '/orchard.env.v1.EnvService/SnapshotSandbox',
+                request_serializer=orchard_dot_env_dot_v1_dot_env__pb2.SnapshotSandboxRequest.SerializeToString,
+                response_deserializer=orchard_dot_env_dot_v1_dot_env__pb2.SnapshotSandboxResponse.FromString,
+                _registered_method=True)
+        self.GetSnapshot = channel.unary_unary(
+                '/orchard.env.v1.EnvService/GetSnapshot',
+                request_serializer=orchard_dot_env_dot_v1_dot_env__pb2.GetSnapshotRequest.SerializeToString,
+                response_deserializer=orchard_dot_env_dot_v1_dot_env__pb2.GetSnapshotResponse.FromString,
+                _registered_method=True)
+        self.ListSnapshots = channel.unary_unary(
+                '/orchard.env.v1.EnvService/ListSnapshots',
+                request_serializer=orchard_dot_env_dot_v1_dot_env__pb2.ListSnapshotsRequest.SerializeToString,
+                response_deserializer=orchard_dot_env_dot_v1_dot_env__pb2.ListSnapshotsResponse.FromString,
+                _registered_method=True)
+        self.DeleteSnapshot = channel.unary_unary(
+                '/orchard.env.v1.EnvService/DeleteSnapshot',
+                request_serializer=orchard_dot_env_dot_v1_dot_env__pb2.DeleteSnapshotRequest.SerializeToString,
+                response_deserializer=orchard_dot_env_dot_v1_dot_env__pb2.DeleteSnapshotResponse.FromString,
+                _registered_method=True)
         self.StartExec = channel.unary_unary(
                 '/orchard.env.v1.EnvService/StartExec',
                 request_serializer=orchard_dot_env_dot_v1_dot_env__pb2.StartExecRequest.SerializeToString,
@@ -177,6 +197,37 @@ class EnvServiceServicer:
 
     def SetNetworkPolicy(self, request, context):
         """SetNetworkPolicy replaces the egress policy of a live sandbox.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SnapshotSandbox(self, request, context):
+        """SnapshotSandbox freezes a sandbox's files (everything it changed over its image) into a snapshot,
+        which CreateSandbox with from_snapshot starts any number of new sandboxes from. The snapshot is
+        taken between commands: after the sandbox's commands started before it, before those started after.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetSnapshot(self, request, context):
+        """GetSnapshot returns one snapshot.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListSnapshots(self, request, context):
+        """ListSnapshots lists snapshots, filtered by labels, one page at a time.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteSnapshot(self, request, context):
+        """DeleteSnapshot deletes a snapshot at once. Its files stay on disk until the last sandbox made
+        from it (and the last snapshot taken of such a sandbox) is gone.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -309,6 +360,26 @@ def add_EnvServiceServicer_to_server(servicer, server):
                     servicer.SetNetworkPolicy,
                     request_deserializer=orchard_dot_env_dot_v1_dot_env__pb2.SetNetworkPolicyRequest.FromString,
                     response_serializer=orchard_dot_env_dot_v1_dot_env__pb2.SetNetworkPolicyResponse.SerializeToString,
+            ),
+            'SnapshotSandbox': grpc.unary_unary_rpc_method_handler(
+                    servicer.SnapshotSandbox,
+                    request_deserializer=orchard_dot_env_dot_v1_dot_env__pb2.SnapshotSandboxRequest.FromString,
+                    response_serializer=orchard_dot_env_dot_v1_dot_env__pb2.SnapshotSandboxResponse.SerializeToString,
+            ),
+            'GetSnapshot': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSnapshot,
+                    request_deserializer=orchard_dot_env_dot_v1_dot_env__pb2.GetSnapshotRequest.FromString,
+                    response_serializer=orchard_dot_env_dot_v1_dot_env__pb2.GetSnapshotResponse.SerializeToString,
+            ),
+            'ListSnapshots': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSnapshots,
+                    request_deserializer=orchard_dot_env_dot_v1_dot_env__pb2.ListSnapshotsRequest.FromString,
+                    response_serializer=orchard_dot_env_dot_v1_dot_env__pb2.ListSnapshotsResponse.SerializeToString,
+            ),
+            'DeleteSnapshot': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteSnapshot,
+                    request_deserializer=orchard_dot_env_dot_v1_dot_env__pb2.DeleteSnapshotRequest.FromString,
+                    response_serializer=orchard_dot_env_dot_v1_dot_env__pb2.DeleteSnapshotResponse.SerializeToString,
             ),
             'StartExec': grpc.unary_unary_rpc_method_handler(
                     servicer.StartExec,
@@ -541,6 +612,114 @@ class EnvService:
             '/orchard.env.v1.EnvService/SetNetworkPolicy',
             orchard_dot_env_dot_v1_dot_env__pb2.SetNetworkPolicyRequest.SerializeToString,
             orchard_dot_env_dot_v1_dot_env__pb2.SetNetworkPolicyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SnapshotSandbox(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/orchard.env.v1.EnvService/SnapshotSandbox',
+            orchard_dot_env_dot_v1_dot_env__pb2.SnapshotSandboxRequest.SerializeToString,
+            orchard_dot_env_dot_v1_dot_env__pb2.SnapshotSandboxResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetSnapshot(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/orchard.env.v1.EnvService/GetSnapshot',
+            orchard_dot_env_dot_v1_dot_env__pb2.GetSnapshotRequest.SerializeToString,
+            orchard_dot_env_dot_v1_dot_env__pb2.GetSnapshotResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSnapshots(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/orchard.env.v1.EnvService/ListSnapshots',
+            orchard_dot_env_dot_v1_dot_env__pb2.ListSnapshotsRequest.SerializeToString,
+            orchard_dot_env_dot_v1_dot_env__pb2.ListSnapshotsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteSnapshot(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/orchard.env.v1.EnvService/DeleteSnapshot',
+            orchard_dot_env_dot_v1_dot_env__pb2.DeleteSnapshotRequest.SerializeToString,
+            orchard_dot_env_dot_v1_dot_env__pb2.DeleteSnapshotResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -297,5 +297,6 @@ async def test_output_waits_in_the_pipe_while_the_manager_is_behind() -> None:
             received += len(frame[1])
         assert received == size and frame[0]["totals"] == [size, 0] and frame[0]["code"] == 0
     finally:
-        proc.stdin.close()
+        proc.kill()
+        proc.stdout._transport.resume_reading()  # type: ignore[attr-defined]  # wait() waits for the pipes too
         await proc.wait()
