@@ -45,6 +45,7 @@ CHUNK = 64 * 1024
 READ_SIZE = 64 * 1024  # a pipe holds 64 KiB: reading more at once only allocates more
 DRAIN_AFTER_EXIT_S = 0.2  # background children may hold the pipes open; don't wait on them for ever
 EXEC_MARK = "ORCHARD_EXEC"  # set in every exec's environment, so processes that leave its session are found too
+AGENT_TAG = os.urandom(6).hex()  # in every mark: an agent that sees other agents' processes never matches theirs
 PTY_WINDOW = 1 << 20  # a terminal's output bytes in flight before the agent waits for the manager's ack
 WINSIZE = struct.Struct("HHHH")
 OUT_HIGH = 1 << 20  # frames waiting for the manager: above this, running commands' output is not read ...
@@ -322,7 +323,7 @@ class Writer:
 def exec_members(sid, mark):
     """Live pids of one exec's whole process tree: its session sid, and every process that left the session
     (setsid, daemons) but still carries the exec's mark in its environment."""
-    needle = f"{EXEC_MARK}={mark}".encode()
+    needle = f"{EXEC_MARK}={AGENT_TAG}-{mark}".encode()
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or entry in NOT_COMMANDS:
@@ -457,7 +458,7 @@ class Exec:
         header = self.header
         env = dict(BASE_ENV)
         env.update(header.get("env") or {})
-        env[EXEC_MARK] = str(self.rid)
+        env[EXEC_MARK] = f"{AGENT_TAG}-{self.rid}"
         ours, theirs = [], []
         try:
             if self.stdin:
@@ -614,7 +615,7 @@ class Terminal:
         header = self.header
         env = dict(BASE_ENV, TERM="xterm-256color")
         env.update(header.get("env") or {})
-        env[EXEC_MARK] = str(self.rid)
+        env[EXEC_MARK] = f"{AGENT_TAG}-{self.rid}"
         argv = header["argv"]
         master, slave = os.openpty()
         try:

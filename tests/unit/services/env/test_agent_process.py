@@ -108,7 +108,9 @@ async def test_exec_env_cwd_and_own_path(agent: Agent, tmp_path: Path) -> None:
     env = {"FOO": "bar", "PATH": f"{tool.parent}:/usr/bin:/bin"}
     calls: list[int] = []
     out, _, exit_ = await agent.run(["my-tool"], cwd=str(tmp_path), env=env, on_id=calls.append)
-    assert out == f"tool in {tmp_path} bar {calls[0]}\n".encode() and exit_.exit_code == 0
+    words = out.decode().split()
+    assert words[:4] == ["tool", "in", str(tmp_path), "bar"] and exit_.exit_code == 0
+    assert words[4].endswith(f"-{calls[0]}")  # the mark: this agent's random tag, then the request id
     out, _, _ = await agent.run(["pwd"], cwd="")  # no cwd: the agent's own, unchanged by the one before
     assert out == f"{Path.cwd()}\n".encode()
 
@@ -170,7 +172,7 @@ async def test_timeout_and_cancel_kill_the_tree(agent: Agent) -> None:
     _, _, exit_ = await asyncio.wait_for(task, 5)
     assert exit_.reason == "cancelled"
     leftovers = [pid for pid in os.listdir("/proc") if pid.isdigit() and state_of(int(pid)) not in (None, "Z")
-                 and f"ORCHARD_EXEC={ids[0]}".encode() in _environ(pid)]
+                 and f"-{ids[0]}\0".encode() in _environ(pid) and b"ORCHARD_EXEC=" in _environ(pid)]
     assert leftovers == []
 
 
