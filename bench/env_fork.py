@@ -13,21 +13,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
-from pathlib import Path
 
 import grpc
+from env_service import env_service
 from google.protobuf.duration_pb2 import Duration
-
 from orchard.env.v1 import env_pb2 as pb
 from orchard.env.v1 import env_pb2_grpc
 
-ORCHARD = str(Path(sys.executable).with_name("orchard"))
 # 1000 files of 50 KiB (random, so nothing dedupes) in 20 folders: ~50 MB.
 FILL = ("for d in $(seq 20); do mkdir -p data/$d; for f in $(seq 50); do head -c 51200 /dev/urandom > data/$d/$f; "
         "done; done; du -sb data | cut -f1; find data -type f | wc -l")
@@ -97,21 +91,11 @@ def main() -> None:
     args = parser.parse_args()
 
     results: dict[str, object] = {}
-    with tempfile.TemporaryDirectory() as state:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        proc = subprocess.Popen([ORCHARD, "serve", "env", "--port", str(port), "--state-dir", state,
-                                 "--log-level", "WARNING"], stdout=subprocess.DEVNULL)
-        try:
-            with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-                grpc.channel_ready_future(channel).result(timeout=30)
-                stub = env_pb2_grpc.EnvServiceStub(channel)
-                for image in args.image or ["host", "python:3.11-slim"]:
-                    results[image] = bench_image(stub, image, args.snapshots, args.creates)
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+    with env_service() as (address, _):
+        with grpc.insecure_channel(address) as channel:
+            stub = env_pb2_grpc.EnvServiceStub(channel)
+            for image in args.image or ["host", "python:3.11-slim"]:
+                results[image] = bench_image(stub, image, args.snapshots, args.creates)
     print(json.dumps({"benchmark": "env_fork", "cpus": os.cpu_count(), "images": results}))
 
 

@@ -11,22 +11,17 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import statistics
 import subprocess
-import sys
-import tempfile
 import time
-from pathlib import Path
 
 import grpc
-
+from env_service import env_service
 from orchard import AsyncSandboxClient, SandboxClient
-from orchard.sdk import AsyncSandbox
 from orchard.env.v1 import env_pb2 as pb
 from orchard.env.v1 import env_pb2_grpc
+from orchard.sdk import AsyncSandbox
 
-ORCHARD = str(Path(sys.executable).with_name("orchard"))
 ALL_LIMITS = pb.Resources(cpu_millis=1000, memory_bytes=512 << 20, pids=256, disk_bytes=1 << 30)
 
 
@@ -47,15 +42,6 @@ def timed(fn: object, n: int) -> list[float]:
         fn()  # type: ignore[operator]
         out.append(time.perf_counter() - start)
     return out
-
-
-def start_service(state_dir: str) -> tuple[subprocess.Popen[bytes], str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([ORCHARD, "serve", "env", "--port", str(port), "--state-dir", state_dir,
-                             "--log-level", "WARNING"], stdout=subprocess.DEVNULL)
-    return proc, f"127.0.0.1:{port}"
 
 
 async def concurrent_execs(address: str, image: str, clients: int, rounds: int) -> tuple[list[float], float]:
@@ -87,41 +73,27 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20, help="execs per concurrent client")
     args = parser.parse_args()
 
-    with tempfile.TemporaryDirectory() as state:
-        proc, address = start_service(state)
-        try:
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    client = SandboxClient.connect(target=address, connect_timeout=1.0)
-                    break
-                except ConnectionError:
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.2)
-            with client:
-                creates: list[float] = []
+    with env_service() as (address, _):
+        with SandboxClient.connect(target=address) as client:
+            creates: list[float] = []
+            for _ in range(args.creates):
+                start = time.perf_counter()
+                sandbox = client.create_sandbox(args.image)
+                creates.append(time.perf_counter() - start)
+                sandbox.delete()
+            limited: list[float] = []
+            with grpc.insecure_channel(address) as channel:
+                stub = env_pb2_grpc.EnvServiceStub(channel)
                 for _ in range(args.creates):
                     start = time.perf_counter()
-                    sandbox = client.create_sandbox(args.image)
-                    creates.append(time.perf_counter() - start)
-                    sandbox.delete()
-                limited: list[float] = []
-                with grpc.insecure_channel(address) as channel:
-                    stub = env_pb2_grpc.EnvServiceStub(channel)
-                    for _ in range(args.creates):
-                        start = time.perf_counter()
-                        created = stub.CreateSandbox(pb.CreateSandboxRequest(image=args.image, resources=ALL_LIMITS),
-                                                     timeout=30).sandbox
-                        limited.append(time.perf_counter() - start)
-                        stub.DeleteSandbox(pb.DeleteSandboxRequest(sandbox_id=created.sandbox_id), timeout=30)
-                with client.create_sandbox(args.image) as sandbox:
-                    timed(lambda: sandbox.exec("true"), 20)  # warm-up
-                    sdk = timed(lambda: sandbox.exec("true"), args.execs)
-            concurrent, wall = asyncio.run(concurrent_execs(address, args.image, args.clients, args.rounds))
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+                    created = stub.CreateSandbox(pb.CreateSandboxRequest(image=args.image, resources=ALL_LIMITS),
+                                                 timeout=30).sandbox
+                    limited.append(time.perf_counter() - start)
+                    stub.DeleteSandbox(pb.DeleteSandboxRequest(sandbox_id=created.sandbox_id), timeout=30)
+            with client.create_sandbox(args.image) as sandbox:
+                timed(lambda: sandbox.exec("true"), 20)  # warm-up
+                sdk = timed(lambda: sandbox.exec("true"), args.execs)
+        concurrent, wall = asyncio.run(concurrent_execs(address, args.image, args.clients, args.rounds))
 
     timed(lambda: subprocess.run(["true"]), 20)
     bare = timed(lambda: subprocess.run(["true"]), args.execs)

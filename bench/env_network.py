@@ -11,20 +11,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
-from pathlib import Path
 
 import grpc
-
+from env_service import env_service
 from orchard.env.v1 import env_pb2 as pb
 from orchard.env.v1 import env_pb2_grpc
 
-ORCHARD = str(Path(sys.executable).with_name("orchard"))
 POLICY = pb.NetworkPolicy(allow=[pb.EgressRule(cidr="169.254.0.2/32", port=8080)])
 
 
@@ -42,33 +36,23 @@ def main() -> None:
 
     times: dict[str, list[float]] = {"create": [], "create_policy": [], "delete": [], "delete_policy": [],
                                      "set_policy": []}
-    with tempfile.TemporaryDirectory() as state:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        proc = subprocess.Popen([ORCHARD, "serve", "env", "--port", str(port), "--state-dir", state,
-                                 "--log-level", "WARNING"], stdout=subprocess.DEVNULL)
-        try:
-            with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-                grpc.channel_ready_future(channel).result(timeout=30)
-                stub = env_pb2_grpc.EnvServiceStub(channel)
-                for i in range(2 * args.creates):
-                    suffix = "_policy" if i % 2 else ""
+    with env_service() as (address, _):
+        with grpc.insecure_channel(address) as channel:
+            stub = env_pb2_grpc.EnvServiceStub(channel)
+            for i in range(2 * args.creates):
+                suffix = "_policy" if i % 2 else ""
+                start = time.perf_counter()
+                sandbox = stub.CreateSandbox(pb.CreateSandboxRequest(
+                    image=args.image, network_policy=POLICY if suffix else None), timeout=30).sandbox
+                times["create" + suffix].append(time.perf_counter() - start)
+                if suffix:
                     start = time.perf_counter()
-                    sandbox = stub.CreateSandbox(pb.CreateSandboxRequest(
-                        image=args.image, network_policy=POLICY if suffix else None), timeout=30).sandbox
-                    times["create" + suffix].append(time.perf_counter() - start)
-                    if suffix:
-                        start = time.perf_counter()
-                        stub.SetNetworkPolicy(pb.SetNetworkPolicyRequest(sandbox_id=sandbox.sandbox_id,
-                                                                         network_policy=POLICY), timeout=30)
-                        times["set_policy"].append(time.perf_counter() - start)
-                    start = time.perf_counter()
-                    stub.DeleteSandbox(pb.DeleteSandboxRequest(sandbox_id=sandbox.sandbox_id), timeout=30)
-                    times["delete" + suffix].append(time.perf_counter() - start)
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+                    stub.SetNetworkPolicy(pb.SetNetworkPolicyRequest(sandbox_id=sandbox.sandbox_id,
+                                                                     network_policy=POLICY), timeout=30)
+                    times["set_policy"].append(time.perf_counter() - start)
+                start = time.perf_counter()
+                stub.DeleteSandbox(pb.DeleteSandboxRequest(sandbox_id=sandbox.sandbox_id), timeout=30)
+                times["delete" + suffix].append(time.perf_counter() - start)
 
     s = {name: summary_ms(values) for name, values in times.items()}
     print(json.dumps({

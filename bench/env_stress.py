@@ -14,16 +14,10 @@ import argparse
 import asyncio
 import json
 import os
-import socket
-import subprocess
-import sys
-import tempfile
 import time
-from pathlib import Path
 
+from env_service import env_service
 from orchard import AsyncSandboxClient
-
-ORCHARD = str(Path(sys.executable).with_name("orchard"))
 
 
 def percentiles(values: list[float]) -> dict[str, float]:
@@ -171,19 +165,8 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--image", default="python:3.11-slim")
     args = parser.parse_args()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    with tempfile.TemporaryDirectory() as state:
-        service = subprocess.Popen(
-            [ORCHARD, "serve", "env", "--port", str(port), "--state-dir", state, "--log-level", "WARNING",
-             "--max-sandboxes", str(max(2000, args.sandboxes))], stdout=subprocess.DEVNULL)
-        try:
-            time.sleep(1.5)
-            report = asyncio.run(run(args, f"127.0.0.1:{port}", service.pid))
-        finally:
-            service.terminate()
-            service.wait(timeout=120)
+    with env_service("--max-sandboxes", str(max(2000, args.sandboxes))) as (address, service):
+        report = asyncio.run(run(args, address, service.pid))
     print(json.dumps(report))
 
 

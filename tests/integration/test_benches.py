@@ -1,0 +1,30 @@
+"""Every benchmark runs end to end at a tiny size and prints one JSON object (so they keep working)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import needs_sandboxes
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+pytestmark = [needs_sandboxes, pytest.mark.slow, pytest.mark.timeout(300)]
+
+
+@pytest.mark.parametrize(("script", "args", "key"), [
+    ("env_latency.py", ["--execs", "20", "--creates", "3", "--clients", "4", "--rounds", "2"], "exec_true_sdk"),
+    ("env_stress.py", ["--sandboxes", "12", "--concurrency", "4", "--image", "host"], "success_rate"),
+    ("env_network.py", ["--creates", "2"], "create_ready_with_policy"),
+    ("env_fork.py", ["--snapshots", "1", "--creates", "2", "--image", "host"], "images"),
+])
+def test_benchmark_prints_one_json_object(script: str, args: list[str], key: str) -> None:
+    """The benchmark exits 0 and its stdout is exactly one JSON object with its main figure."""
+    run = subprocess.run([sys.executable, str(BENCH / script), *args], capture_output=True, text=True, timeout=280)
+    assert run.returncode == 0, run.stderr[-2000:]
+    report = json.loads(run.stdout)
+    assert isinstance(report, dict) and key in report
+    if key == "success_rate":
+        assert report["success_rate"] == 1.0, report
