@@ -6,11 +6,10 @@ from collections import Counter as Tally
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from orchard.services.env.models import Exec, SandboxState
 from prometheus_client import REGISTRY, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
-
-from orchard.services.env.models import Exec, SandboxState
 
 if TYPE_CHECKING:
     from orchard.services.env.manager import SandboxManager
@@ -56,7 +55,7 @@ class ManagerCollector(Collector):
                 alive.add_metric([state.name.lower()], states.get(state, 0))
         yield alive
         yield GaugeMetricFamily("orchard_env_execs_queued", "Commands waiting for their sandbox or a slot.",
-                                value=self._manager.queued_execs)
+                                value=self._manager.commands.queued)
 
 
 def register(manager: SandboxManager) -> ManagerCollector:

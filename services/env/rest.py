@@ -21,7 +21,6 @@ from importlib.metadata import version
 
 import grpc
 from aiohttp import web
-
 from orchard.errors import (
     DeadlineExceeded,
     FailedPrecondition,
@@ -33,8 +32,9 @@ from orchard.errors import (
 from orchard.runtime import tenancy
 from orchard.services.env import rest_models as m
 from orchard.services.env.backends.base import EgressRule
+from orchard.services.env.commands import ExecRequest
 from orchard.services.env.files import CHUNK
-from orchard.services.env.manager import CreateRequest, ExecRequest, SandboxManager
+from orchard.services.env.manager import CreateRequest, SandboxManager
 from orchard.services.env.models import Exec, ExecState, Sandbox, SandboxState
 from orchard.services.env.rest_pty import serve_pty
 from orchard.services.env.settings import EnvSettings
@@ -315,15 +315,15 @@ class HttpGateway:
     async def _wait(self, exec_id: str, seconds: float) -> Exec:
         """Wait up to seconds for the exec to end, as manager waits of at most max_wait_s each."""
         deadline = time.monotonic() + seconds
-        ex = self.manager.get_exec(exec_id)
+        ex = self.manager.commands.get_exec(exec_id)
         while not ex.state.done and (remaining := deadline - time.monotonic()) > 0:
-            ex = await self.manager.wait_exec(exec_id, remaining)
+            ex = await self.manager.commands.wait_exec(exec_id, remaining)
         return ex
 
     async def exec(self, request: web.Request) -> web.Response:
         body = await m.parse_body(request, m.ExecBody)
         argv = body.command if isinstance(body.command, list) else None
-        ex = self.manager.start_exec(ExecRequest(
+        ex = self.manager.commands.start_exec(ExecRequest(
             sandbox_id=request.match_info["sandbox_id"], argv=argv, shell=None if argv is not None else body.command,
             cwd=body.cwd or "", env=body.env or {}, timeout_s=body.timeout_seconds or 0.0,
             login_shell=body.login_shell,
@@ -334,7 +334,7 @@ class HttpGateway:
         return m.respond(self._job(await self._wait(ex.exec_id, ex.timeout_s + EXEC_WAIT_SLACK_S)))
 
     async def get_job(self, request: web.Request) -> web.Response:
-        return m.respond(self._job(self.manager.get_exec(request.match_info["job_id"])))
+        return m.respond(self._job(self.manager.commands.get_exec(request.match_info["job_id"])))
 
     async def wait_job(self, request: web.Request) -> web.Response:
         query = m.parse_query(request, m.WaitQuery)
@@ -352,7 +352,7 @@ class HttpGateway:
     async def apply_patch(self, request: web.Request) -> web.Response:
         body = await m.parse_body(request, m.ApplyPatchBody)
         try:
-            _, output = await self.manager.apply_patch(request.match_info["sandbox_id"], body.patch, "",
+            _, output = await self.manager.commands.apply_patch(request.match_info["sandbox_id"], body.patch, "",
                                                        body.timeout_seconds)
         except FailedPrecondition as err:
             if err.field != "patch":

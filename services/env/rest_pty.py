@@ -17,11 +17,10 @@ import shlex
 from collections.abc import Callable
 
 from aiohttp import WSMsgType, web
-from pydantic import BaseModel, ConfigDict, ValidationError
-
 from orchard.errors import InvalidArgument, OrchardError
 from orchard.services.env.agent_client import PtySession
 from orchard.services.env.manager import SandboxManager
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 INIT_TIMEOUT_S = 30.0
 HEARTBEAT_S = 30.0  # pings find clients that vanished without closing
@@ -56,7 +55,7 @@ async def serve_pty(request: web.Request, manager: SandboxManager, http_status: 
     try:
         init = await _init(ws)
         argv = ["bash", "-lc", "exec " + shlex.join(init.cmd or ["bash"])] if init.login_shell else init.cmd
-        async with manager.open_pty(request.match_info["sandbox_id"], argv, init.rows, init.cols, init.cwd or "",
+        async with manager.commands.open_pty(request.match_info["sandbox_id"], argv, init.rows, init.cols, init.cwd or "",
                                     init.env) as session:
             await ws.send_json({"type": "ready", "pid": None})
             await _bridge(ws, session, http_status)

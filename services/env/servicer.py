@@ -9,14 +9,14 @@ from collections.abc import AsyncIterator
 import grpc
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
-
 from orchard.env.v1 import env_pb2 as pb
 from orchard.env.v1 import env_pb2_grpc
 from orchard.errors import InvalidArgument, OrchardError, Unimplemented
 from orchard.services.env.agent_client import PtySession
 from orchard.services.env.backends.base import EgressRule, Resources
+from orchard.services.env.commands import ExecRequest
 from orchard.services.env.files import FileInfo
-from orchard.services.env.manager import CreateRequest, ExecRequest, SandboxManager
+from orchard.services.env.manager import CreateRequest, SandboxManager
 from orchard.services.env.models import Exec, Sandbox, Snapshot
 
 PTY_STARTED_KEY = "orchard-pty-started"
@@ -176,7 +176,7 @@ class EnvServicer(env_pb2_grpc.EnvServiceServicer):
     async def StartExec(self, request: pb.StartExecRequest, context: grpc.aio.ServicerContext
                         ) -> pb.StartExecResponse:
         which = request.WhichOneof("command")
-        ex = self.manager.start_exec(ExecRequest(
+        ex = self.manager.commands.start_exec(ExecRequest(
             sandbox_id=request.sandbox_id,
             argv=list(request.argv.args) if which == "argv" else None,
             shell=request.shell if which == "shell" else None,
@@ -185,30 +185,30 @@ class EnvServicer(env_pb2_grpc.EnvServiceServicer):
             max_output=request.max_output_bytes,
         ))
         if request.HasField("wait") and (wait_s := _seconds(request.wait, "wait")) > 0:
-            ex = await self.manager.wait_exec(ex.exec_id, wait_s)
+            ex = await self.manager.commands.wait_exec(ex.exec_id, wait_s)
         return pb.StartExecResponse(exec=exec_pb(ex))
 
     async def GetExec(self, request: pb.GetExecRequest, context: grpc.aio.ServicerContext) -> pb.GetExecResponse:
-        return pb.GetExecResponse(exec=exec_pb(self.manager.get_exec(request.exec_id)))
+        return pb.GetExecResponse(exec=exec_pb(self.manager.commands.get_exec(request.exec_id)))
 
     async def WaitExec(self, request: pb.WaitExecRequest, context: grpc.aio.ServicerContext) -> pb.WaitExecResponse:
-        ex = await self.manager.wait_exec(request.exec_id, _seconds(request.timeout, "timeout"))
+        ex = await self.manager.commands.wait_exec(request.exec_id, _seconds(request.timeout, "timeout"))
         return pb.WaitExecResponse(exec=exec_pb(ex), done=ex.state.done)
 
     async def StreamExec(self, request: pb.StreamExecRequest, context: grpc.aio.ServicerContext
                          ) -> AsyncIterator[pb.StreamExecResponse]:
-        async for fd, data in self.manager.stream_exec(request.exec_id):
+        async for fd, data in self.manager.commands.stream_exec(request.exec_id):
             yield pb.StreamExecResponse(stdout=data) if fd == 1 else pb.StreamExecResponse(stderr=data)
-        ex = self.manager.get_exec(request.exec_id)
+        ex = self.manager.commands.get_exec(request.exec_id)
         yield pb.StreamExecResponse(exit=exec_pb(ex, with_output=False))
 
     async def CancelExec(self, request: pb.CancelExecRequest, context: grpc.aio.ServicerContext
                          ) -> pb.CancelExecResponse:
-        return pb.CancelExecResponse(exec=exec_pb(await self.manager.cancel_exec(request.exec_id)))
+        return pb.CancelExecResponse(exec=exec_pb(await self.manager.commands.cancel_exec(request.exec_id)))
 
     async def ApplyPatch(self, request: pb.ApplyPatchRequest, context: grpc.aio.ServicerContext
                          ) -> pb.ApplyPatchResponse:
-        files, output = await self.manager.apply_patch(request.sandbox_id, request.patch, request.cwd,
+        files, output = await self.manager.commands.apply_patch(request.sandbox_id, request.patch, request.cwd,
                                                        _seconds(request.timeout, "timeout"))
         return pb.ApplyPatchResponse(files=files, output=output)
 
@@ -251,7 +251,7 @@ class EnvServicer(env_pb2_grpc.EnvServiceServicer):
         if first is None or first.WhichOneof("part") != "start":
             raise InvalidArgument("the first message of a PTY session must be start", field="start")
         start = first.start
-        async with self.manager.open_pty(start.sandbox_id, list(start.argv), start.rows, start.cols, start.cwd,
+        async with self.manager.commands.open_pty(start.sandbox_id, list(start.argv), start.rows, start.cols, start.cwd,
                                          dict(start.env)) as session:
             await context.send_initial_metadata(((PTY_STARTED_KEY, "1"),))  # the SDK waits for it: the session is up
             # Input in a task of its own, output here; leaving (the exit, an error, the client going away)

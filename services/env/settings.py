@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
-from pydantic_settings import SettingsConfigDict
-
 from orchard.runtime.settings import ServiceSettings
 from orchard.services.env.images import default_images_dir
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
 
 
 def default_state_dir() -> Path:

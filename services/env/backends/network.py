@@ -14,7 +14,12 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchard.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, Unavailable
+from orchard.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    ResourceExhausted,
+    Unavailable,
+)
 from orchard.services.env.backends.base import EgressRule
 
 log = logging.getLogger(__name__)
