@@ -992,3 +992,19 @@ async def test_env_metrics(start_env: StartEnv) -> None:
     assert values["orchard_env_exec_duration_seconds_count"] >= 2
     assert any(key.startswith('orchard_rpcs_total{code="OK",method="/orchard.env.v1.EnvService/StartExec"')
                for key in values)
+
+
+async def test_request_size_is_bounded(start_env: StartEnv) -> None:
+    """A message over max_message_bytes is refused with RESOURCE_EXHAUSTED before it reaches the service, which
+    carries on; uploads of any size still work, since they stream in chunks under the bound."""
+    env = await start_env(max_message_bytes=1 << 20)
+    sb = await create(env.stub)
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await env.stub.StartExec(pb.StartExecRequest(sandbox_id=sb.sandbox_id, shell="cat >/dev/null",
+                                                     stdin=b"x" * (2 << 20)), timeout=10)
+    assert info.value.code() is Code.RESOURCE_EXHAUSTED
+    chunks = [pb.UploadFileRequest(header=pb.FileHeader(sandbox_id=sb.sandbox_id, path="big"))]
+    chunks += [pb.UploadFileRequest(chunk=b"y" * (512 << 10)) for _ in range(6)]
+    uploaded = await env.stub.UploadFile(iter(chunks), timeout=30)
+    assert uploaded.size_bytes == 3 << 20
+    assert (await run(env.stub, sb.sandbox_id, "wc -c < big")).stdout == b"3145728\n"
