@@ -1,14 +1,20 @@
 """The in-sandbox agent as a real process (no sandbox): started from its source as the backend starts it
-(`python -I -S -c <source>`), driven by the manager's AgentClient over its stdin/stdout."""
+(`python -I -S -c <source>`), driven by the manager's AgentClient over its stdin/stdout.
+
+The same tests run against the native agent (agent-rs/: one static binary for images without Python),
+built by scripts/build_agent.sh, for every op it implements; the rest are marked python_only."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
+import shutil
+import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +30,42 @@ SOURCE = Path(agent_module.__file__).read_text()
 HEAVY_MODULES = ("asyncio", "ssl", "concurrent.futures", "subprocess", "threading", "json", "re", "enum",
                  "selectors", "signal", "collections")
 PRIVATE_DIRTY_BOUND_KIB = 6 * 1024
+REPO = Path(__file__).resolve().parents[4]
+BUILD_AGENT = REPO / "scripts" / "build_agent.sh"
+AGENT_KINDS = ["python", "native"]
+
+
+@functools.cache
+def native_agent() -> Path | str:
+    """The native agent's binary, built (or found up to date) by scripts/build_agent.sh; else why not."""
+    if shutil.which("cargo") is None:
+        built = REPO / "agent-rs" / "target" / "x86_64-unknown-linux-gnu" / "release" / "orchard-agent"
+        if built.exists():
+            return built
+        return "the native agent needs cargo to build (scripts/build_agent.sh): cargo is not installed"
+    done = subprocess.run(["bash", str(BUILD_AGENT)], capture_output=True, text=True, timeout=600, check=False)
+    if done.returncode != 0:
+        return f"scripts/build_agent.sh failed: {done.stderr.strip()[-2000:]}"
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
+def agent_argv(kind: str) -> list[str]:
+    """How the backend starts an agent of this kind; skips the test when the native one cannot be built."""
+    if kind == "python":
+        return [sys.executable, "-I", "-S", "-c", SOURCE]
+    binary = native_agent()
+    if isinstance(binary, str):
+        pytest.skip(binary)
+    return [str(binary)]
+
+
+def python_only(reason: str) -> Callable[[Any], Any]:
+    """Run a test against the Python agent only (the native agent does not do this yet, or it is about
+    Python itself)."""
+    def mark(test: Any) -> Any:
+        test.python_only = reason
+        return test
+    return mark
 
 
 class Agent:
@@ -52,10 +94,13 @@ class Agent:
         return head
 
 
-@pytest.fixture
-async def agent() -> AsyncIterator[Agent]:
+@pytest.fixture(params=AGENT_KINDS)
+async def agent(request: pytest.FixtureRequest) -> AsyncIterator[Agent]:
+    reason = getattr(request.function, "python_only", None)
+    if request.param != "python" and reason:
+        pytest.skip(f"python agent only: {reason}")
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-I", "-S", "-c", SOURCE, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        *agent_argv(request.param), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
     )
     assert proc.stdout is not None and proc.stdin is not None
     client = AgentClient(proc.stdout, proc.stdin, label="test-agent")
@@ -79,6 +124,7 @@ def state_of(pid: int) -> str | None:
         return None
 
 
+@python_only("about the Python agent's imports, relaunch and memory (the native agent's info has no modules)")
 async def test_agent_is_lean(agent: Agent) -> None:
     """The agent loads no asyncio (nor the other heavy modules) and stays small after a few commands; it runs
     in the process the backend started (relaunched in place: same pid)."""
@@ -217,6 +263,7 @@ async def test_reading_a_fifo_does_not_hang_the_agent(agent: Agent, tmp_path: Pa
     await agent.client.call("ping")
 
 
+@python_only("the native agent has no pty yet (it answers pty ops with an error)")
 async def test_pty_is_the_controlling_terminal(agent: Agent) -> None:
     """A pty program has its terminal as controlling tty, gets typed input, and reports its exit."""
     session = await agent.client.open_pty(["sh", "-c", "read x; echo got=$x > /dev/tty; exit 4"], cwd="/",
@@ -272,12 +319,12 @@ def private_dirty_kib(pid: int) -> int:
     raise AssertionError("no Private_Dirty")
 
 
-async def test_output_waits_in_the_pipe_while_the_manager_is_behind() -> None:
+@pytest.mark.parametrize("kind", AGENT_KINDS)
+async def test_output_waits_in_the_pipe_while_the_manager_is_behind(kind: str) -> None:
     """A manager that does not read: the command's output stays in its pipe (the command waits), not in the
     agent's memory; once read, all of it arrives."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-I", "-S", "-c", SOURCE, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-        limit=1 << 26,
+        *agent_argv(kind), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, limit=1 << 26,
     )
     assert proc.stdout is not None and proc.stdin is not None
     try:
@@ -302,3 +349,79 @@ async def test_output_waits_in_the_pipe_while_the_manager_is_behind() -> None:
         proc.kill()
         proc.stdout._transport.resume_reading()  # type: ignore[attr-defined]  # wait() waits for the pipes too
         await proc.wait()
+
+
+# --- the native agent on its own ----------------------------------------------------------------------------
+
+
+def native_or_skip() -> Path:
+    binary = native_agent()
+    if isinstance(binary, str):
+        pytest.skip(binary)
+    return binary
+
+
+def test_native_agent_is_static() -> None:
+    """The native agent needs no loader and no libraries from the image: one statically linked file."""
+    binary = native_or_skip()
+    assert binary.read_bytes()[:4] == b"\x7fELF"
+    described = subprocess.run(["file", "-b", str(binary)], capture_output=True, text=True, check=False).stdout \
+        if shutil.which("file") else ""
+    assert not described or "statically linked" in described or "static-pie linked" in described, described
+    ldd = subprocess.run(["ldd", str(binary)], capture_output=True, text=True, check=False) if shutil.which("ldd") else None
+    assert ldd is None or "not a dynamic executable" in ldd.stdout + ldd.stderr \
+        or "statically linked" in ldd.stdout + ldd.stderr, ldd.stdout + ldd.stderr
+
+
+def busybox() -> str | None:
+    for path in ("/bin/busybox", "/usr/bin/busybox"):
+        if os.access(path, os.X_OK) and "static" in subprocess.run(
+                ["file", "-b", path], capture_output=True, text=True, check=False).stdout:
+            return path
+    return None
+
+
+async def test_native_agent_runs_in_an_empty_root() -> None:
+    """Under bwrap with an empty root (no /usr, no Python, no libc: the agent alone, plus /proc and /dev),
+    the native agent starts, answers, lists and runs a program by absolute path: itself (a second agent,
+    whose stdin is empty: it says ready and ends), and busybox's echo where a static busybox is installed."""
+    binary = native_or_skip()
+    if shutil.which("bwrap") is None:
+        pytest.skip("bwrap is not installed")
+    box = busybox()
+    binds = ["--ro-bind", box, "/busybox"] if box else []
+    probe = await asyncio.to_thread(
+        subprocess.run, ["bwrap", "--tmpfs", "/", "--ro-bind", str(binary), "/agent", "--unshare-all", "/agent"],
+        stdin=subprocess.DEVNULL, capture_output=True, check=False)
+    if probe.returncode != 0:
+        pytest.skip(f"bwrap cannot make a sandbox here: {probe.stderr.decode(errors='replace').strip()}")
+    proc = await asyncio.create_subprocess_exec(
+        "bwrap", "--tmpfs", "/", "--ro-bind", str(binary), "/agent", *binds, "--proc", "/proc", "--dev", "/dev",
+        "--unshare-all", "--die-with-parent", "--cap-drop", "ALL", "/agent",
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stdin is not None
+    client = AgentClient(proc.stdout, proc.stdin, label="native-in-empty-root")
+    try:
+        await client.start(10)
+        agent = Agent(proc, client)
+        await client.call("ping")
+        head, _ = await client.call("list", path="/")
+        assert {f["name"] for f in head["files"]} == {"agent", "dev", "proc"} | ({"busybox"} if box else set())
+        with pytest.raises(NotFound):  # no /usr: nothing of an image, no Python, no libc
+            await client.call("stat", path="/usr")
+        out, err, exit_ = await agent.run(["/agent"], env={"PATH": "/nowhere"})
+        assert exit_.exit_code == 0 and err == b"", (out, err, exit_)
+        assert b'"ev":"ready"' in out
+        _, _, exit_ = await agent.run(["sh", "-c", "true"])
+        assert (exit_.exit_code, exit_.error) == (127, "cannot start: No such file or directory: sh")
+        if box:
+            out, _, exit_ = await agent.run(["/busybox", "sh", "-c", "echo $((6 * 7)) $ORCHARD_EXEC"])
+            assert exit_.exit_code == 0 and out.split()[0] == b"42", out
+    finally:
+        await client.close("the test ended")
+        try:
+            await asyncio.wait_for(proc.wait(), 5)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()

@@ -1,0 +1,416 @@
+//! exec and cancel: each command in its own session, its output as "out" frames (up to the cap; the rest
+//! only counted), its stdin fed from the request's body, its timeout, and one "exit" frame once it ended
+//! and its pipes drained (or DRAIN_AFTER_EXIT passed: background children may hold them open). A timeout,
+//! a cancel or the end of the command kills its whole tree: its session, and every process whose
+//! environment carries the exec's mark (those that left the session).
+
+use crate::files::{field, Failure};
+use crate::frame::Out;
+use crate::json::{obj, s, Value};
+use crate::sys;
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::OsString;
+use std::io::{self, Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+pub const EXEC_MARK: &str = "ORCHARD_EXEC";
+const CHUNK: usize = 64 * 1024;
+const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(200);
+const POLL_MS: i32 = 50; // how often blocked helpers look at their stop flag
+const THREAD_STACK: usize = 128 * 1024;
+
+/// What every exec shares: the frame writer, the running jobs, the agent's tag and environment.
+pub struct Agent {
+    pub out: Arc<Out>,
+    pub jobs: Mutex<HashMap<i64, Arc<Job>>>,
+    pub tag: String,
+    pub base_env: Vec<(OsString, OsString)>,
+    pub not_commands: Vec<i32>,
+}
+
+pub struct Job {
+    pid: i32,
+    rid: i64,
+    reasons: Mutex<Vec<Value>>,
+}
+
+impl Agent {
+    pub fn mark(&self, rid: i64) -> String {
+        format!("{}-{}", self.tag, rid)
+    }
+
+    pub fn cancel(&self, target: i64, reason: Value) {
+        let job = self.jobs.lock().unwrap().get(&target).cloned();
+        if let Some(job) = job {
+            job.reasons.lock().unwrap().push(reason);
+            self.kill_tree(job.pid, job.rid);
+        }
+    }
+
+    /// The manager is gone: so are the commands.
+    pub fn kill_all(&self) {
+        let jobs: Vec<Arc<Job>> = self.jobs.lock().unwrap().values().cloned().collect();
+        for job in jobs {
+            self.kill_tree(job.pid, job.rid);
+        }
+    }
+
+    /// Live pids of one exec's tree: its session sid, and every process carrying its mark.
+    fn members(&self, sid: i32, rid: i64) -> Vec<i32> {
+        let needle = format!("{}={}", EXEC_MARK, self.mark(rid)).into_bytes();
+        let mut found = Vec::new();
+        let Ok(entries) = std::fs::read_dir("/proc") else { return found };
+        for entry in entries.flatten() {
+            let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
+            if self.not_commands.contains(&pid) {
+                continue;
+            }
+            let Ok(stat) = std::fs::read(format!("/proc/{}/stat", pid)) else { continue };
+            let Some(close) = stat.iter().rposition(|&b| b == b')') else { continue };
+            let fields: Vec<&[u8]> = stat[close + 1..].split(|b| b.is_ascii_whitespace()).filter(|f| !f.is_empty()).collect();
+            if fields.len() < 4 || fields[0] == b"Z" {
+                continue; // state ppid pgrp session ...; a zombie is dead already
+            }
+            if std::str::from_utf8(fields[3]).ok().and_then(|f| f.parse::<i32>().ok()) == Some(sid) {
+                found.push(pid);
+                continue;
+            }
+            if let Ok(environ) = std::fs::read(format!("/proc/{}/environ", pid)) {
+                if environ.split(|&b| b == 0).any(|var| var == needle.as_slice()) {
+                    found.push(pid);
+                }
+            }
+        }
+        found
+    }
+
+    /// SIGKILL the exec's whole tree until nothing of it is left.
+    pub fn kill_tree(&self, pid: i32, rid: i64) {
+        for _ in 0..20 {
+            let members = self.members(pid, rid);
+            if members.is_empty() {
+                return;
+            }
+            for member in members {
+                sys::sigkill(member);
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+fn spawn_thread(name: &str, f: impl FnOnce() + Send + 'static) -> std::thread::JoinHandle<()> {
+    std::thread::Builder::new().name(name.into()).stack_size(THREAD_STACK).spawn(f).expect("thread")
+}
+
+/// Handle an exec request: replies with its own events, from its own thread.
+pub fn start(agent: Arc<Agent>, rid: i64, header: Value, body: Vec<u8>) {
+    spawn_thread("exec", move || run(&agent, rid, &header, body));
+}
+
+fn exit_frame(rid: i64, code: i64, totals: [u64; 2], reason: Value, error: Value) -> Value {
+    obj(vec![
+        ("id", Value::Int(rid)),
+        ("ev", s("exit")),
+        ("code", Value::Int(code)),
+        ("totals", Value::Arr(vec![Value::Int(totals[0] as i64), Value::Int(totals[1] as i64)])),
+        ("reason", reason),
+        ("error", error),
+    ])
+}
+
+enum StartError {
+    Cannot(String),     // exit 127 with "cannot start: ..."
+    Request(Failure),   // a malformed request: an error frame
+}
+
+fn os_message(err: &io::Error, name: &str) -> String {
+    match err.raw_os_error() {
+        Some(errno) => format!("{}: {}", sys::strerror(errno), name),
+        None => err.to_string(),
+    }
+}
+
+/// The file exec runs for name: name itself when it has a slash, else the first executable regular file
+/// of that name on the command's own PATH.
+fn find_program(name: &str, path_var: Option<&OsString>) -> Result<String, String> {
+    if name.contains('/') {
+        return Ok(name.to_string());
+    }
+    let path_var = path_var.map(|p| p.to_string_lossy().into_owned()).unwrap_or_else(|| "/bin:/usr/bin".into());
+    let mut denied: Option<String> = None;
+    for folder in path_var.split(':') {
+        let path = if folder.is_empty() || folder.ends_with('/') { format!("{}{}", folder, name) } else { format!("{}/{}", folder, name) };
+        let Ok(meta) = std::fs::metadata(&path) else { continue };
+        if meta.is_file() && sys::executable(&path) {
+            return Ok(path);
+        }
+        denied.get_or_insert(path);
+    }
+    match denied {
+        Some(path) => Err(format!("{}: {}", sys::strerror(13), path)),
+        None => Err(format!("{}: {}", sys::strerror(2), name)),
+    }
+}
+
+struct Started {
+    child: std::process::Child,
+    out_r: io::PipeReader,
+    err_r: io::PipeReader,
+    stdin_w: Option<io::PipeWriter>,
+}
+
+fn spawn(agent: &Agent, rid: i64, header: &Value, has_stdin: bool) -> Result<Started, StartError> {
+    let argv: Vec<String> = match field(header, "argv").map_err(StartError::Request)? {
+        Value::Arr(items) => items
+            .iter()
+            .map(|v| v.as_str().map(str::to_string))
+            .collect::<Option<_>>()
+            .ok_or_else(|| StartError::Request(Failure::Internal("TypeError: argv must be strings".into())))?,
+        _ => return Err(StartError::Request(Failure::Internal("TypeError: argv must be a list".into()))),
+    };
+    if argv.is_empty() {
+        return Err(StartError::Cannot("argv is empty".into()));
+    }
+    let mut env: BTreeMap<OsString, OsString> = agent.base_env.iter().cloned().collect();
+    if let Some(Value::Obj(items)) = header.get("env") {
+        for (key, value) in items {
+            let value = match value {
+                Value::Str(text) => text.clone(),
+                _ => return Err(StartError::Cannot("expected str, bytes or os.PathLike object".into())),
+            };
+            if key.contains('\0') || value.contains('\0') {
+                return Err(StartError::Cannot("embedded null byte".into()));
+            }
+            if key.is_empty() || key.contains('=') {
+                return Err(StartError::Cannot("illegal environment variable name".into()));
+            }
+            env.insert(key.into(), value.into());
+        }
+    }
+    env.insert(EXEC_MARK.into(), agent.mark(rid).into());
+    if argv.iter().any(|a| a.contains('\0')) {
+        return Err(StartError::Cannot("embedded null byte".into()));
+    }
+    let cwd = header.get("cwd").and_then(Value::as_str).filter(|c| !c.is_empty());
+    if let Some(cwd) = cwd {
+        if cwd.contains('\0') {
+            return Err(StartError::Cannot("embedded null byte".into()));
+        }
+        match std::fs::metadata(cwd) {
+            Err(err) => return Err(StartError::Cannot(os_message(&err, cwd))),
+            Ok(meta) if !meta.is_dir() => return Err(StartError::Cannot(format!("{}: {}", sys::strerror(20), cwd))),
+            Ok(_) => {}
+        }
+    }
+    let program = find_program(&argv[0], env.get(std::ffi::OsStr::new("PATH"))).map_err(StartError::Cannot)?;
+    let pipe_err = |e: io::Error| StartError::Request(Failure::os(&e, "pipe").without_name());
+    let (out_r, out_w) = io::pipe().map_err(pipe_err)?;
+    let (err_r, err_w) = io::pipe().map_err(pipe_err)?;
+    let (stdin, stdin_w) = if has_stdin {
+        let (r, w) = io::pipe().map_err(pipe_err)?;
+        (Stdio::from(r), Some(w))
+    } else {
+        (Stdio::null(), None)
+    };
+    let mut command = Command::new(&program);
+    command.arg0(&argv[0]).args(&argv[1..]).env_clear().envs(&env);
+    command.stdin(stdin).stdout(out_w).stderr(err_w);
+    if let Some(cwd) = cwd {
+        command.current_dir(cwd);
+    }
+    // Its own session, so its whole tree can be found (and killed) by session id.
+    unsafe {
+        command.pre_exec(sys::new_session);
+    }
+    let child = command.spawn().map_err(|err| StartError::Cannot(os_message(&err, &program)))?;
+    drop(command); // our copies of its ends of the pipes: its end of file is ours
+    Ok(Started { child, out_r, err_r, stdin_w })
+}
+
+fn run(agent: &Arc<Agent>, rid: i64, header: &Value, body: Vec<u8>) {
+    let cap = header.get("max_output").and_then(Value::as_i64).unwrap_or(1 << 20).max(0) as u64;
+    let started = match spawn(agent, rid, header, !body.is_empty()) {
+        Ok(started) => started,
+        Err(StartError::Cannot(message)) => {
+            let frame = obj(vec![
+                ("id", Value::Int(rid)),
+                ("ev", s("exit")),
+                ("code", Value::Int(127)),
+                ("error", s(&format!("cannot start: {}", message))),
+                ("totals", Value::Arr(vec![Value::Int(0), Value::Int(0)])),
+                ("reason", Value::Null),
+            ]);
+            agent.out.send(&frame, b"");
+            return;
+        }
+        Err(StartError::Request(failure)) => {
+            agent.out.send(&failure.reply(&Value::Int(rid)), b"");
+            return;
+        }
+    };
+    let Started { mut child, out_r, err_r, stdin_w } = started;
+    let pid = child.id() as i32;
+    let job = Arc::new(Job { pid, rid, reasons: Mutex::new(Vec::new()) });
+    agent.jobs.lock().unwrap().insert(rid, job.clone());
+
+    let exited = Arc::new(AtomicBool::new(false)); // output then drains regardless of the manager's pace
+    let stop = Arc::new(AtomicBool::new(false)); // stop reading and writing the pipes
+    let (done_tx, done_rx) = mpsc::channel::<()>();
+    let mut readers = Vec::new();
+    for (pipe, stream) in [(out_r, 1u8), (err_r, 2u8)] {
+        let (out, exited, stop, done) = (agent.out.clone(), exited.clone(), stop.clone(), done_tx.clone());
+        let head = obj(vec![("id", Value::Int(rid)), ("ev", s("out")), ("fd", Value::Int(stream as i64))]);
+        let (tx, rx) = mpsc::channel::<u64>();
+        readers.push((spawn_thread("reader", move || {
+            let total = forward(pipe, &head, cap, &out, &exited, &stop);
+            let _ = tx.send(total);
+            let _ = done.send(());
+        }), rx));
+    }
+    drop(done_tx);
+    if let Some(stdin_w) = stdin_w {
+        let stop = stop.clone();
+        spawn_thread("stdin", move || feed(stdin_w, body, &stop));
+    }
+
+    let timeout = header.get("timeout").and_then(Value::as_f64).filter(|t| *t > 0.0);
+    let deadline = timeout.map(|t| Instant::now() + Duration::from_secs_f64(t.min(1e9)));
+    let status = wait_child(agent, &job, &mut child, deadline);
+    exited.store(true, Ordering::Relaxed);
+
+    let drain_until = Instant::now() + DRAIN_AFTER_EXIT;
+    for _ in 0..2 {
+        let left = drain_until.saturating_duration_since(Instant::now());
+        if done_rx.recv_timeout(left).is_err() {
+            break;
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    agent.kill_tree(pid, rid); // leftovers of a finished command die with it
+    agent.jobs.lock().unwrap().remove(&rid);
+    let mut totals = [0u64; 2];
+    for (i, (handle, rx)) in readers.into_iter().enumerate() {
+        let _ = handle.join();
+        totals[i] = rx.recv().unwrap_or(0);
+    }
+    let code = match status {
+        Some(status) => status.code().map(i64::from).or(status.signal().map(|n| 128 + n as i64)).unwrap_or(255),
+        None => 255,
+    };
+    let reason = job.reasons.lock().unwrap().first().cloned().unwrap_or(Value::Null);
+    agent.out.send(&exit_frame(rid, code, totals, reason, Value::Null), b"");
+}
+
+/// Wait for the command to end, killing its tree at the deadline.
+fn wait_child(agent: &Agent, job: &Job, child: &mut std::process::Child, deadline: Option<Instant>)
+    -> Option<std::process::ExitStatus> {
+    let pidfd = sys::pidfd_open(job.pid);
+    let mut timed_out = false;
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Some(status);
+        }
+        let wait_ms = match (deadline, timed_out) {
+            (Some(deadline), false) => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    timed_out = true;
+                    job.reasons.lock().unwrap().push(s("timeout"));
+                    agent.kill_tree(job.pid, job.rid);
+                    continue;
+                }
+                left.as_millis().min(i32::MAX as u128) as i32 + 1
+            }
+            _ => -1,
+        };
+        match &pidfd {
+            Some(fd) => {
+                if sys::wait_fd(fd.as_raw_fd(), sys::POLLIN, wait_ms).is_err() {
+                    return child.wait().ok();
+                }
+            }
+            None => std::thread::sleep(Duration::from_millis(if wait_ms < 0 { 10 } else { wait_ms.min(10) as u64 })),
+        }
+    }
+}
+
+/// Send what the command writes to one pipe (up to the cap; the rest is only counted); its total.
+fn forward(mut pipe: io::PipeReader, head: &Value, cap: u64, out: &Out, exited: &AtomicBool, stop: &AtomicBool) -> u64 {
+    let raw_head = head.dumps();
+    let mut buf = vec![0u8; CHUNK];
+    let mut total = 0u64;
+    loop {
+        if stop.load(Ordering::Relaxed) {
+            return total;
+        }
+        match sys::wait_fd(pipe.as_raw_fd(), sys::POLLIN, POLL_MS) {
+            Ok(false) => continue,
+            Ok(true) => {}
+            Err(_) => return total,
+        }
+        if stop.load(Ordering::Relaxed) {
+            return total;
+        }
+        let n = match pipe.read(&mut buf) {
+            Ok(0) => return total,
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(_) => return total,
+        };
+        let sent = total;
+        total += n as u64;
+        if sent < cap {
+            let take = ((cap - sent) as usize).min(n);
+            let mut frame = Vec::with_capacity(8 + raw_head.len() + take);
+            frame.extend_from_slice(&((4 + raw_head.len() + take) as u32).to_be_bytes());
+            frame.extend_from_slice(&(raw_head.len() as u32).to_be_bytes());
+            frame.extend_from_slice(raw_head.as_bytes());
+            frame.extend_from_slice(&buf[..take]);
+            out.push(frame);
+            // The manager is behind: leave the output in the pipe (the command waits on it).
+            out.wait_for_room(exited);
+        }
+    }
+}
+
+/// Write the command's stdin as its pipe takes it, then close it. EPIPE (the command did not read it all)
+/// is its business.
+fn feed(pipe: io::PipeWriter, body: Vec<u8>, stop: &AtomicBool) {
+    let mut pipe = pipe;
+    let mut rest: &[u8] = &body;
+    while !rest.is_empty() && !stop.load(Ordering::Relaxed) {
+        match sys::wait_fd(pipe.as_raw_fd(), sys::POLLOUT, POLL_MS) {
+            Ok(false) => continue,
+            Ok(true) => {}
+            Err(_) => return,
+        }
+        // Ready: a blocking write of at most one pipe buffer returns without waiting for the reader.
+        let piece = &rest[..rest.len().min(4096)];
+        match pipe.write(piece) {
+            Ok(n) => rest = &rest[n..],
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => return,
+        }
+    }
+}
+
+impl Failure {
+    fn without_name(self) -> Failure {
+        match self {
+            Failure::Os { errno, .. } => Failure::Os { errno, filename: None },
+            other => other,
+        }
+    }
+}
+
+pub fn env_snapshot() -> Vec<(OsString, OsString)> {
+    std::env::vars_os().collect()
+}
+

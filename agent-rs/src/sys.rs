@@ -1,0 +1,102 @@
+//! The few libc calls std does not wrap (std links libc already: these are declarations, not crates).
+
+use std::ffi::c_int;
+use std::io;
+
+#[repr(C)]
+struct PollFd {
+    fd: c_int,
+    events: i16,
+    revents: i16,
+}
+
+extern "C" {
+    fn setsid() -> c_int;
+    fn kill(pid: c_int, sig: c_int) -> c_int;
+    fn poll(fds: *mut PollFd, nfds: u64, timeout: c_int) -> c_int;
+    fn access(path: *const std::ffi::c_char, mode: c_int) -> c_int;
+    fn syscall(number: i64, ...) -> i64;
+    fn fcntl(fd: c_int, cmd: c_int, ...) -> c_int;
+}
+
+pub const SIGKILL: c_int = 9;
+pub const POLLIN: i16 = 0x1;
+pub const POLLOUT: i16 = 0x4;
+const SYS_PIDFD_OPEN: i64 = 434;
+const F_GETFD: c_int = 1;
+const F_SETFD: c_int = 2;
+const FD_CLOEXEC: c_int = 1;
+pub const O_NONBLOCK: i32 = 0o4000;
+
+pub fn new_session() -> io::Result<()> {
+    if unsafe { setsid() } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+pub fn sigkill(pid: i32) {
+    unsafe {
+        kill(pid, SIGKILL);
+    }
+}
+
+/// Wait until fd is ready for `events` or timeout_ms passes (-1: no limit). Ok(true) when ready (or hung up).
+pub fn wait_fd(fd: i32, events: i16, timeout_ms: i32) -> io::Result<bool> {
+    let mut entry = PollFd { fd, events, revents: 0 };
+    loop {
+        let n = unsafe { poll(&mut entry, 1, timeout_ms) };
+        if n < 0 {
+            let err = io::Error::last_os_error();
+            if err.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(err);
+        }
+        return Ok(n > 0);
+    }
+}
+
+pub fn executable(path: &str) -> bool {
+    match std::ffi::CString::new(path) {
+        Ok(c) => unsafe { access(c.as_ptr(), 1) == 0 },
+        Err(_) => false,
+    }
+}
+
+/// A pidfd for child pid (Linux 5.3+): readable once it has ended.
+pub fn pidfd_open(pid: i32) -> Option<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    let fd = unsafe { syscall(SYS_PIDFD_OPEN, pid as i64, 0i64) };
+    if fd < 0 {
+        return None;
+    }
+    Some(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// Make every inherited fd above stdio close-on-exec, so none leaks into the commands.
+pub fn cloexec_inherited() {
+    if let Ok(entries) = std::fs::read_dir("/proc/self/fd") {
+        let fds: Vec<i32> = entries
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+            .filter(|fd| *fd > 2)
+            .collect();
+        for fd in fds {
+            unsafe {
+                let flags = fcntl(fd, F_GETFD);
+                if flags >= 0 {
+                    fcntl(fd, F_SETFD, flags | FD_CLOEXEC);
+                }
+            }
+        }
+    }
+}
+
+/// strerror's text for errno, as Python's OSError.strerror has it.
+pub fn strerror(errno: i32) -> String {
+    let text = io::Error::from_raw_os_error(errno).to_string();
+    match text.rfind(" (os error ") {
+        Some(at) => text[..at].to_string(),
+        None => text,
+    }
+}
