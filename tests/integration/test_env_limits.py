@@ -187,3 +187,50 @@ async def test_limits_beyond_the_machine_are_invalid(env: EnvServer, resources: 
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert all(word in err.details() for word in words), err.details()
     assert (cgroups_of(env.settings.state_dir), mounts_under(env.settings.state_dir)) == before
+
+
+@pytest.mark.timeout(60)
+def test_host_without_cgroup_v1(tmp_path: Path) -> None:
+    """On a host without cgroup v1 controllers (here: a mount namespace with an empty /sys/fs/cgroup) the service
+    starts without its built-in pids default and says so; defaults the operator set explicitly stop it instead."""
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    orchard = str(Path(sys.executable).with_name("orchard"))
+
+    def serve(*flags: str) -> tuple[subprocess.Popen[str], int]:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        script = 'mount -t tmpfs none /sys/fs/cgroup && exec "$@"'
+        proc = subprocess.Popen(["unshare", "-m", "sh", "-c", script, "sh", orchard, "serve", "env", "--port",
+                                 str(port), "--state-dir", str(tmp_path / "state"), "--log-format", "text", *flags],
+                                stderr=subprocess.PIPE, text=True)
+        return proc, port
+
+    proc, port = serve()
+    try:
+        deadline = time.monotonic() + 30
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            while True:
+                assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+                try:
+                    health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=1)
+                    if health.status == health_pb2.HealthCheckResponse.SERVING:
+                        break
+                except grpc.RpcError:
+                    pass
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+    finally:
+        proc.terminate()
+        _, log = proc.communicate(timeout=30)
+    assert "no default pids limit" in log
+    refused, port = serve("--default-pids", "4096")
+    _, log = refused.communicate(timeout=30)
+    assert refused.returncode != 0 and "cgroup v1 controllers" in log

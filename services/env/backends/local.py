@@ -130,8 +130,15 @@ class LocalBackend:
             log.info("removed %d sandbox networks left by a previous run", removed)
         s = self._settings
         if s.default_cpu_millis or s.default_memory_bytes or s.default_pids:
-            self._cgroups.require("the service's default cpu, memory or pids limit",
-                                  "set them to 0 (e.g. ORCHARD_ENV_DEFAULT_PIDS=0) to run sandboxes without limits")
+            try:
+                self._cgroups.require("the service's default cpu, memory or pids limit",
+                                      "set them to 0 (e.g. ORCHARD_ENV_DEFAULT_PIDS=0) to run sandboxes without limits")
+            except FailedPrecondition:
+                if s.model_fields_set & {"default_cpu_millis", "default_memory_bytes", "default_pids"}:
+                    raise  # the operator asked for default limits this host cannot give: say so at start-up
+                # Only the built-in pids default: run without it rather than refuse to start on this host.
+                log.warning("this host has no cgroup v1 controllers: sandboxes get no default pids limit")
+                s.default_pids = 0
         leftovers = [p for p in self._root.iterdir() if p.is_dir()]
         for path in leftovers:
             await asyncio.to_thread(self._remove_dir, path)
