@@ -1,5 +1,6 @@
 //! Frames: u32 total length (big-endian), u32 header length, JSON header, raw body; total = 4 + header +
-//! body. And the one writer of stdout: frames queue here and a single thread writes them whole, in order.
+//! body. And the one writer of a connection (stdout, or a socket): frames queue here and a single thread
+//! writes them whole, in order.
 
 use crate::json::Value;
 use std::collections::VecDeque;
@@ -63,8 +64,9 @@ pub struct Out {
 }
 
 impl Out {
-    /// Starts the writer thread; on_broken runs once when stdout is gone (the manager went away).
-    pub fn start(on_broken: impl FnOnce() + Send + 'static) -> Arc<Out> {
+    /// Starts the writer thread over sink; on_broken runs once when the sink is gone (the manager went away).
+    /// The thread ends then, or once the queue is closed.
+    pub fn start(sink: Box<dyn Write + Send>, on_broken: impl FnOnce() + Send + 'static) -> Arc<Out> {
         let out = Arc::new(Out {
             queue: Mutex::new(Queue { frames: VecDeque::new(), pending: 0, congested: false, closed: false }),
             wake_writer: Condvar::new(),
@@ -74,7 +76,7 @@ impl Out {
         std::thread::Builder::new()
             .name("writer".into())
             .stack_size(64 * 1024)
-            .spawn(move || writer.run(on_broken))
+            .spawn(move || writer.run(sink, on_broken))
             .expect("writer thread");
         out
     }
@@ -96,13 +98,15 @@ impl Out {
         self.wake_writer.notify_one();
     }
 
-    /// Send nothing more (the agent is ending): frames not yet written are dropped.
+    /// Send nothing more (the agent is ending, or the connection is gone): frames not yet written are
+    /// dropped, so are later ones, and the writer thread ends.
     pub fn close(&self) {
         let mut queue = self.queue.lock().unwrap();
         queue.closed = true;
         queue.frames.clear();
         queue.congested = false;
         self.room.notify_all();
+        self.wake_writer.notify_all();
     }
 
     /// Wait while the backlog is high (until it falls below OUT_LOW), unless `done` is set (a command that
@@ -114,13 +118,15 @@ impl Out {
         }
     }
 
-    fn run(&self, on_broken: impl FnOnce()) {
-        let mut stdout = io::stdout().lock();
+    fn run(&self, mut sink: Box<dyn Write + Send>, on_broken: impl FnOnce()) {
         loop {
             let mut batch = Vec::new();
             {
                 let mut queue = self.queue.lock().unwrap();
                 while queue.frames.is_empty() {
+                    if queue.closed {
+                        return;
+                    }
                     queue = self.wake_writer.wait(queue).unwrap();
                 }
                 let mut size = 0;
@@ -139,7 +145,7 @@ impl Out {
             let written: usize = batch.iter().map(|f| f.len()).sum();
             let mut failed = false;
             while !bufs.is_empty() {
-                match stdout.write_vectored(bufs) {
+                match sink.write_vectored(bufs) {
                     Ok(0) => {
                         failed = true;
                         break;
@@ -152,7 +158,7 @@ impl Out {
                     }
                 }
             }
-            if failed || stdout.flush().is_err() {
+            if failed || sink.flush().is_err() {
                 on_broken();
                 return;
             }

@@ -6,6 +6,12 @@
 //! Threads instead of the Python agent's event loop: the main thread reads requests and answers the
 //! bounded ones (files) itself; each exec has a thread (plus one per pipe); one writer thread owns stdout,
 //! fed by a queue, so frames stay whole and each request's frames stay in order.
+//!
+//! `orchard-agent` serves one manager on stdin/stdout and ends with it (its commands too).
+//! `orchard-agent --listen PATH` serves the same protocol on a unix socket at PATH instead (mode 0600; a
+//! stale socket there is replaced), one connection at a time, each opened by its own ready frame. When a
+//! connection closes, its commands keep running but their frames are dropped; the next connection starts
+//! afresh (new request ids, new exec marks). SIGTERM kills every command, removes PATH and exits 0.
 
 mod exec;
 mod files;
@@ -17,13 +23,17 @@ use files::{field, Failure};
 use json::{obj, s, Value};
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::io::{Read, Write};
+use std::os::unix::fs::FileTypeExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::{Arc, Mutex};
 
-static AGENT: OnceLock<Arc<exec::Agent>> = OnceLock::new();
+/// One per connection (one in all on stdin/stdout), with the commands it started.
+static AGENTS: Mutex<Vec<Arc<exec::Agent>>> = Mutex::new(Vec::new());
 
-/// The manager is gone: so are the commands, and the agent.
+/// The manager is gone (or SIGTERM came): so are the commands, and the agent.
 fn stop() -> ! {
-    if let Some(agent) = AGENT.get() {
+    for agent in AGENTS.lock().unwrap().iter() {
         agent.out.close();
         agent.kill_all();
     }
@@ -106,46 +116,125 @@ fn handle(agent: &Arc<exec::Agent>, header: Value, body: Vec<u8>) {
     }
 }
 
-fn main() {
-    // Fds inherited beyond stdio would leak into every command. (The Rust runtime already ignores SIGPIPE,
-    // so a write to a gone manager is EPIPE, handled; commands get SIGPIPE's default back.)
-    sys::cloexec_inherited();
+fn ready_frame() -> Vec<u8> {
+    frame::encode(&obj(vec![("id", Value::Int(0)), ("ev", s("ready")), ("pid", Value::Int(std::process::id() as i64))]), b"")
+}
+
+/// A fresh agent (tag, jobs) whose frames go to out; kept in AGENTS while it may have commands.
+fn new_agent(out: Arc<frame::Out>) -> Arc<exec::Agent> {
     let own = std::process::id() as i32;
-    // The ready frame goes out before anything else can (and before a closed stdin can end the agent).
-    let ready = frame::encode(&obj(vec![("id", Value::Int(0)), ("ev", s("ready")), ("pid", Value::Int(own as i64))]), b"");
-    {
-        use std::io::Write;
-        let mut stdout = std::io::stdout().lock();
-        if stdout.write_all(&ready).and_then(|_| stdout.flush()).is_err() {
-            std::process::exit(0);
-        }
-    }
-    let out = frame::Out::start(|| stop());
     let parent = std::os::unix::process::parent_id() as i32;
     let agent = Arc::new(exec::Agent {
-        out: out.clone(),
+        out,
         jobs: Mutex::new(HashMap::new()),
         tag: random_tag(),
         base_env: exec::env_snapshot(),
         not_commands: vec![own, parent, 1],
     });
-    let _ = AGENT.set(agent.clone());
-    let mut stdin = std::io::stdin().lock();
-    loop {
-        match frame::read_frame(&mut stdin) {
-            Ok(Some((raw, body))) => {
-                let parsed = std::str::from_utf8(&raw).map_err(|e| e.to_string()).and_then(json::loads);
-                match parsed {
-                    Ok(header) => handle(&agent, header, body),
-                    // Not from our manager: nothing to answer to.
-                    Err(err) => eprintln!("agent: dropped a request with a bad header: {}", err),
-                }
+    let mut agents = AGENTS.lock().unwrap();
+    agents.retain(|old| !old.jobs.lock().unwrap().is_empty()); // earlier connections with commands left
+    agents.push(agent.clone());
+    agent
+}
+
+/// Answer requests from reader until it ends (Ok) or breaks.
+fn serve(agent: &Arc<exec::Agent>, reader: &mut impl Read) -> std::io::Result<()> {
+    while let Some((raw, body)) = frame::read_frame(reader)? {
+        let parsed = std::str::from_utf8(&raw).map_err(|e| e.to_string()).and_then(json::loads);
+        match parsed {
+            Ok(header) => handle(agent, header, body),
+            // Not from our manager: nothing to answer to.
+            Err(err) => eprintln!("agent: dropped a request with a bad header: {}", err),
+        }
+    }
+    Ok(())
+}
+
+/// The manager on stdin/stdout: when it goes, so do the commands and the agent.
+fn serve_stdio() -> ! {
+    // The ready frame goes out before anything else can (and before a closed stdin can end the agent).
+    let mut stdout = std::io::stdout().lock();
+    if stdout.write_all(&ready_frame()).and_then(|_| stdout.flush()).is_err() {
+        std::process::exit(0);
+    }
+    drop(stdout);
+    let agent = new_agent(frame::Out::start(Box::new(std::io::stdout()), || stop()));
+    if let Err(err) = serve(&agent, &mut std::io::stdin().lock()) {
+        eprintln!("agent: reading requests failed: {}", err);
+    }
+    stop();
+}
+
+/// Managers one after another on a unix socket at path; see the top of this file.
+fn serve_socket(path: &str) -> ! {
+    sys::block_sigterm(); // before any thread starts: the signal thread below takes it
+    let fail = |what: &str, err: std::io::Error| -> ! {
+        eprintln!("agent: {} {}: {}", what, path, err);
+        std::process::exit(1);
+    };
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_socket() => {
+            if let Err(err) = std::fs::remove_file(path) {
+                fail("cannot remove the stale socket", err);
             }
-            Ok(None) => stop(),
+        }
+        _ => {} // nothing there, or not a socket: bind says what is wrong
+    }
+    let listener = match sys::with_umask(0o177, || UnixListener::bind(path)) {
+        Ok(listener) => listener,
+        Err(err) => fail("cannot listen on", err),
+    };
+    let owned = path.to_string();
+    std::thread::Builder::new()
+        .name("sigterm".into())
+        .stack_size(64 * 1024)
+        .spawn(move || {
+            sys::wait_sigterm();
+            let _ = std::fs::remove_file(&owned);
+            stop();
+        })
+        .expect("signal thread");
+    for conn in listener.incoming() {
+        let stream = match conn {
+            Ok(stream) => stream,
             Err(err) => {
-                eprintln!("agent: reading requests failed: {}", err);
-                stop();
+                eprintln!("agent: accept failed: {}", err);
+                continue;
             }
+        };
+        if let Err(err) = serve_connection(stream) {
+            eprintln!("agent: connection ended: {}", err);
+        }
+    }
+    unreachable!("incoming() never ends");
+}
+
+/// One manager on the socket: ready frame, then its requests until it goes. Its commands outlive it.
+fn serve_connection(mut stream: UnixStream) -> std::io::Result<()> {
+    stream.write_all(&ready_frame())?;
+    let breaker = stream.try_clone()?;
+    // A broken write ends the connection: shut it down, and the read below ends too.
+    let out = frame::Out::start(Box::new(stream.try_clone()?), move || {
+        let _ = breaker.shutdown(std::net::Shutdown::Both);
+    });
+    let agent = new_agent(out);
+    let served = serve(&agent, &mut stream);
+    let _ = stream.shutdown(std::net::Shutdown::Both); // a writer blocked on a full socket fails now
+    agent.out.close(); // the running commands' frames are dropped from here on
+    served
+}
+
+fn main() {
+    // Fds inherited beyond stdio would leak into every command. (The Rust runtime already ignores SIGPIPE,
+    // so a write to a gone manager is EPIPE, handled; commands get SIGPIPE's default back.)
+    sys::cloexec_inherited();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.iter().map(String::as_str).collect::<Vec<_>>()[..] {
+        [] => serve_stdio(),
+        ["--listen", path] if !path.is_empty() => serve_socket(path),
+        _ => {
+            eprintln!("usage: orchard-agent [--listen SOCKET_PATH]");
+            std::process::exit(2);
         }
     }
 }

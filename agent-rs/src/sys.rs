@@ -17,6 +17,54 @@ extern "C" {
     fn access(path: *const std::ffi::c_char, mode: c_int) -> c_int;
     fn syscall(number: i64, ...) -> i64;
     fn fcntl(fd: c_int, cmd: c_int, ...) -> c_int;
+    fn umask(mask: u32) -> u32;
+    fn sigemptyset(set: *mut SigSet) -> c_int;
+    fn sigaddset(set: *mut SigSet, sig: c_int) -> c_int;
+    fn pthread_sigmask(how: c_int, set: *const SigSet, old: *mut SigSet) -> c_int;
+    fn sigwait(set: *const SigSet, sig: *mut c_int) -> c_int;
+}
+
+/// glibc's sigset_t: 1024 bits.
+#[repr(C)]
+struct SigSet([u64; 16]);
+
+const SIGTERM: c_int = 15;
+const SIG_BLOCK: c_int = 0;
+
+fn sigterm_set() -> SigSet {
+    let mut set = SigSet([0; 16]);
+    unsafe {
+        sigemptyset(&mut set);
+        sigaddset(&mut set, SIGTERM);
+    }
+    set
+}
+
+/// Block SIGTERM in this thread and the threads it starts later (call it before any), so that
+/// wait_sigterm() takes it. Commands do not inherit the mask: std resets it in every child.
+pub fn block_sigterm() {
+    let set = sigterm_set();
+    unsafe {
+        pthread_sigmask(SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+}
+
+/// Return once a SIGTERM (blocked by block_sigterm) arrives.
+pub fn wait_sigterm() {
+    let set = sigterm_set();
+    let mut sig: c_int = 0;
+    while unsafe { sigwait(&set, &mut sig) } != 0 || sig != SIGTERM {}
+}
+
+/// Run f with the file mode creation mask set to mask (the process's: call it while no other thread
+/// creates files).
+pub fn with_umask<T>(mask: u32, f: impl FnOnce() -> T) -> T {
+    let old = unsafe { umask(mask) };
+    let result = f();
+    unsafe {
+        umask(old);
+    }
+    result
 }
 
 pub const SIGKILL: c_int = 9;

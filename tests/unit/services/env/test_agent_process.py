@@ -425,3 +425,130 @@ async def test_native_agent_runs_in_an_empty_root() -> None:
         except TimeoutError:
             proc.kill()
             await proc.wait()
+
+
+# --- the native agent on a unix socket (--listen: how the docker backend reaches it) ----------------------
+
+
+async def start_listening(path: Path) -> asyncio.subprocess.Process:
+    """The native agent with --listen path, once its socket (mode 0600) is there."""
+    proc = await asyncio.create_subprocess_exec(str(native_or_skip()), "--listen", str(path),
+                                                stdin=asyncio.subprocess.DEVNULL)
+    deadline = time.monotonic() + 10
+    while not (path.is_socket() and path.stat().st_mode & 0o777 == 0o600):
+        assert proc.returncode is None and time.monotonic() < deadline, "the agent did not listen"
+        await asyncio.sleep(0.02)
+    return proc
+
+
+async def connect(path: Path, label: str) -> AgentClient:
+    """A manager on the socket, past the connection's ready frame."""
+    reader, writer = await asyncio.open_unix_connection(str(path))
+    client = AgentClient(reader, writer, label=label)
+    await client.start(10)
+    return client
+
+
+async def stop_listening(proc: asyncio.subprocess.Process) -> None:
+    if proc.returncode is None:
+        proc.kill()
+        await proc.wait()
+
+
+async def test_native_agent_serves_a_unix_socket_one_connection_after_another(tmp_path: Path) -> None:
+    """--listen: a 0600 socket; each connection gets its own ready frame and the whole protocol (exec, files);
+    a command of a connection that closes keeps running (its output is dropped) and the next one is served."""
+    path = tmp_path / "agent.sock"
+    proc = await start_listening(path)
+    try:
+        client = await connect(path, "socket-1")
+        agent = Agent(proc, client)
+        await client.call("ping")
+        assert (await agent.run(["echo", "hi"]))[0] == b"hi\n"
+        target = tmp_path / "f.bin"
+        await client.call("write", b"data" * 1000, path=str(target), upload="u1", offset=0, mode=0o644, last=True)
+        head, data = await client.call("read", path=str(target), offset=0, length=1 << 20)
+        assert data == b"data" * 1000 and head["size"] == 4000 and target.read_bytes() == data
+
+        done = tmp_path / "done"  # written by a command that outlives its connection
+        started: asyncio.Queue[bytes] = asyncio.Queue()
+
+        async def run() -> None:
+            async for event in client.exec(["sh", "-c", f"echo started; sleep 0.5; touch {done}; echo lost"],
+                                           cwd="/", env={}, stdin=b"", timeout=60, max_output=1000):
+                if event.kind == "out":
+                    started.put_nowait(event.data)
+
+        task = asyncio.create_task(run())
+        assert await asyncio.wait_for(started.get(), 5) == b"started\n"
+        await client.close("the manager restarts")
+        task.cancel()
+        with pytest.raises((asyncio.CancelledError, OrchardError)):
+            await task
+
+        client = await connect(path, "socket-2")  # a second ready frame: a fresh session
+        try:
+            agent = Agent(proc, client)
+            assert (await agent.run(["echo", "again"]))[0] == b"again\n"
+            deadline = time.monotonic() + 5
+            while not done.exists() and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            assert done.exists(), "the command of the closed connection did not run on"
+            head, _ = await client.call("stat", path=str(target))
+            assert head["info"]["size"] == 4000
+            assert proc.returncode is None
+        finally:
+            await client.close("the test ended")
+    finally:
+        await stop_listening(proc)
+
+
+async def test_native_agent_replaces_a_stale_socket(tmp_path: Path) -> None:
+    """A socket file left at the path (an agent that died) is replaced, not an error."""
+    import socket
+
+    path = tmp_path / "agent.sock"
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(str(path))
+    stale.close()  # the file stays, nobody listens
+    path.chmod(0o644)  # not the agent's mode: start_listening waits for the agent's own socket
+    assert path.is_socket()
+    proc = await start_listening(path)
+    try:
+        client = await connect(path, "after-stale")
+        try:
+            await client.call("ping")
+        finally:
+            await client.close("the test ended")
+    finally:
+        await stop_listening(proc)
+
+
+async def test_native_agent_on_a_socket_ends_on_sigterm(tmp_path: Path) -> None:
+    """SIGTERM: the agent kills its commands, removes its socket and exits 0."""
+    path = tmp_path / "agent.sock"
+    proc = await start_listening(path)
+    try:
+        client = await connect(path, "sigterm")
+        pids: asyncio.Queue[int] = asyncio.Queue()
+
+        async def run() -> None:
+            async for event in client.exec(["sh", "-c", "echo $$; exec sleep 60"], cwd="/", env={}, stdin=b"",
+                                           timeout=60, max_output=1000):
+                if event.kind == "out":
+                    pids.put_nowait(int(event.data))
+
+        task = asyncio.create_task(run())
+        pid = await asyncio.wait_for(pids.get(), 5)
+        proc.terminate()
+        assert await asyncio.wait_for(proc.wait(), 5) == 0
+        assert not path.exists()
+        deadline = time.monotonic() + 5
+        while state_of(pid) not in (None, "Z") and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert state_of(pid) in (None, "Z")
+        with pytest.raises(OrchardError):
+            await asyncio.wait_for(task, 5)
+        await client.close("the test ended")
+    finally:
+        await stop_listening(proc)
