@@ -5,10 +5,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # 1. System packages: bubblewrap (sandboxes), debootstrap (images), git (patches), nftables/iproute2/nsenter
-#    (egress allowlists), e2fsprogs/losetup (disk caps), openssl (the TLS tests make their certificates).
+#    (egress allowlists), e2fsprogs/losetup (disk caps), openssl (the TLS tests make their certificates),
+#    podman/runc (a Docker-compatible engine for the docker backend's tests).
 missing=()
 for pair in bwrap:bubblewrap debootstrap:debootstrap git:git nft:nftables ip:iproute2 mkfs.ext4:e2fsprogs \
-            nsenter:util-linux losetup:mount openssl:openssl; do
+            nsenter:util-linux losetup:mount openssl:openssl podman:podman runc:runc; do
   command -v "${pair%%:*}" >/dev/null 2>&1 || missing+=("${pair#*:}")
 done
 if ((${#missing[@]})); then

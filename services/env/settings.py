@@ -24,7 +24,7 @@ class EnvSettings(ServiceSettings):
     http_port: int | None = Field(default=None, ge=0, le=65535)
     """Port of the REST gateway speaking the public Orchard Env HTTP API (0 picks a free one); unset = none."""
     backend: str = "local"
-    """Sandbox backend: local."""
+    """Sandbox backend: local, or docker (a Docker-compatible engine: Docker, or `podman system service`)."""
     state_dir: Path = Field(default_factory=default_state_dir)
     """Where sandboxes' writable layers live."""
     images_dir: Path = Field(default_factory=default_images_dir)
@@ -63,6 +63,13 @@ class EnvSettings(ServiceSettings):
     """How long a new sandbox's agent may take to start."""
     bwrap_path: str = "bwrap"
     """The bubblewrap binary."""
+    docker_host: str | None = None
+    """docker backend: the engine's API address (e.g. unix:///run/podman/podman.sock); unset = DOCKER_HOST & co."""
+    docker_image_prefix: str = "localhost/orchard-"
+    """docker backend: engine image of sandbox image NAME is PREFIX+NAME (python:3.11-slim →
+    localhost/orchard-python:3.11-slim)."""
+    docker_agent_path: Path | None = None
+    """docker backend: the native agent binary bound into containers; unset = scripts/build_agent.sh's output."""
     default_cpu_millis: int = Field(default=0, ge=0)
     """CPU limit (1000 = one core) of a sandbox that sets none; 0 = unlimited."""
     default_memory_bytes: int = Field(default=0, ge=0)

@@ -9,6 +9,7 @@ from orchard.errors import InvalidArgument
 
 BACKENDS: dict[str, str] = {
     "local": "orchard.services.env.backends.local:LocalBackend",
+    "docker": "orchard.services.env.backends.docker:DockerBackend",
 }
 
 

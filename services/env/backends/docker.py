@@ -1,0 +1,225 @@
+"""The `docker` backend: each sandbox is a container of a Docker-compatible engine (Docker, or podman's
+`podman system service`), with no network (network_mode="none") and the native agent (agent-rs/) bound in
+read-only. The agent serves the protocol on a unix socket in a per-sandbox host folder bound at /.orchard/run;
+the service connects to it from the host side.
+
+Images are the engine's: the sandbox image "python:3.11-slim" is the engine image
+f"{docker_image_prefix}python:3.11-slim" (by default localhost/orchard-python:3.11-slim), e.g. imported from a
+built rootfs with `tar -C <rootfs> -c . | podman import - localhost/orchard-python:3.11-slim`.
+
+Not supported yet: egress allowlists (FailedPrecondition) and snapshots (Unimplemented).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from orchard.errors import FailedPrecondition, Unavailable, Unimplemented
+from orchard.services.env.agent_client import AgentClient
+from orchard.services.env.backends.base import EgressRule, SandboxSpec, SnapshotFiles
+from orchard.services.env.settings import EnvSettings
+
+log = logging.getLogger(__name__)
+
+SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+RUN_DIR = "/.orchard/run"
+AGENT_PATH = "/.orchard/agent"
+SOCKET_NAME = "agent.sock"
+LABEL_SANDBOX = "orchard.sandbox_id"
+LABEL_SERVICE = "orchard.service"
+MAX_SUN_PATH = 100  # sockaddr_un.sun_path holds 108 bytes; longer paths are reached through /proc/self/fd
+
+
+def service_label(state_dir: Path) -> str:
+    """The value of the orchard.service label of this service's containers: a hash of its state dir."""
+    return hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:16]
+
+
+def _docker() -> Any:
+    try:
+        import docker  # (an optional extra: pip install 'orchard[docker]')
+    except ImportError:
+        raise FailedPrecondition("the docker backend needs the docker Python package: "
+                                 "pip install 'orchard[docker]' (docker==7.*)") from None
+    return docker
+
+
+class DockerBackend:
+    """Sandboxes as containers of a Docker-compatible engine."""
+
+    name = "docker"
+
+    def __init__(self, settings: EnvSettings) -> None:
+        self._settings = settings
+        self._docker = _docker()
+        self._root = settings.state_dir / "docker"
+        self._service = service_label(settings.state_dir)
+        self._agent = Path(settings.docker_agent_path) if settings.docker_agent_path else default_agent_path()
+        self._client: Any = None
+        self._containers: dict[str, Any] = {}
+        self._clients: dict[str, AgentClient] = {}
+
+    def _connect(self) -> Any:
+        if self._client is None:
+            try:
+                if self._settings.docker_host:
+                    self._client = self._docker.DockerClient(base_url=self._settings.docker_host, timeout=60)
+                else:
+                    self._client = self._docker.from_env(timeout=60)
+                self._client.ping()
+            except self._docker.errors.DockerException as err:
+                self._client = None
+                raise FailedPrecondition(f"cannot reach the container engine "
+                                         f"({self._settings.docker_host or 'DOCKER_HOST'}): {err}") from None
+        return self._client
+
+    async def start(self) -> None:
+        """Check the engine and the agent binary, then remove the containers a previous run of this service left."""
+        if not self._agent.is_file():
+            raise FailedPrecondition(f"the native agent {self._agent} is not built: run scripts/build_agent.sh "
+                                     "(needs cargo) or set ORCHARD_ENV_DOCKER_AGENT_PATH")
+        self._root.mkdir(parents=True, exist_ok=True)
+        client = await asyncio.to_thread(self._connect)
+        leftovers = await asyncio.to_thread(
+            client.containers.list, all=True, filters={"label": f"{LABEL_SERVICE}={self._service}"})
+        for container in leftovers:
+            await asyncio.to_thread(self._remove_container, container)
+        for path in [p for p in self._root.iterdir() if p.is_dir()]:
+            await asyncio.to_thread(shutil.rmtree, path, ignore_errors=True)
+        if leftovers:
+            log.info("removed %d containers left by a previous run", len(leftovers))
+
+    def _remove_container(self, container: Any) -> None:
+        with contextlib.suppress(self._docker.errors.NotFound):
+            container.remove(force=True)
+
+    def image_ref(self, image: str) -> str:
+        """The engine's image for a sandbox image name."""
+        return f"{self._settings.docker_image_prefix}{image}"
+
+    def _create_container(self, spec: SandboxSpec, home: Path) -> Any:
+        client = self._connect()
+        ref = self.image_ref(spec.image)
+        try:
+            client.images.get(ref)
+        except self._docker.errors.ImageNotFound:
+            raise FailedPrecondition(
+                f"image {ref!r} (for {spec.image!r}) is not in the container engine; import a built rootfs: "
+                f"`orchard image build {spec.image}` then `tar -C <images_dir>/<image>/rootfs -c . | "
+                f"podman import - {ref}` (or `docker import`)") from None
+        res = spec.resources
+        limits: dict[str, Any] = {}
+        if res.memory_bytes:
+            limits.update(mem_limit=res.memory_bytes, memswap_limit=res.memory_bytes)
+        if res.cpu_millis:
+            limits["nano_cpus"] = res.cpu_millis * 1_000_000
+        if res.pids:
+            limits["pids_limit"] = res.pids
+        env = {"PATH": SANDBOX_PATH, "HOME": "/root", "LANG": "C.UTF-8", "ORCHARD_SANDBOX_ID": spec.sandbox_id,
+               "PYTHONDONTWRITEBYTECODE": "1", **spec.env}
+        container = client.containers.create(
+            ref, [AGENT_PATH, "--listen", f"{RUN_DIR}/{SOCKET_NAME}"],
+            name=f"orchard-{self._service[:8]}-{spec.sandbox_id}"[:128],
+            hostname=spec.sandbox_id[:63],
+            network_mode="none",
+            labels={LABEL_SANDBOX: spec.sandbox_id, LABEL_SERVICE: self._service},
+            working_dir=spec.workdir,
+            environment=env,
+            volumes={str(home): {"bind": RUN_DIR, "mode": "rw"}, str(self._agent): {"bind": AGENT_PATH, "mode": "ro"}},
+            **limits,
+        )
+        self._containers[spec.sandbox_id] = container
+        container.start()
+        return container
+
+    async def _wait_socket(self, spec: SandboxSpec, container: Any, sock: Path) -> tuple[Any, Any]:
+        deadline = time.monotonic() + self._settings.agent_start_timeout_s
+        dir_fd: int | None = None
+        try:
+            while True:
+                if sock.exists():
+                    target = str(sock)
+                    if len(target.encode()) > MAX_SUN_PATH:
+                        if dir_fd is None:
+                            dir_fd = os.open(sock.parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+                        target = f"/proc/self/fd/{dir_fd}/{SOCKET_NAME}"
+                    try:
+                        return await asyncio.open_unix_connection(target, limit=1 << 20)
+                    except (ConnectionRefusedError, FileNotFoundError):
+                        pass  # bound, not yet listening
+                if time.monotonic() > deadline:
+                    break
+                await asyncio.to_thread(container.reload)
+                if container.status not in ("created", "running"):
+                    break
+                await asyncio.sleep(0.02)
+        finally:
+            if dir_fd is not None:
+                os.close(dir_fd)
+        logs = await asyncio.to_thread(container.logs, tail=50)
+        detail = logs.decode(errors="replace").strip()[-2000:]
+        raise Unavailable(f"agent of {spec.sandbox_id} did not start within {self._settings.agent_start_timeout_s:.0f}s "
+                          f"(container {container.status}): {detail or 'no output'}")
+
+    async def create(self, spec: SandboxSpec) -> AgentClient:
+        if spec.egress:
+            raise FailedPrecondition("egress allowlists are not supported by the docker backend yet")
+        if spec.layers:
+            raise Unimplemented("snapshots are not supported by the docker backend yet")
+        if spec.resources.disk_bytes:
+            raise FailedPrecondition("disk caps are not supported by the docker backend yet")
+        home = self._root / spec.sandbox_id
+        home.mkdir(parents=True, exist_ok=True)
+        try:
+            container = await asyncio.to_thread(self._create_container, spec, home)
+            reader, writer = await self._wait_socket(spec, container, home / SOCKET_NAME)
+            client = AgentClient(reader, writer, label=spec.sandbox_id)
+            await client.start(self._settings.agent_start_timeout_s)
+        except BaseException:
+            await self.destroy(spec.sandbox_id)
+            raise
+        self._clients[spec.sandbox_id] = client
+        return client
+
+    async def destroy(self, sandbox_id: str) -> None:
+        client = self._clients.pop(sandbox_id, None)
+        if client is not None:
+            await client.close("the sandbox was deleted")
+        container = self._containers.pop(sandbox_id, None)
+        if container is not None:
+            await asyncio.to_thread(self._remove_container, container)
+        await asyncio.to_thread(shutil.rmtree, self._root / sandbox_id, ignore_errors=True)
+
+    async def set_egress(self, sandbox_id: str, rules: tuple[EgressRule, ...]) -> None:
+        if rules:
+            raise FailedPrecondition("egress allowlists are not supported by the docker backend yet")
+        # No rules = no egress: the container has no network at all already.
+
+    async def snapshot(self, sandbox_id: str, snapshot_id: str) -> SnapshotFiles:
+        raise Unimplemented("snapshots are not supported by the docker backend yet")
+
+    async def delete_snapshot(self, snapshot_id: str) -> None:
+        return None  # none are ever made
+
+    async def oom_kills(self, sandbox_id: str) -> int:
+        return 0  # the engine's API does not report them (podman: State.OOMKilled stays False)
+
+    async def close(self) -> None:
+        await asyncio.gather(*(self.destroy(sid) for sid in list(self._containers)))
+        if self._client is not None:
+            await asyncio.to_thread(self._client.close)
+            self._client = None
+
+
+def default_agent_path() -> Path:
+    """Where scripts/build_agent.sh puts the native agent."""
+    root = Path(__file__).resolve().parents[3]
+    return root / "agent-rs" / "target" / "x86_64-unknown-linux-gnu" / "release" / "orchard-agent"
