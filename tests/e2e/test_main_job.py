@@ -85,7 +85,13 @@ def test_orchard_up_and_quick_start(tmp_path: Path) -> None:
                                "--nats-address", f"127.0.0.1:{nats_port}"], capture_output=True, text=True)
         assert down.returncode == 1 and down.stdout.count("DOWN") == 2
     finally:
-        if stack.poll() is None:
-            stack.kill()
-            stack.wait()
+        if stack.poll() is None:  # a failed assertion: stop the stack the way a user would, so nothing leaks
+            stack.send_signal(signal.SIGINT)
+            try:
+                stack.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                stack.kill()
+                stack.wait()
+                for pid in _children(stack.pid):
+                    os.kill(pid, signal.SIGKILL)
         log.close()
