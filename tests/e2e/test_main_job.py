@@ -90,8 +90,9 @@ def test_orchard_up_and_quick_start(tmp_path: Path) -> None:
             try:
                 stack.wait(timeout=60)
             except subprocess.TimeoutExpired:
+                children = _children(stack.pid)  # before the kill: then they would belong to init
                 stack.kill()
                 stack.wait()
-                for pid in _children(stack.pid):
+                for pid in children:
                     os.kill(pid, signal.SIGKILL)
         log.close()
