@@ -12,12 +12,16 @@
 //! stale socket there is replaced), one connection at a time, each opened by its own ready frame. When a
 //! connection closes, its commands keep running but their frames are dropped; the next connection starts
 //! afresh (new request ids, new exec marks). SIGTERM kills every command, removes PATH and exits 0.
+//! `orchard-agent --listen-tcp HOST:PORT` serves it over TCP to managers that send the shared token first
+//! (see tcp.rs). `orchard-agent --install DEST` copies this binary to DEST (mode 0755) and exits: how a
+//! Kubernetes init container puts the agent into a sandbox image from an image holding nothing else.
 
 mod exec;
 mod files;
 mod frame;
 mod json;
 mod sys;
+mod tcp;
 
 use files::{field, Failure};
 use json::{obj, s, Value};
@@ -209,19 +213,45 @@ fn serve_socket(path: &str) -> ! {
     unreachable!("incoming() never ends");
 }
 
+/// A connection to one manager: a unix socket or (tcp.rs) a TCP stream.
+trait Stream: Read + Write + Send + Sized + 'static {
+    fn dup(&self) -> std::io::Result<Self>;
+    /// Shut both directions down: blocked reads and writes on every dup fail at once.
+    fn end(&self);
+}
+
+impl Stream for UnixStream {
+    fn dup(&self) -> std::io::Result<Self> {
+        self.try_clone()
+    }
+    fn end(&self) {
+        let _ = self.shutdown(std::net::Shutdown::Both);
+    }
+}
+
 /// One manager on the socket: ready frame, then its requests until it goes. Its commands outlive it.
-fn serve_connection(mut stream: UnixStream) -> std::io::Result<()> {
+fn serve_connection(mut stream: impl Stream) -> std::io::Result<()> {
     stream.write_all(&ready_frame())?;
-    let breaker = stream.try_clone()?;
+    let breaker = stream.dup()?;
     // A broken write ends the connection: shut it down, and the read below ends too.
-    let out = frame::Out::start(Box::new(stream.try_clone()?), move || {
-        let _ = breaker.shutdown(std::net::Shutdown::Both);
-    });
+    let out = frame::Out::start(Box::new(stream.dup()?), move || breaker.end());
     let agent = new_agent(out);
     let served = serve(&agent, &mut stream);
-    let _ = stream.shutdown(std::net::Shutdown::Both); // a writer blocked on a full socket fails now
+    stream.end(); // a writer blocked on a full socket fails now
     agent.out.close(); // the running commands' frames are dropped from here on
     served
+}
+
+/// Copy this binary to dest, executable by all; exit 0, or 1 saying why not.
+fn install(dest: &str) -> ! {
+    use std::os::unix::fs::PermissionsExt;
+    let copied = std::fs::copy("/proc/self/exe", dest)
+        .and_then(|_| std::fs::set_permissions(dest, std::fs::Permissions::from_mode(0o755)));
+    if let Err(err) = copied {
+        eprintln!("agent: cannot install to {}: {}", dest, err);
+        std::process::exit(1);
+    }
+    std::process::exit(0);
 }
 
 fn main() {
@@ -232,8 +262,10 @@ fn main() {
     match args.iter().map(String::as_str).collect::<Vec<_>>()[..] {
         [] => serve_stdio(),
         ["--listen", path] if !path.is_empty() => serve_socket(path),
+        ["--listen-tcp", addr] if !addr.is_empty() => tcp::serve_tcp(addr),
+        ["--install", dest] if !dest.is_empty() => install(dest),
         _ => {
-            eprintln!("usage: orchard-agent [--listen SOCKET_PATH]");
+            eprintln!("usage: orchard-agent [--listen SOCKET_PATH | --listen-tcp HOST:PORT | --install DEST]");
             std::process::exit(2);
         }
     }

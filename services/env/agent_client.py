@@ -277,3 +277,30 @@ class AgentClient:
                 pass
         for queue in self._waiters.values():
             queue.put_nowait(None)
+
+
+async def connect_tcp(host: str, port: int, token: str, *, label: str, timeout: float) -> AgentClient:
+    """A started client of an agent serving `--listen-tcp` at host:port, after proving the shared token.
+
+    Retries refused connections until timeout (the agent may not have bound yet); a wrong token makes the
+    agent close the connection unanswered: Unavailable.
+    """
+    try:
+        async with asyncio.timeout(timeout):
+            while True:
+                try:
+                    reader, writer = await asyncio.open_connection(host, port, limit=1 << 20)
+                    break
+                except ConnectionRefusedError:
+                    await asyncio.sleep(0.02)
+    except (TimeoutError, OSError) as err:
+        raise Unavailable(f"agent of {label} at {host}:{port} is not reachable within {timeout:.0f}s: "
+                          f"{err or 'connection refused'}") from None
+    writer.write(encode({"op": "hello", "token": token}))
+    client = AgentClient(reader, writer, label=label)
+    try:
+        await client.start(timeout)
+    except BaseException:
+        writer.close()
+        raise
+    return client

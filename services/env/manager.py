@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import ipaddress
-import json
 import logging
 import posixpath
 import re
@@ -24,9 +23,11 @@ from orchard.errors import (
     ResourceExhausted,
 )
 from orchard.runtime import tenancy
-from orchard.services.env import metrics
+from orchard.services.env import metrics, records
+from orchard.services.env.agent_client import AgentClient
 from orchard.services.env.backends.base import (
     EgressRule,
+    RecoverableBackend,
     Resources,
     SandboxBackend,
     SandboxSpec,
@@ -41,6 +42,7 @@ log = logging.getLogger(__name__)
 
 SANDBOX_ID = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 TOMBSTONES = 10_000  # deleted sandboxes remembered, so a late caller learns why one is gone
+RESTART_REASON = "ended when the env service restarted: the previous service process stopped without deleting it"
 MAX_EGRESS_RULES = 256
 DNS_LABEL = r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?"
 HOST_NAME = re.compile(rf"^(?=.{{1,253}}\.?$){DNS_LABEL}(\.{DNS_LABEL})*\.?$", re.IGNORECASE)
@@ -119,17 +121,33 @@ class SandboxManager:
     # ---- lifecycle of the manager ----
 
     async def start(self) -> None:
-        """Learn which sandboxes a previous run left (their backend already removed them), then sweep."""
+        """Take back the sandboxes a previous run left that its backend kept running and whose ttl has not run
+        out; remember the others as ended, so GetSandbox says why. Then sweep."""
         self._records.mkdir(parents=True, exist_ok=True)
-        for record in self._records.glob("*.json"):
-            try:
-                data = json.loads(record.read_text())
-                self._gone[data["sandbox_id"]] = (data["tenant"], "ended when the env service restarted: the previous "
-                                                  "service process stopped without deleting it")
-            except (OSError, ValueError, KeyError):
-                log.warning("unreadable sandbox record %s", record)
-            record.unlink(missing_ok=True)
+        left = records.load_all(self._records)
+        now = time.time()
+        taken: dict[str, AgentClient] = {}
+        if isinstance(self.backend, RecoverableBackend):
+            taken = await self.backend.recover({sb.sandbox_id: self._spec(sb) for sb in left
+                                                if sb.create_time + sb.ttl_s > now})
+        for sandbox in left:
+            if sandbox.sandbox_id in taken:
+                self._adopt(sandbox, taken[sandbox.sandbox_id])
+                continue
+            expired = isinstance(self.backend, RecoverableBackend) and sandbox.create_time + sandbox.ttl_s <= now
+            self._gone[sandbox.sandbox_id] = (sandbox.tenant, sandbox.expiry_reason() if expired else RESTART_REASON)
+            records.remove(self._records, sandbox.sandbox_id)
         self._sweeper = asyncio.create_task(self._sweep_forever(), name="env-sweeper")
+
+    def _adopt(self, sandbox: Sandbox, client: AgentClient) -> None:
+        """Serve a sandbox a previous run created; its lease restarts now (nobody could heartbeat meanwhile)."""
+        sandbox.client = client
+        sandbox.state = SandboxState.READY
+        sandbox.ready.set()
+        self.sandboxes[sandbox.sandbox_id] = sandbox
+        if sandbox.request_id:
+            self._by_request[sandbox.tenant, sandbox.request_id] = sandbox.sandbox_id
+        log.info("sandbox taken back after a restart", extra={"sandbox_id": sandbox.sandbox_id})
 
     async def close(self) -> None:
         """Stop sweeping, cancel running commands, and destroy every sandbox (every tenant's)."""
@@ -218,12 +236,9 @@ class SandboxManager:
         self.sandboxes[sandbox.sandbox_id] = sandbox
         if req.request_id:
             self._by_request[tenant, req.request_id] = sandbox.sandbox_id
-        spec = SandboxSpec(sandbox_id=sandbox.sandbox_id, image=sandbox.image, workdir=sandbox.workdir,
-                           env=sandbox.env, resources=sandbox.resources, egress=sandbox.egress,
-                           layers=sandbox.layers)
         try:
             async with self._create_slots:
-                sandbox.client = await self.backend.create(spec)
+                sandbox.client = await self.backend.create(self._spec(sandbox))
         except BaseException:
             self.sandboxes.pop(sandbox.sandbox_id, None)
             self._by_request.pop((tenant, req.request_id), None)
@@ -234,11 +249,17 @@ class SandboxManager:
         sandbox.state = SandboxState.READY
         sandbox.ready.set()
         metrics.SANDBOXES_CREATED.inc()
-        # A record on disk, so that after a crash the next run can say what became of this sandbox.
-        (self._records / f"{sandbox.sandbox_id}.json").write_text(json.dumps(
-            {"sandbox_id": sandbox.sandbox_id, "tenant": sandbox.tenant, "create_time": sandbox.create_time}))
+        # A record on disk, so that after a crash the next run can say what became of this sandbox (or take it back).
+        records.save(self._records, sandbox)
         log.info("sandbox created", extra={"sandbox_id": sandbox.sandbox_id, "image": sandbox.image})
         return sandbox
+
+    @staticmethod
+    def _spec(sandbox: Sandbox) -> SandboxSpec:
+        return SandboxSpec(sandbox_id=sandbox.sandbox_id, image=sandbox.image, workdir=sandbox.workdir,
+                           env=sandbox.env, resources=sandbox.resources, egress=sandbox.egress,
+                           layers=sandbox.layers, tenant=sandbox.tenant,
+                           expire_time=sandbox.create_time + sandbox.ttl_s)
 
     def list_sandboxes(self, label_selector: Mapping[str, str], page_size: int,
                        page_token: str) -> tuple[list[Sandbox], str]:
@@ -289,7 +310,7 @@ class SandboxManager:
             self.sandboxes.pop(sandbox_id, None)
             self._by_request.pop((sandbox.tenant, sandbox.request_id), None)
             self._gone[sandbox_id] = (sandbox.tenant, reason)
-            (self._records / f"{sandbox_id}.json").unlink(missing_ok=True)
+            records.remove(self._records, sandbox_id)
             metrics.SANDBOXES_ENDED.labels(metrics.reason_kind(reason)).inc()
             while len(self._gone) > TOMBSTONES:
                 self._gone.popitem(last=False)
@@ -303,6 +324,8 @@ class SandboxManager:
         async with sandbox.policy_lock:
             await self.backend.set_egress(sandbox_id, egress)
             sandbox.egress = egress
+            if sandbox.state is SandboxState.READY:  # not while a delete removes its record
+                records.save(self._records, sandbox)
         log.info("network policy set", extra={"sandbox_id": sandbox_id, "rules": len(egress)})
         return sandbox
 

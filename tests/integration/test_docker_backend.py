@@ -4,19 +4,27 @@ localhost/orchard-python:3.11-slim, and the native agent (agent-rs/) bound into 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import shutil
+import signal
+import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
-from conftest import StartEnv, run
+from conftest import EnvServer, StartEnv, duration, run
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from orchard.env.v1 import env_pb2 as pb
+from orchard.env.v1 import env_pb2_grpc
 from orchard.services.env.images import default_images_dir
-from test_env_service import REPO_SETUP, download, upload
+from test_env_service import REPO_SETUP, download, rpc_error, upload
 
 pytestmark = [pytest.mark.timeout(90)]
 
@@ -99,20 +107,33 @@ def podman(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         shutil.rmtree(w, ignore_errors=True)
 
 
-def _containers(host: str, sandbox_id: str) -> list[object]:
+def _containers(host: str, sandbox_id: str = "") -> list[Any]:
+    """The engine's containers of the sandbox (of every sandbox without one)."""
     import docker
 
     client = docker.DockerClient(base_url=host, timeout=30)
+    label = f"orchard.sandbox_id={sandbox_id}" if sandbox_id else "orchard.sandbox_id"
     try:
-        return client.containers.list(all=True, filters={"label": f"orchard.sandbox_id={sandbox_id}"})
+        return client.containers.list(all=True, filters={"label": label})
     finally:
         client.close()
 
 
+async def _start_docker(start_env: StartEnv, podman: str, **overrides: Any) -> EnvServer:
+    env = await start_env(backend="docker", docker_host=podman, **overrides)
+    (env.settings.state_dir / "sandboxes").mkdir(exist_ok=True)  # the start_env fixture checks it is empty
+    return env
+
+
+async def _create(env: EnvServer, **resources: int) -> str:
+    created = await env.stub.CreateSandbox(pb.CreateSandboxRequest(image=IMAGE, resources=pb.Resources(**resources)),
+                                           timeout=30)
+    return created.sandbox.sandbox_id
+
+
 async def test_sandbox_in_a_container(podman: str, start_env: StartEnv) -> None:
     """Create, exec, files, a patch with git, a memory limit, no network but lo, and delete removes the container."""
-    env = await start_env(backend="docker", docker_host=podman)
-    (env.settings.state_dir / "sandboxes").mkdir(exist_ok=True)  # the start_env fixture checks it is empty
+    env = await _start_docker(start_env, podman)
     stub = env.stub
     created = await stub.CreateSandbox(pb.CreateSandboxRequest(
         image=IMAGE, resources=pb.Resources(memory_bytes=256 << 20, cpu_millis=1000)), timeout=30)
@@ -149,9 +170,176 @@ async def test_sandbox_in_a_container(podman: str, start_env: StartEnv) -> None:
 
 
 async def test_missing_image_says_how_to_import(podman: str, start_env: StartEnv) -> None:
-    env = await start_env(backend="docker", docker_host=podman)
-    (env.settings.state_dir / "sandboxes").mkdir(exist_ok=True)
+    env = await _start_docker(start_env, podman)
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await env.stub.CreateSandbox(pb.CreateSandboxRequest(image="nosuch:1"), timeout=30)
     assert err.value.code() is grpc.StatusCode.FAILED_PRECONDITION
     assert "podman import" in (err.value.details() or "")
+
+
+async def test_oom_kill_is_reported(podman: str, start_env: StartEnv) -> None:
+    """A command killed for memory says so (the engine's API does not), another SIGKILL does not, and the sandbox
+    lives on."""
+    env = await _start_docker(start_env, podman)
+    sid = await _create(env, memory_bytes=96 << 20)
+    hog = await run(env.stub, sid, ["python3", "-c", "b = b'x' * (300 << 20)"])
+    assert (hog.state, hog.exit_code, hog.oom_killed) == (pb.EXEC_STATE_FAILED, 137, True)
+    assert "ran out of memory (limit 96 MiB)" in hog.error
+    killed = await run(env.stub, sid, "kill -9 $$")
+    assert (killed.exit_code, killed.oom_killed) == (137, False)
+    alive = await run(env.stub, sid, "echo alive")
+    assert alive.stdout == b"alive\n"
+
+
+FORK_UNTIL_REFUSED = """
+import os, signal
+kids, refused = [], 0
+try:
+    while len(kids) < 500:
+        pid = os.fork()
+        if pid == 0:
+            signal.pause()
+            os._exit(0)
+        kids.append(pid)
+except OSError as err:
+    refused = err.errno
+for pid in kids:
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+print(len(kids), refused)
+"""
+
+BUSY_HALF_A_SECOND = """
+import time
+cpu, wall = time.process_time(), time.monotonic()
+while time.process_time() - cpu < 0.5:
+    pass
+print(time.monotonic() - wall)
+"""
+
+
+async def test_cpu_and_pids_limits_hold(podman: str, start_env: StartEnv) -> None:
+    """Half a core: the quota is in the container's cpu group and 0.5 s of CPU takes ~1 s, throttled; 32 pids:
+    forking stops inside the limit (EAGAIN) and the sandbox still runs commands."""
+    env = await _start_docker(start_env, podman)
+    sid = await _create(env, cpu_millis=500, pids=32, memory_bytes=128 << 20)
+    cg = "/sys/fs/cgroup"
+    limits = await run(env.stub, sid, f"cat {cg}/cpu/cpu.cfs_quota_us {cg}/cpu/cpu.cfs_period_us "
+                                      f"{cg}/pids/pids.max {cg}/memory/memory.limit_in_bytes")
+    assert limits.stdout.split() == [b"50000", b"100000", b"32", str(128 << 20).encode()], limits.stderr
+
+    busy = await run(env.stub, sid, ["python3", "-c", BUSY_HALF_A_SECOND])
+    assert float(busy.stdout) >= 0.8, busy.stdout  # unthrottled: 0.5 s
+    stat = dict(line.split() for line in (await run(env.stub, sid, f"cat {cg}/cpu/cpu.stat")).stdout.decode()
+                .splitlines())
+    assert int(stat["nr_throttled"]) > 0, stat
+
+    forked = await run(env.stub, sid, ["python3", "-c", FORK_UNTIL_REFUSED])
+    count, errno_ = (int(word) for word in forked.stdout.split())
+    assert 0 < count < 32 and errno_ == 11, forked.stdout  # EAGAIN
+    assert (await run(env.stub, sid, "echo alive")).stdout == b"alive\n"
+
+
+async def test_what_the_backend_refuses(podman: str, start_env: StartEnv) -> None:
+    """No network at all: egress rules and disk caps (ext4 storage here) are FAILED_PRECONDITION, snapshots
+    UNIMPLEMENTED, each saying what to do instead; an empty policy is fine."""
+    env = await _start_docker(start_env, podman)
+    stub = env.stub
+    rule = pb.EgressRule(cidr="169.254.0.250/32", port=80)
+    networked = await rpc_error(stub.CreateSandbox(pb.CreateSandboxRequest(
+        image=IMAGE, network_policy=pb.NetworkPolicy(allow=[rule])), timeout=30))
+    assert networked.code() is grpc.StatusCode.FAILED_PRECONDITION
+    assert "no network at all" in (networked.details() or "")
+    capped = await rpc_error(stub.CreateSandbox(pb.CreateSandboxRequest(
+        image=IMAGE, resources=pb.Resources(disk_bytes=64 << 20)), timeout=30))
+    assert capped.code() is grpc.StatusCode.FAILED_PRECONDITION
+    assert "disk_bytes 0" in (capped.details() or ""), capped.details()
+
+    sid = await _create(env)
+    policy = await rpc_error(stub.SetNetworkPolicy(pb.SetNetworkPolicyRequest(
+        sandbox_id=sid, network_policy=pb.NetworkPolicy(allow=[rule])), timeout=30))
+    assert policy.code() is grpc.StatusCode.FAILED_PRECONDITION
+    await stub.SetNetworkPolicy(pb.SetNetworkPolicyRequest(sandbox_id=sid, network_policy=pb.NetworkPolicy()),
+                                timeout=30)
+    snap = await rpc_error(stub.SnapshotSandbox(pb.SnapshotSandboxRequest(sandbox_id=sid), timeout=30))
+    assert snap.code() is grpc.StatusCode.UNIMPLEMENTED
+    assert [c.labels["orchard.sandbox_id"] for c in _containers(podman)] == [sid]  # failed creates left none
+
+
+ORCHARD = str(Path(sys.executable).with_name("orchard"))
+ALICE = "alice-token-0123456789"
+
+
+async def _serve(state: Path, podman: str, tokens: Path) -> tuple[asyncio.subprocess.Process, int]:
+    """`orchard serve env --backend docker` as a process of its own (so it can be killed); returns it and its port."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = await asyncio.create_subprocess_exec(
+        ORCHARD, "serve", "env", "--port", str(port), "--state-dir", str(state), "--backend", "docker",
+        "--docker-host", podman, "--auth-tokens-file", str(tokens), "--log-level", "WARNING")
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        deadline = time.monotonic() + 30
+        while True:
+            assert proc.returncode is None, "the env service exited while starting"
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                checked = await health.Check(health_pb2.HealthCheckRequest(), timeout=1)
+                if checked.status == health_pb2.HealthCheckResponse.SERVING:
+                    return proc, port
+            assert time.monotonic() < deadline, "the env service did not become healthy"
+            await asyncio.sleep(0.1)
+
+
+async def test_sandboxes_outlive_a_crash(podman: str, tmp_path: Path) -> None:
+    """SIGKILL the service: its containers run on. The next run on the same state dir takes back the one within its
+    ttl (same id, tenant, labels, files; exec works) and removes the expired one's container. A clean stop
+    removes everything."""
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"alice:{ALICE}\n")
+    state = tmp_path / "state"
+    alice = (("authorization", f"Bearer {ALICE}"),)
+    procs: list[asyncio.subprocess.Process] = []
+    try:
+        proc, port = await _serve(state, podman, tokens)
+        procs.append(proc)
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = env_pb2_grpc.EnvServiceStub(channel)
+            kept = (await stub.CreateSandbox(pb.CreateSandboxRequest(
+                image=IMAGE, labels={"task": "t1"}, ttl=duration(600)), metadata=alice, timeout=30)).sandbox
+            short = (await stub.CreateSandbox(pb.CreateSandboxRequest(
+                image=IMAGE, ttl=duration(3)), metadata=alice, timeout=30)).sandbox
+            wrote = await stub.StartExec(pb.StartExecRequest(sandbox_id=kept.sandbox_id, shell="echo hi > note.txt",
+                                                             wait=duration(10)), metadata=alice, timeout=30)
+            assert wrote.exec.state == pb.EXEC_STATE_SUCCEEDED
+        [container] = _containers(podman, kept.sandbox_id)
+        assert container.labels["orchard.tenant"] == "alice"
+        assert abs(int(container.labels["orchard.expire_time"]) - (time.time() + 600)) < 30
+
+        proc.send_signal(signal.SIGKILL)
+        await proc.wait()
+        assert [c.status for c in _containers(podman, short.sandbox_id)] == ["running"]
+        await asyncio.sleep(max(0.0, short.create_time.ToSeconds() + 3.5 - time.time()))
+
+        proc, port = await _serve(state, podman, tokens)
+        procs.append(proc)
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = env_pb2_grpc.EnvServiceStub(channel)
+            listed = await stub.ListSandboxes(pb.ListSandboxesRequest(), metadata=alice, timeout=10)
+            assert [sb.sandbox_id for sb in listed.sandboxes] == [kept.sandbox_id]
+            back = listed.sandboxes[0]
+            assert (back.tenant, dict(back.labels), back.state) == ("alice", {"task": "t1"}, pb.SANDBOX_STATE_READY)
+            assert back.create_time == kept.create_time and back.expire_time == kept.expire_time
+            read = await stub.StartExec(pb.StartExecRequest(sandbox_id=kept.sandbox_id, shell="cat note.txt",
+                                                            wait=duration(10)), metadata=alice, timeout=30)
+            assert read.exec.stdout == b"hi\n"
+            gone = await rpc_error(stub.GetSandbox(pb.GetSandboxRequest(sandbox_id=short.sandbox_id),
+                                                   metadata=alice, timeout=10))
+            assert gone.code() is grpc.StatusCode.NOT_FOUND and "expired after ttl 3s" in (gone.details() or "")
+        assert _containers(podman, short.sandbox_id) == []
+    finally:
+        for proc in procs:
+            if proc.returncode is None:
+                proc.send_signal(signal.SIGTERM)
+                assert await asyncio.wait_for(proc.wait(), 60) == 0
+    assert _containers(podman) == []  # the clean stop removed the sandbox it took back

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import signal
 import sys
 import time
@@ -321,3 +322,35 @@ async def test_sigterm_drains_and_exits_zero() -> None:
     assert (rpc["code"], rpc["request_id"], rpc["method"]) == ("OK", "sig-1", f"/{SERVICE}/Echo")
     messages = [line["message"] for line in lines if line["logger"] != "orchard.rpc"]
     assert messages == ["demo received SIGTERM", "demo shutting down (grace 1.0s)", "backend closed", "demo stopped"]
+
+
+async def test_container_healthcheck_probe(start_server: StartServer) -> None:
+    """`python -m orchard.runtime.healthcheck PORT|ENV_VAR` (the images' health check) says 0 for a serving server,
+    1 for a closed port, 2 for a bad argument; it runs in a subprocess exactly as a container runs it."""
+    server, _, _ = await start_server()
+    port = server.port
+    closed = await _closed_port()
+
+    async def probe(*args: str, **env: str) -> int:
+        proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "orchard.runtime.healthcheck", *args,
+                                                    env={**os.environ, **env}, stderr=asyncio.subprocess.PIPE)
+        _, err = await proc.communicate()
+        assert proc.returncode is not None
+        if proc.returncode == 2:
+            assert b"usage" in err or b"neither a port" in err, err
+        return proc.returncode
+
+    assert await probe(str(port)) == 0
+    assert await probe("DEMO_PORT", DEMO_PORT=str(port)) == 0
+    assert await probe(str(closed)) == 1
+    assert await probe("NO_SUCH_VARIABLE") == 2
+    assert await probe() == 2
+
+
+async def _closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

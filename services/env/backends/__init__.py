@@ -10,6 +10,7 @@ from orchard.errors import InvalidArgument
 BACKENDS: dict[str, str] = {
     "local": "orchard.services.env.backends.local:LocalBackend",
     "docker": "orchard.services.env.backends.docker:DockerBackend",
+    "kubernetes": "orchard.services.env.backends.kubernetes:KubernetesBackend",
 }
 
 

@@ -3,8 +3,9 @@ manager a channel to the sandbox's agent. Everything else (ids, leases, ordering
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from orchard.services.env.agent_client import AgentClient
 
@@ -41,6 +42,10 @@ class SandboxSpec:
     layers: tuple[str, ...] = ()
     """The snapshot layers (their snapshot ids, the top one first) the sandbox starts from, over its image:
     SnapshotFiles.layers of the snapshot it is made from; empty for a sandbox made from its image alone."""
+    tenant: str = ""
+    """The tenant that owns it; backends may label what they make with it (isolation is the manager's)."""
+    expire_time: float = 0.0
+    """When its ttl runs out (epoch seconds; 0 = not set); backends may label what they make with it."""
 
 
 @dataclass(frozen=True)
@@ -86,4 +91,15 @@ class SandboxBackend(Protocol):
 
     async def close(self) -> None:
         """Destroy every sandbox this backend still holds and remove every snapshot (service shutdown)."""
+        ...
+
+
+@runtime_checkable
+class RecoverableBackend(Protocol):
+    """A backend whose sandboxes outlive the service's process (a container engine keeps them running): after a
+    crash, the next run of the service takes them back instead of reporting them ended."""
+
+    async def recover(self, alive: Mapping[str, SandboxSpec]) -> dict[str, AgentClient]:
+        """Reconnect to the sandboxes of `alive` (by id) that a previous run left running, and remove every other
+        sandbox it left. Returns a ready agent client per sandbox taken back."""
         ...

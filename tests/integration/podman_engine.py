@@ -1,0 +1,118 @@
+"""A private, Docker-compatible container engine for tests: `podman system service` with runc, cgroupfs, its own
+config and storage under a short tmp folder (../shared/notes/machine-recipes.md §2 has why each setting is
+there), and images built or imported locally (nothing can be pulled from a registry here)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+CONTAINERS_CONF = """\
+[containers]
+default_ulimits = ["nofile=1024:1024", "nproc=1024:1024"]
+[engine]
+runtime = "runc"
+cgroup_manager = "cgroupfs"
+events_logger = "file"
+exit_command_delay = 5
+tmp_dir = "{w}/tmp"
+[engine.runtimes]
+runc = ["{runc}"]
+"""
+
+STORAGE_CONF = """\
+[storage]
+driver = "overlay"
+runroot = "{w}/runroot"
+graphroot = "{w}/root"
+"""
+
+# The host's CA bundle, handed to image builds as a secret: pip in a build behind a TLS-intercepting proxy
+# (as on this machine) trusts what the host trusts.
+HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
+
+
+def skip_unless_podman() -> str:
+    """The runc path, or skip the test with the reason podman cannot run here."""
+    if os.geteuid() != 0:
+        pytest.skip("the podman engine tests run podman as root")
+    runc = shutil.which("runc")
+    if shutil.which("podman") is None or runc is None:
+        pytest.skip("podman and runc are not installed: apt-get install podman runc (scripts/install.sh does)")
+    return runc
+
+
+class PodmanEngine:
+    """One `podman system service` on a unix socket; `host` is its DOCKER_HOST address."""
+
+    def __init__(self, runc: str) -> None:
+        # A short folder: unix socket paths under it must fit in sockaddr_un.
+        self.dir = Path(subprocess.run(["mktemp", "-d", "/tmp/orchard-podman.XXXXXX"], capture_output=True,
+                                       text=True, check=True).stdout.strip())
+        (self.dir / "tmp").mkdir()
+        (self.dir / "containers.conf").write_text(CONTAINERS_CONF.format(w=self.dir, runc=runc))
+        (self.dir / "storage.conf").write_text(STORAGE_CONF.format(w=self.dir))
+        self.env = {**os.environ, "CONTAINERS_CONF": str(self.dir / "containers.conf"),
+                    "CONTAINERS_STORAGE_CONF": str(self.dir / "storage.conf")}
+        self.socket = self.dir / "podman.sock"
+        self.host = f"unix://{self.socket}"
+        self._service = subprocess.Popen(["podman", "system", "service", "--time=0", self.host], env=self.env,
+                                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 10
+        while not self.socket.exists():
+            if self._service.poll() is not None:
+                raise RuntimeError(f"podman system service failed: {self._service.stderr.read()!r}")  # type: ignore[union-attr]
+            if time.monotonic() > deadline:
+                raise RuntimeError("podman system service did not listen within 10 s")
+            time.sleep(0.02)
+
+    def podman(self, *args: str, timeout: float = 120, input_bytes: bytes | None = None,
+               check: bool = True) -> subprocess.CompletedProcess[bytes]:
+        """Run the podman CLI on this engine's config and storage."""
+        out = subprocess.run(["podman", *args], env=self.env, input=input_bytes, capture_output=True,
+                             timeout=timeout, check=False)
+        if check and out.returncode != 0:
+            raise AssertionError(f"podman {' '.join(args)} failed ({out.returncode}): "
+                                 f"{out.stderr.decode(errors='replace')[-3000:]}")
+        return out
+
+    def import_rootfs(self, rootfs: Path, ref: str, *changes: str) -> None:
+        """Import a root filesystem folder as image `ref` (tar piped to `podman import`)."""
+        tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
+        try:
+            flags = [arg for change in changes for arg in ("--change", change)]
+            out = subprocess.run(["podman", "import", *flags, "-", ref], env=self.env, stdin=tar.stdout,
+                                 capture_output=True, timeout=300, check=False)
+        finally:
+            tar.stdout.close()  # type: ignore[union-attr]
+            tar.wait()
+        assert out.returncode == 0, f"podman import {ref} failed: {out.stderr.decode(errors='replace')[-2000:]}"
+
+    def build(self, context: Path, dockerfile: Path, tag: str, *, target: str = "", timeout: float = 900,
+              **build_args: str) -> None:
+        """Build an image from a Dockerfile on the host network (pip and apt reach their registries)."""
+        args = ["build", "--format", "docker", "--network", "host", "-f", str(dockerfile), "-t", tag]
+        if target:
+            args += ["--target", target]
+        if HOST_CA_BUNDLE.is_file():
+            args += ["--secret", f"id=ca_bundle,src={HOST_CA_BUNDLE}"]
+        for name, value in build_args.items():
+            args += ["--build-arg", f"{name}={value}"]
+        self.podman(*args, str(context), timeout=timeout)
+
+    def close(self) -> None:
+        """Remove every container, stop the service and delete the storage."""
+        self.podman("rm", "--all", "--force", "--time", "0", timeout=60, check=False)
+        self._service.terminate()
+        try:
+            self._service.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._service.kill()
+            self._service.wait()
+        self.podman("system", "reset", "--force", timeout=120, check=False)
+        shutil.rmtree(self.dir, ignore_errors=True)
