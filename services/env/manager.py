@@ -134,6 +134,7 @@ class SandboxManager:
             if sandbox.sandbox_id in taken:
                 self._adopt(sandbox, taken[sandbox.sandbox_id])
                 continue
+            # A sandbox its backend could have kept ended by its ttl; any other ended with the old process.
             expired = isinstance(self.backend, RecoverableBackend) and sandbox.create_time + sandbox.ttl_s <= now
             self._gone[sandbox.sandbox_id] = (sandbox.tenant, sandbox.expiry_reason() if expired else RESTART_REASON)
             records.remove(self._records, sandbox.sandbox_id)

@@ -45,7 +45,10 @@ def render(engine: Engine, messages: list[ChatMessage], tools: list[ToolSpec] | 
     if tools and not template_knows_tools(engine):
         messages = _with_tool_preamble(messages, tools)
         tools = None
-    return engine.apply_chat_template(messages, tools, add_generation_prompt, template_kwargs)
+    try:
+        return engine.apply_chat_template(messages, tools, add_generation_prompt, template_kwargs)
+    except Exception as err:  # jinja and template errors: the conversation does not fit the template
+        raise InvalidArgument(f"the chat template cannot render this conversation: {err}", field="messages") from err
 
 
 def template_knows_tools(engine: Engine) -> bool:

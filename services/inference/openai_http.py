@@ -181,7 +181,7 @@ class OpenAIGateway:
         message: dict[str, Any] = {"role": "assistant", "content": content or (None if calls else "")}
         if calls:
             message["tool_calls"] = [{k: v for k, v in c.items() if k != "index"} for c in p.tool_calls_json(calls)]
-        reason = "tool_calls" if calls and finish == "stop" else p.FINISH[finish]
+        reason = "tool_calls" if calls else p.FINISH[finish]
         return message, reason
 
     def _chat_choice(self, c: Completion, names: set[str], req: p.ChatCompletionRequest) -> dict[str, Any]:

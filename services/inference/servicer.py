@@ -127,7 +127,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         content, calls = chat.parse_tool_calls(text, tool_names) if tool_names else (text, [])
         message = tpb.Message(role=tpb.ROLE_ASSISTANT, content=content,
                               tool_calls=[tpb.ToolCall(id=c.id, name=c.name, arguments=c.arguments) for c in calls])
-        return message, pb.FINISH_REASON_TOOL_CALLS if calls and finish == "stop" else FINISH[finish]
+        return message, pb.FINISH_REASON_TOOL_CALLS if calls else FINISH[finish]
 
     def _choice(self, c: Completion, tool_names: set[str] | None) -> pb.Choice:
         choice = pb.Choice(index=c.index, text=c.text, token_ids=c.token_ids, logprobs=c.logprobs,

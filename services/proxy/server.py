@@ -24,7 +24,12 @@ import aiohttp
 from aiohttp import web
 from orchard.runtime import configure_logging, load_settings
 from orchard.runtime.settings import SettingsError
-from orchard.services.proxy.records import UNKEYED, JsonlRecords, RecordSink, check_rollout_id
+from orchard.services.proxy.records import (
+    UNKEYED,
+    JsonlRecords,
+    RecordSink,
+    check_rollout_id,
+)
 from orchard.services.proxy.settings import ProxySettings
 from orchard.services.proxy.streams import StreamAssembler
 
@@ -147,7 +152,7 @@ class RecordingProxy:
                 if record is not None:
                     await self._record(record, started, upstream.status, _json_or_text(data), stream=False)
                 return response
-        except (aiohttp.ClientError, asyncio.TimeoutError) as err:
+        except (TimeoutError, aiohttp.ClientError) as err:
             message = f"upstream {self.settings.upstream_url} failed: {type(err).__name__}: {err}".rstrip(": ")
             log.warning("%s", message)
             if record is not None:

@@ -51,23 +51,26 @@ def _children(pid: int) -> list[int]:
 def test_orchard_up_and_quick_start(tmp_path: Path) -> None:
     """The README's main job: stack up, quick start prints a failing then a passing pytest run, stack down."""
     asyncio.run(ImageStore(default_images_dir()).build("python:3.11-slim"))  # at once when cached
-    env_port, nats_port = _free_port(), _free_port()
+    env_port, nats_port, inference_port, openai_port = _free_port(), _free_port(), _free_port(), _free_port()
     log = open(tmp_path / "up.log", "w+b")
     stack = subprocess.Popen(
         [str(ORCHARD), "up", "--env-port", str(env_port), "--nats-port", str(nats_port),
+         "--inference-port", str(inference_port), "--inference-http-port", str(openai_port),
          "--state-dir", str(tmp_path / "state")], stdout=log, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120  # the inference service loads the embedded model (a few seconds)
         while b"stack is ready" not in (tmp_path / "up.log").read_bytes():
             assert stack.poll() is None, (tmp_path / "up.log").read_text()
-            assert time.monotonic() < deadline, "orchard up did not become ready in 60 s"
+            assert time.monotonic() < deadline, "orchard up did not become ready in 120 s"
             time.sleep(0.1)
         services = _children(stack.pid)
-        assert len(services) == 2  # nats-server and the env service
-        status = subprocess.run([str(ORCHARD), "status", "--env-address", f"127.0.0.1:{env_port}",
-                                 "--nats-address", f"127.0.0.1:{nats_port}"], capture_output=True, text=True)
+        assert len(services) == 3  # nats-server, the env service and the inference service
+        addresses = ["--env-address", f"127.0.0.1:{env_port}", "--nats-address", f"127.0.0.1:{nats_port}",
+                     "--inference-address", f"127.0.0.1:{inference_port}"]
+        status = subprocess.run([str(ORCHARD), "status", *addresses], capture_output=True, text=True)
         assert status.returncode == 0, status.stdout + status.stderr
-        assert "SERVING, sandboxes: none" in status.stdout and status.stdout.count(" up ") == 2
+        assert "SERVING, sandboxes: none" in status.stdout and status.stdout.count(" up ") == 3
+        assert "SmolLM2-135M-Instruct (transformers" in status.stdout
 
         run = subprocess.run([sys.executable, str(ROOT / "examples" / "quickstart.py")],
                              env={**os.environ, "ORCHARD_ENV_ADDRESS": f"127.0.0.1:{env_port}"},
@@ -81,9 +84,8 @@ def test_orchard_up_and_quick_start(tmp_path: Path) -> None:
         stack.send_signal(signal.SIGINT)
         assert stack.wait(timeout=60) == 0
         assert not [pid for pid in services if _alive(pid)]
-        down = subprocess.run([str(ORCHARD), "status", "--env-address", f"127.0.0.1:{env_port}",
-                               "--nats-address", f"127.0.0.1:{nats_port}"], capture_output=True, text=True)
-        assert down.returncode == 1 and down.stdout.count("DOWN") == 2
+        down = subprocess.run([str(ORCHARD), "status", *addresses], capture_output=True, text=True)
+        assert down.returncode == 1 and down.stdout.count("DOWN") == 3
     finally:
         if stack.poll() is None:  # a failed assertion: stop the stack the way a user would, so nothing leaks
             stack.send_signal(signal.SIGINT)

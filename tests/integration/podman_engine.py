@@ -114,5 +114,7 @@ class PodmanEngine:
         except subprocess.TimeoutExpired:
             self._service.kill()
             self._service.wait()
+        # The storage's overlay mounts go with the storage.
         self.podman("system", "reset", "--force", timeout=120, check=False)
+        subprocess.run(["umount", "-R", str(self.dir / "root" / "overlay")], capture_output=True, check=False)
         shutil.rmtree(self.dir, ignore_errors=True)

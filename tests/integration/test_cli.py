@@ -111,3 +111,44 @@ def test_sigterm_drains_and_removes_sandboxes(service: tuple[str, subprocess.Pop
     assert list((state / "sandboxes").iterdir()) == []
     leftovers = subprocess.run(["pgrep", "-f", f"ORCHARD_SANDBOX_ID {sandbox_id}"], capture_output=True)
     assert leftovers.returncode == 1
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_serve_inference_grpc_and_openai() -> None:
+    """`orchard serve inference --http-port` serves the embedded model over gRPC and to the real openai client."""
+    import openai
+
+    from orchard.inference.v1 import inference_pb2, inference_pb2_grpc
+    from orchard.types.v1 import types_pb2
+
+    port, http_port = _free_port(), _free_port()
+    proc = subprocess.Popen([ORCHARD, "serve", "inference", "--port", str(port), "--http-port", str(http_port),
+                             "--log-format", "text"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 150
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            while True:
+                assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+                try:
+                    reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=1)
+                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                        break
+                except grpc.RpcError:
+                    pass
+                assert time.monotonic() < deadline, "orchard serve inference did not become healthy"
+                time.sleep(0.2)
+            question = types_pb2.Message(role=types_pb2.ROLE_USER, content="What is the capital of France?")
+            chat = inference_pb2_grpc.InferenceServiceStub(channel).Chat(inference_pb2.ChatRequest(
+                messages=[question], sampling=inference_pb2.SamplingParams(max_tokens=12, temperature=0)), timeout=60)
+        assert "Paris" in chat.choices[0].message.content
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{http_port}/v1", api_key="unused", max_retries=0)
+        reply = client.chat.completions.create(model="SmolLM2-135M-Instruct", max_tokens=12, temperature=0,
+                                               messages=[{"role": "user", "content": "What is the capital of France?"}])
+        assert reply.choices[0].message.content == chat.choices[0].message.content
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

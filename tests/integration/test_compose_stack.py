@@ -60,7 +60,7 @@ def stack() -> Iterator[tuple[PodmanEngine, dict[str, str]]]:
 
         # Build what the compose file says to build, the way it says to build it.
         config = json.loads(compose(env, "config", "--format", "json").stdout)
-        for name, service in config["services"].items():
+        for service in config["services"].values():
             if "build" not in service:
                 continue
             build = service["build"]
@@ -121,10 +121,9 @@ def test_compose_up_runs_a_sandbox_command(stack: tuple[PodmanEngine, dict[str, 
     info = json.loads(compose(env, "exec", "-T", "env", "python", "-c", probe).stdout)
     assert info["jetstream"] is True, info
 
-    with SandboxClient(f"127.0.0.1:{env_port}") as client:
-        with client.create_sandbox(IMAGE) as sandbox:
-            sandbox.upload_content("import sys; print('hello from', sys.version_info[:2])\n", "hello.py")
-            result = sandbox.exec("python hello.py")
+    with SandboxClient(f"127.0.0.1:{env_port}") as client, client.create_sandbox(IMAGE) as sandbox:
+        sandbox.upload_content("import sys; print('hello from', sys.version_info[:2])\n", "hello.py")
+        result = sandbox.exec("python hello.py")
     assert result.exit_code == 0, result.stderr
     assert result.stdout.strip() == "hello from (3, 11)"
 

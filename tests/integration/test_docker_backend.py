@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -24,6 +22,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from orchard.env.v1 import env_pb2 as pb
 from orchard.env.v1 import env_pb2_grpc
 from orchard.services.env.images import default_images_dir
+from podman_engine import PodmanEngine, skip_unless_podman
 from test_env_service import REPO_SETUP, download, rpc_error, upload
 
 pytestmark = [pytest.mark.timeout(90)]
@@ -32,35 +31,10 @@ ROOT = Path(__file__).resolve().parents[2]
 IMAGE = "python:3.11-slim"
 REF = f"localhost/orchard-{IMAGE}"
 
-CONTAINERS_CONF = """\
-[containers]
-default_ulimits = ["nofile=1024:1024", "nproc=1024:1024"]
-[engine]
-runtime = "runc"
-cgroup_manager = "cgroupfs"
-events_logger = "file"
-exit_command_delay = 5
-tmp_dir = "{w}/tmp"
-[engine.runtimes]
-runc = ["{runc}"]
-"""
-
-STORAGE_CONF = """\
-[storage]
-driver = "overlay"
-runroot = "{w}/runroot"
-graphroot = "{w}/root"
-"""
-
-
 @pytest.fixture(scope="module")
-def podman(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def podman() -> Iterator[str]:
     """A private podman API service with the python:3.11-slim image; yields its DOCKER_HOST address."""
-    if os.geteuid() != 0:
-        pytest.skip("the docker backend tests run podman as root")
-    runc = shutil.which("runc")
-    if shutil.which("podman") is None or runc is None:
-        pytest.skip("podman and runc are not installed: apt-get install podman runc")
+    runc = skip_unless_podman()
     pytest.importorskip("docker", reason="pip install 'docker==7.*' (the docker extra)")
     rootfs = default_images_dir() / IMAGE.replace(":", "_") / "rootfs"
     if not (rootfs / "usr" / "bin" / "python3").exists():
@@ -68,43 +42,12 @@ def podman(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     built = subprocess.run([str(ROOT / "scripts" / "build_agent.sh")], capture_output=True, text=True, check=False)
     if built.returncode != 0:
         pytest.skip(f"cannot build the native agent (needs cargo): {built.stderr.strip()[-500:]}")
-
-    # A short folder: the service's unix socket path must fit in sockaddr_un.
-    w = Path(subprocess.run(["mktemp", "-d", "/tmp/orchard-podman.XXXXXX"], capture_output=True, text=True,
-                            check=True).stdout.strip())
-    (w / "tmp").mkdir()
-    (w / "containers.conf").write_text(CONTAINERS_CONF.format(w=w, runc=runc))
-    (w / "storage.conf").write_text(STORAGE_CONF.format(w=w))
-    env = {**os.environ, "CONTAINERS_CONF": str(w / "containers.conf"),
-           "CONTAINERS_STORAGE_CONF": str(w / "storage.conf")}
-    sock = w / "podman.sock"
-    service = subprocess.Popen(["podman", "system", "service", "--time=0", f"unix://{sock}"], env=env,
-                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    engine = PodmanEngine(runc)
     try:
-        deadline = time.monotonic() + 10
-        while not sock.exists():
-            assert service.poll() is None, f"podman system service failed: {service.stderr.read()!r}"  # type: ignore[union-attr]
-            assert time.monotonic() < deadline, "podman system service did not listen within 10 s"
-            time.sleep(0.02)
-        tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
-        imported = subprocess.run(["podman", "import", "-", REF], stdin=tar.stdout, env=env, capture_output=True,
-                                  text=True, check=False)
-        assert tar.stdout is not None
-        tar.stdout.close()
-        assert tar.wait() == 0 and imported.returncode == 0, imported.stderr
-        yield f"unix://{sock}"
+        engine.import_rootfs(rootfs, REF)
+        yield engine.host
     finally:
-        service.terminate()
-        try:
-            service.wait(10)
-        except subprocess.TimeoutExpired:
-            service.kill()
-            service.wait()
-        # Containers left (there should be none) and the storage's overlay mounts go with the storage.
-        subprocess.run(["podman", "rm", "-af", "-t", "0"], env=env, capture_output=True, check=False)
-        subprocess.run(["podman", "system", "reset", "-f"], env=env, capture_output=True, check=False)
-        subprocess.run(["umount", "-R", str(w / "root" / "overlay")], capture_output=True, check=False)
-        shutil.rmtree(w, ignore_errors=True)
+        engine.close()
 
 
 def _containers(host: str, sandbox_id: str = "") -> list[Any]:
@@ -241,8 +184,8 @@ async def test_cpu_and_pids_limits_hold(podman: str, start_env: StartEnv) -> Non
 
 
 async def test_what_the_backend_refuses(podman: str, start_env: StartEnv) -> None:
-    """No network at all: egress rules and disk caps (ext4 storage here) are FAILED_PRECONDITION, snapshots
-    UNIMPLEMENTED, each saying what to do instead; an empty policy is fine."""
+    """No network at all: egress rules and disk caps (ext4 storage here) are FAILED_PRECONDITION, each saying what
+    to do instead; an empty policy is fine."""
     env = await _start_docker(start_env, podman)
     stub = env.stub
     rule = pb.EgressRule(cidr="169.254.0.250/32", port=80)
@@ -261,8 +204,6 @@ async def test_what_the_backend_refuses(podman: str, start_env: StartEnv) -> Non
     assert policy.code() is grpc.StatusCode.FAILED_PRECONDITION
     await stub.SetNetworkPolicy(pb.SetNetworkPolicyRequest(sandbox_id=sid, network_policy=pb.NetworkPolicy()),
                                 timeout=30)
-    snap = await rpc_error(stub.SnapshotSandbox(pb.SnapshotSandboxRequest(sandbox_id=sid), timeout=30))
-    assert snap.code() is grpc.StatusCode.UNIMPLEMENTED
     assert [c.labels["orchard.sandbox_id"] for c in _containers(podman)] == [sid]  # failed creates left none
 
 
@@ -343,3 +284,37 @@ async def test_sandboxes_outlive_a_crash(podman: str, tmp_path: Path) -> None:
                 proc.send_signal(signal.SIGTERM)
                 assert await asyncio.wait_for(proc.wait(), 60) == 0
     assert _containers(podman) == []  # the clean stop removed the sandbox it took back
+
+
+def _snapshot_images(host: str) -> list[str]:
+    import docker
+
+    client = docker.DockerClient(base_url=host, timeout=30)
+    try:
+        return sorted(tag for image in client.images.list() for tag in image.tags if "orchard-snapshot-" in tag)
+    finally:
+        client.close()
+
+
+async def test_snapshots_are_committed_images(podman: str, start_env: StartEnv) -> None:
+    """A snapshot of a snapshot's sandbox keeps both files; a deleted snapshot's image stays while a later one
+    stacks it, and once neither is used every snapshot image is gone."""
+    env = await _start_docker(start_env, podman)
+    stub = env.stub
+    first = await _create(env)
+    await run(stub, first, "echo one > one.txt")
+    a = (await stub.SnapshotSandbox(pb.SnapshotSandboxRequest(sandbox_id=first, snapshot_id="a"), timeout=30)).snapshot
+    assert a.size_bytes > 0
+    child = (await stub.CreateSandbox(pb.CreateSandboxRequest(from_snapshot="a"), timeout=30)).sandbox.sandbox_id
+    await run(stub, child, "echo two > two.txt")
+    await stub.SnapshotSandbox(pb.SnapshotSandboxRequest(sandbox_id=child, snapshot_id="b"), timeout=30)
+    await stub.DeleteSnapshot(pb.DeleteSnapshotRequest(snapshot_id="a"), timeout=30)
+    await stub.DeleteSandbox(pb.DeleteSandboxRequest(sandbox_id=child), timeout=30)
+
+    grandchild = (await stub.CreateSandbox(pb.CreateSandboxRequest(from_snapshot="b"), timeout=30)).sandbox.sandbox_id
+    both = await run(stub, grandchild, "cat one.txt two.txt")
+    assert both.stdout == b"one\ntwo\n", both.stderr
+    await stub.DeleteSandbox(pb.DeleteSandboxRequest(sandbox_id=grandchild), timeout=30)
+    assert [tag.rpartition(":")[2] for tag in _snapshot_images(podman)] == ["a", "b"]  # b stacks deleted a
+    await stub.DeleteSnapshot(pb.DeleteSnapshotRequest(snapshot_id="b"), timeout=30)
+    assert _snapshot_images(podman) == []

@@ -31,7 +31,9 @@ def _client(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 def cmd_up(args: argparse.Namespace) -> int:
     from orchard.cli.stack import up
 
-    return asyncio.run(up(args.host, args.nats_port, args.env_port, Path(args.state_dir), args.log_format))
+    return asyncio.run(up(args.host, args.nats_port, args.env_port, Path(args.state_dir), args.log_format,
+                          inference_port=None if args.no_inference else args.inference_port,
+                          inference_http_port=args.inference_http_port))
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -44,7 +46,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     from orchard.cli.status import print_rows, status
 
-    rows = asyncio.run(status(args.env_address, args.nats_address, args.token))
+    rows = asyncio.run(status(args.env_address, args.nats_address, args.token, args.inference_address or None))
     print_rows(rows)
     return 0 if all(row.ok for row in rows) else 1
 
@@ -131,6 +133,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--env-port", type=int, default=50051)
     p.add_argument("--state-dir", default=str(Path.home() / ".local" / "state" / "orchard" / "stack"))
     p.add_argument("--log-format", choices=["json", "text"], default="text")
+    p.add_argument("--inference-port", type=int, default=50052, help="gRPC port of the inference service")
+    p.add_argument("--inference-http-port", type=int, default=50080,
+                   help="port of the inference service's OpenAI-compatible endpoint (/v1)")
+    p.add_argument("--no-inference", action="store_true",
+                   help="do not start the inference service (it loads the embedded model, ~0.5 GB of memory)")
     p.set_defaults(func=cmd_up)
 
     p = sub.add_parser("serve", help="run one service (flags after the name go to the service; --help lists them)")
@@ -141,6 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("status", help="health of the local stack at a glance (exit 1 if anything is down)")
     p.add_argument("--env-address", default="127.0.0.1:50051")
     p.add_argument("--nats-address", default="127.0.0.1:4222")
+    p.add_argument("--inference-address", default="",
+                   help="also check the inference service there (orchard up serves it on 127.0.0.1:50052)")
     p.add_argument("--token", default=None, help="bearer token, when the services require one")
     p.set_defaults(func=cmd_status)
 

@@ -17,6 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 # Service name -> the module whose main(argv) serves it. Services land here as they are built.
 SERVICES: dict[str, str] = {
     "env": "orchard.services.env.server",
+    "inference": "orchard.services.inference.server",
 }
 
 
@@ -75,8 +76,12 @@ async def _wait_ready(child: Child, check: object, deadline_s: float) -> None:
     raise SystemExit(f"orchard up: {child.name} did not become ready at {child.address} within {deadline_s:.0f}s")
 
 
-async def up(host: str, nats_port: int, env_port: int, state_dir: Path, log_format: str) -> int:
-    """Start nats-server (JetStream) and every service; stop them all on Ctrl-C/SIGTERM or if one dies."""
+async def up(host: str, nats_port: int, env_port: int, state_dir: Path, log_format: str, *,
+             inference_port: int | None = None, inference_http_port: int | None = None) -> int:
+    """Start nats-server (JetStream) and every service; stop them all on Ctrl-C/SIGTERM or if one dies.
+
+    inference_port None skips the inference service (it serves the embedded model, converted once on first use).
+    """
     state_dir.mkdir(parents=True, exist_ok=True)
     children: list[Child] = []
     stop = asyncio.Event()
@@ -95,9 +100,19 @@ async def up(host: str, nats_port: int, env_port: int, state_dir: Path, log_form
             "--log-format", log_format, start_new_session=True)
         children.append(Child("env", f"{host}:{env_port}", env))
         await _wait_ready(children[-1], lambda: _grpc_ready(f"{host}:{env_port}"), 60)
+        if inference_port is not None:
+            http = ["--http-port", str(inference_http_port)] if inference_http_port is not None else []
+            inference = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", SERVICES["inference"], "--host", host, "--port", str(inference_port), *http,
+                "--log-format", log_format, start_new_session=True)
+            children.append(Child("inference", f"{host}:{inference_port}", inference))
+            # The first start converts the embedded GGUF once (~25 s); later starts load in a few seconds.
+            await _wait_ready(children[-1], lambda: _grpc_ready(f"{host}:{inference_port}"), 300)
         print("orchard up: the local stack is ready (Ctrl-C stops it)", file=sys.stderr)
         for child in children:
-            print(f"  {child.name:<6} {child.address}", file=sys.stderr)
+            print(f"  {child.name:<9} {child.address}", file=sys.stderr)
+        if inference_port is not None and inference_http_port is not None:
+            print(f"  {'openai':<9} http://{host}:{inference_http_port}/v1", file=sys.stderr)
         sys.stderr.flush()
         waits = [asyncio.create_task(c.proc.wait()) for c in children]
         stopper = asyncio.create_task(stop.wait())

@@ -10,6 +10,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from orchard.env.v1 import env_pb2, env_pb2_grpc
+from orchard.inference.v1 import inference_pb2, inference_pb2_grpc
 
 
 @dataclass(frozen=True)
@@ -61,11 +62,32 @@ async def env_row(address: str, token: str | None) -> Row:
     return Row("env", address, True, f"SERVING, sandboxes: {counts}")
 
 
-async def status(env_address: str, nats_address: str, token: str | None) -> list[Row]:
-    return list(await asyncio.gather(nats_row(nats_address), env_row(env_address, token)))
+async def inference_row(address: str, token: str | None) -> Row:
+    metadata = (("authorization", f"Bearer {token}"),) if token else ()
+    async with grpc.aio.insecure_channel(address) as channel:
+        try:
+            health = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=2)
+            if health.status != health_pb2.HealthCheckResponse.SERVING:
+                return Row("inference", address, False,
+                           health_pb2.HealthCheckResponse.ServingStatus.Name(health.status))
+            stub = inference_pb2_grpc.InferenceServiceStub(channel)  # type: ignore[no-untyped-call]
+            models = await stub.ListModels(inference_pb2.ListModelsRequest(), timeout=5, metadata=metadata)
+        except grpc.aio.AioRpcError as err:
+            return Row("inference", address, False, f"{err.code().name}: {err.details()}")
+    served = ", ".join(f"{m.model_id} ({m.engine}, weights {m.weights_version})" for m in models.models)
+    return Row("inference", address, True, f"SERVING, models: {served}")
+
+
+async def status(env_address: str, nats_address: str, token: str | None,
+                 inference_address: str | None = None) -> list[Row]:
+    """Rows for NATS, env and, when an address is given, inference."""
+    checks = [nats_row(nats_address), env_row(env_address, token)]
+    if inference_address:
+        checks.append(inference_row(inference_address, token))
+    return list(await asyncio.gather(*checks))
 
 
 def print_rows(rows: list[Row]) -> None:
-    print(f"{'SERVICE':<8} {'ADDRESS':<22} {'STATUS':<6} DETAIL")
+    print(f"{'SERVICE':<9} {'ADDRESS':<22} {'STATUS':<6} DETAIL")
     for row in rows:
-        print(f"{row.name:<8} {row.address:<22} {'up' if row.ok else 'DOWN':<6} {row.detail}")
+        print(f"{row.name:<9} {row.address:<22} {'up' if row.ok else 'DOWN':<6} {row.detail}")

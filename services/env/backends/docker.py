@@ -10,10 +10,13 @@ built rootfs with `tar -C <rootfs> -c . | podman import - localhost/orchard-pyth
 Containers carry labels (sandbox id, service, tenant, expiry) and outlive the service's process: after a crash
 the next run takes back those still within their ttl (recover()) and removes the rest. A command killed for
 memory is read off the container's own memory cgroup, through the agent, since the engine's API does not report
-it (podman: State.OOMKilled stays False).
+it (podman: State.OOMKilled stays False). A snapshot is the container committed to an engine image
+(localhost/orchard-snapshot-<service>:<snapshot id>); sandboxes made from it run that image. Unlike the local
+backend's, it also keeps the source sandbox's env vars (podman's commit ignores a config override), so a sandbox
+made from it sees them unless it sets the same names.
 
-Not supported: egress allowlists (FailedPrecondition: containers have no network at all), disk caps where the
-engine's storage cannot size a container (FailedPrecondition), snapshots (Unimplemented).
+Not supported: egress allowlists (FailedPrecondition: containers have no network at all), and disk caps where
+the engine's storage cannot size a container (FailedPrecondition; overlay needs XFS with project quotas).
 """
 
 from __future__ import annotations
@@ -29,13 +32,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from orchard.errors import (
-    FailedPrecondition,
-    NotFound,
-    OrchardError,
-    Unavailable,
-    Unimplemented,
-)
+from orchard.errors import FailedPrecondition, NotFound, OrchardError, Unavailable
 from orchard.services.env.agent_client import AgentClient
 from orchard.services.env.backends.base import EgressRule, SandboxSpec, SnapshotFiles
 from orchard.services.env.settings import EnvSettings
@@ -56,7 +53,6 @@ OOM_FILES = (
 )
 NO_EGRESS = ("the docker backend gives sandboxes no network at all (network_mode none); egress allowlists need "
              "the local or kubernetes backend: create the sandbox without network_policy rules")
-NO_SNAPSHOTS = "the docker backend does not take snapshots; use the local backend for SnapshotSandbox"
 MAX_SUN_PATH = 100  # sockaddr_un.sun_path holds 108 bytes; longer paths are reached through /proc/self/fd
 
 
@@ -84,10 +80,12 @@ class DockerBackend:
         self._docker = _docker()
         self._root = settings.state_dir / "docker"
         self._service = service_label(settings.state_dir)
+        self._snapshot_repo = f"localhost/orchard-snapshot-{self._service[:8]}"
         self._agent = Path(settings.docker_agent_path) if settings.docker_agent_path else default_agent_path()
         self._client: Any = None
         self._containers: dict[str, Any] = {}
         self._clients: dict[str, AgentClient] = {}
+        self._layers: dict[str, tuple[str, ...]] = {}  # sandbox id -> the snapshot layers it was made from
 
     def _connect(self) -> Any:
         if self._client is None:
@@ -123,12 +121,13 @@ class DockerBackend:
                 try:
                     taken[spec.sandbox_id] = await self._attach(spec, container)
                     continue
-                except OrchardError as err:
+                except (OrchardError, OSError) as err:  # its agent does not answer: it goes like the rest
                     log.warning("cannot take back sandbox %s: %s", spec.sandbox_id, err)
             await asyncio.to_thread(self._remove_container, container)
         for path in self._root.iterdir():
             if path.is_dir() and path.name not in taken:
                 await asyncio.to_thread(shutil.rmtree, path, ignore_errors=True)
+        await asyncio.to_thread(self._remove_snapshot_images)  # a sandbox taken back keeps the image it runs
         if leftovers:
             log.info("took back %d of %d containers a previous run left; removed the rest", len(taken), len(leftovers))
         return taken
@@ -141,9 +140,13 @@ class DockerBackend:
         """The engine's image for a sandbox image name."""
         return f"{self._settings.docker_image_prefix}{image}"
 
+    def _snapshot_ref(self, snapshot_id: str) -> str:
+        return f"{self._snapshot_repo}:{snapshot_id}"
+
     def _create_container(self, spec: SandboxSpec, home: Path) -> Any:
         client = self._connect()
-        ref = self.image_ref(spec.image)
+        # A snapshot's image holds its whole stack of layers: the top one is all a sandbox needs.
+        ref = self._snapshot_ref(spec.layers[0]) if spec.layers else self.image_ref(spec.image)
         try:
             client.images.get(ref)
         except self._docker.errors.ImageNotFound:
@@ -210,8 +213,6 @@ class DockerBackend:
     async def create(self, spec: SandboxSpec) -> AgentClient:
         if spec.egress:
             raise FailedPrecondition(NO_EGRESS)
-        if spec.layers:
-            raise Unimplemented(NO_SNAPSHOTS)
         home = self._root / spec.sandbox_id
         home.mkdir(parents=True, exist_ok=True)
         try:
@@ -232,12 +233,14 @@ class DockerBackend:
             raise
         self._containers[spec.sandbox_id] = container
         self._clients[spec.sandbox_id] = client
+        self._layers[spec.sandbox_id] = spec.layers
         return client
 
     async def destroy(self, sandbox_id: str) -> None:
         client = self._clients.pop(sandbox_id, None)
         if client is not None:
             await client.close("the sandbox was deleted")
+        self._layers.pop(sandbox_id, None)
         container = self._containers.pop(sandbox_id, None)
         if container is not None:
             await asyncio.to_thread(self._remove_container, container)
@@ -249,10 +252,26 @@ class DockerBackend:
         # No rules = no egress: the container has no network at all already.
 
     async def snapshot(self, sandbox_id: str, snapshot_id: str) -> SnapshotFiles:
-        raise Unimplemented(NO_SNAPSHOTS)
+        """Commit the container (paused meanwhile, so files being written are caught whole) to an image."""
+        container = self._containers[sandbox_id]
+        client = self._connect()
+        # The size of the container's writable layer: only the engine's list call reports it.
+        [listed] = await asyncio.to_thread(client.api.containers, all=True, size=True, filters={"id": container.id})
+        await asyncio.to_thread(container.commit, repository=self._snapshot_repo, tag=snapshot_id, pause=True)
+        return SnapshotFiles(layers=(snapshot_id, *self._layers[sandbox_id]), size_bytes=int(listed.get("SizeRw") or 0))
 
     async def delete_snapshot(self, snapshot_id: str) -> None:
-        return None  # none are ever made
+        """Untag the snapshot's image; the engine keeps its layers while a later snapshot's image stacks them."""
+        with contextlib.suppress(self._docker.errors.NotFound):
+            await asyncio.to_thread(self._connect().images.remove, self._snapshot_ref(snapshot_id))
+
+    def _remove_snapshot_images(self) -> None:
+        """Remove this service's snapshot images, but those a container still runs."""
+        client = self._connect()
+        for image in client.images.list(name=self._snapshot_repo):
+            for tag in image.tags:
+                with contextlib.suppress(self._docker.errors.APIError):  # in use: a sandbox taken back runs it
+                    client.images.remove(tag)
 
     async def oom_kills(self, sandbox_id: str) -> int:
         """The oom_kill count of the container's memory cgroup, read by its agent: the engine's API does not
@@ -274,6 +293,7 @@ class DockerBackend:
     async def close(self) -> None:
         await asyncio.gather(*(self.destroy(sid) for sid in list(self._containers)))
         if self._client is not None:
+            await asyncio.to_thread(self._remove_snapshot_images)
             await asyncio.to_thread(self._client.close)
             self._client = None
 

@@ -79,7 +79,8 @@ class KubernetesBackend:
         self._k8s = _kubernetes()
         s = settings
         service_id = m.label_value(s.k8s_service_id or socket.gethostname())
-        self._cfg = m.PodConfig(namespace=s.k8s_namespace, service_id=service_id, agent_image=s.k8s_agent_image, agent_port=s.k8s_agent_port,
+        self._cfg = m.PodConfig(namespace=s.k8s_namespace, service_id=service_id, agent_image=s.k8s_agent_image,
+                                agent_port=s.k8s_agent_port,
                                 runtime_class=s.k8s_runtime_class)
         self._defaults = Resources(s.default_cpu_millis, s.default_memory_bytes, s.default_pids, s.default_disk_bytes)
         import urllib3  # the kubernetes client's HTTP layer: its connection errors are not all OSErrors
@@ -121,16 +122,24 @@ class KubernetesBackend:
             raise Unavailable(f"cannot {what}: the Kubernetes API at {self._api.configuration.host} is "
                               f"unreachable: {err}") from None
 
+    async def _send(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> None:
+        """_call for a write whose reply is not needed: the reply is not parsed into a model (that is slow)."""
+        response = await self._call(what, fn, *args, _preload_content=False, **kwargs)
+        try:
+            await asyncio.to_thread(response.read)  # to the end, or the pooled connection is unusable
+        finally:
+            response.release_conn()
+
     async def _delete_pod(self, name: str) -> None:
         try:
-            await self._call(f"delete pod {name}", self._core.delete_namespaced_pod, name, self._cfg.namespace,
+            await self._send(f"delete pod {name}", self._core.delete_namespaced_pod, name, self._cfg.namespace,
                              grace_period_seconds=0)
         except NotFound:
             pass
 
     async def _delete_policy(self, name: str) -> None:
         try:
-            await self._call(f"delete network policy {name}", self._net.delete_namespaced_network_policy, name,
+            await self._send(f"delete network policy {name}", self._net.delete_namespaced_network_policy, name,
                              self._cfg.namespace)
         except NotFound:
             pass
@@ -146,10 +155,10 @@ class KubernetesBackend:
         await self._clean_up()
         deny = k8s.client.V1NetworkPolicy.model_validate(m.deny_egress_policy(self._cfg))
         try:
-            await self._call("create the deny-all egress policy", self._net.create_namespaced_network_policy,
+            await self._send("create the deny-all egress policy", self._net.create_namespaced_network_policy,
                              self._cfg.namespace, deny)
         except AlreadyExists:
-            await self._call("replace the deny-all egress policy", self._net.replace_namespaced_network_policy,
+            await self._send("replace the deny-all egress policy", self._net.replace_namespaced_network_policy,
                              m.DENY_POLICY, self._cfg.namespace, deny)
         self._cache = PodCache(self._core.list_namespaced_pod, namespace=self._cfg.namespace,
                                selector=f"{m.MANAGED_BY}={m.MANAGER},{m.LABEL_SERVICE}={self._cfg.service_id}")
@@ -200,7 +209,7 @@ class KubernetesBackend:
 
     async def _create_pod(self, manifest: dict[str, Any]) -> None:
         body = self._k8s.client.V1Pod.model_validate(manifest)
-        await self._call(f"create pod {manifest['metadata']['name']}", self._core.create_namespaced_pod,
+        await self._send(f"create pod {manifest['metadata']['name']}", self._core.create_namespaced_pod,
                          self._cfg.namespace, body)
 
     async def _create_warm(self, image: str) -> WarmPod:
@@ -231,7 +240,7 @@ class KubernetesBackend:
         try:
             if warm is not None:
                 patch = m.handout_patch(sid, tenant=tenant, expire_s=expire_s, deadline_s=expire_s - warm.created_s)
-                await self._call(f"hand out warm pod {pod.name}", self._core.patch_namespaced_pod, pod.name,
+                await self._send(f"hand out warm pod {pod.name}", self._core.patch_namespaced_pod, pod.name,
                                  self._cfg.namespace, patch, _content_type=MERGE_PATCH)
             else:
                 await self._create_pod(self._pod_manifest(pod.name, pod.token, image=spec.image,
@@ -282,12 +291,12 @@ class KubernetesBackend:
         name, ns = policy["metadata"]["name"], self._cfg.namespace
         if not pod.has_policy:
             try:
-                await self._call(f"create network policy {name}", self._net.create_namespaced_network_policy, ns, body)
+                await self._send(f"create network policy {name}", self._net.create_namespaced_network_policy, ns, body)
                 pod.has_policy = True
                 return
             except AlreadyExists:
                 pod.has_policy = True
-        await self._call(f"replace network policy {name}", self._net.replace_namespaced_network_policy, name, ns, body)
+        await self._send(f"replace network policy {name}", self._net.replace_namespaced_network_policy, name, ns, body)
 
     async def set_egress(self, sandbox_id: str, rules: tuple[EgressRule, ...]) -> None:
         pod = self._pods.get(sandbox_id)

@@ -184,13 +184,9 @@ class TransformersEngine(Engine):
 
     def apply_chat_template(self, messages: list[ChatMessage], tools: list[ToolSpec] | None = None,
                             add_generation_prompt: bool = True, template_kwargs: dict[str, Any] | None = None) -> str:
-        try:
-            return str(self._batch.tokenizer.apply_chat_template(
-                messages, tools=tools or None, add_generation_prompt=add_generation_prompt, tokenize=False,
-                **(template_kwargs or {})))
-        except Exception as err:  # jinja errors: the conversation does not fit the template
-            raise InvalidArgument(f"the chat template cannot render this conversation: {err}",
-                                  field="messages") from err
+        return str(self._batch.tokenizer.apply_chat_template(
+            messages, tools=tools or None, add_generation_prompt=add_generation_prompt, tokenize=False,
+            **(template_kwargs or {})))
 
     # -- weights ------------------------------------------------------------------------------------------------
 
