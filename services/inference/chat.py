@@ -60,7 +60,7 @@ def template_knows_tools(engine: Engine) -> bool:
 
 
 def _with_tool_preamble(messages: list[ChatMessage], tools: list[ToolSpec]) -> list[ChatMessage]:
-    listed = "\n".join(json.dumps(t["function"] if "function" in t else t) for t in tools)
+    listed = "\n".join(json.dumps(t.get("function", t)) for t in tools)
     preamble = TOOL_PREAMBLE.format(tools=listed)
     out = [_calls_as_text(m) for m in messages]
     if out[0]["role"] == "system":

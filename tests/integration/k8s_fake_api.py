@@ -1,7 +1,7 @@
 """A FAKE Kubernetes API server for the kubernetes backend's tests: no cluster can run on the test machine.
 
 It serves, over real HTTP to the real `kubernetes` client, the few endpoints the backend uses: Pods (list, watch
-with resourceVersion, create, patch, delete) and NetworkPolicies (list, create, replace, delete) of any namespace.
+with resourceVersion, create, patch, delete) and NetworkPolicies (list, create, patch, delete) of any namespace.
 Every object created, replaced or patched is checked with kubernetes-validate (strict, Kubernetes 1.37) and
 refused with 422 like an API server would. A created Pod "runs": its sandbox container's command starts as a
 host process (the agent binary standing in for the emptyDir copy, $(VAR)s expanded, status.podIP = a loopback
@@ -74,6 +74,19 @@ def merge_patch(target: Any, patch: Any) -> Any:
             result.pop(key, None)
         else:
             result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+def json_patch(target: dict[str, Any], ops: list[dict[str, Any]]) -> dict[str, Any]:
+    """RFC 6902, the "replace" and "add" operations on object members (all the backend sends)."""
+    result = copy.deepcopy(target)
+    for op in ops:
+        assert op["op"] in ("replace", "add"), op
+        *parents, last = op["path"].lstrip("/").split("/")
+        node = result
+        for key in parents:
+            node = node[key]
+        node[last] = op["value"]
     return result
 
 
@@ -388,14 +401,16 @@ class FakeKubernetes:
                 if routed is None:
                     return
                 resource, ns, name, _ = routed
-                if self.headers.get("Content-Type") != "application/merge-patch+json":
-                    return self._reply(415, _status(415, "UnsupportedMediaType", "the fake takes merge patches"))
+                kind = self.headers.get("Content-Type")
+                if kind not in ("application/merge-patch+json", "application/json-patch+json"):
+                    return self._reply(415, _status(415, "UnsupportedMediaType", f"the fake takes no {kind}"))
                 patch = self._body()
                 with fake._cond:
                     current = fake.objects.get((resource, ns, name))
                     if current is None:
                         return self._reply(404, _status(404, "NotFound", f'{resource} "{name}" not found'))
-                    patched = merge_patch(current, patch)
+                    patched = (merge_patch(current, patch) if kind == "application/merge-patch+json"
+                               else json_patch(current, patch))
                     if self._invalid({k: v for k, v in patched.items() if k != "status"}):
                         return
                     stored = copy.deepcopy(fake._store(resource, ns, patched, "MODIFIED"))

@@ -270,3 +270,24 @@ async def test_update_weights_swaps_checkpoint(svc: Service, tmp_path: Path) -> 
                                                                      weights_version="base"), timeout=60)
     assert restored.model.weights_version == "base"
     assert (await svc.stub.Generate(request, timeout=60)).choices[0].token_ids == before.token_ids
+
+
+@pytest.mark.slow
+async def test_chat_tool_call(svc: Service) -> None:
+    """Offered tools, the reply is parsed into the message's tool calls (one earlier call shows the tiny model
+    the format; it does not call tools zero-shot)."""
+    weather = tpb.ToolDefinition(name="get_weather", description="Get the current weather in a city.",
+                                 parameters='{"type": "object", "properties": {"city": {"type": "string"}}}')
+    messages = [tpb.Message(role=tpb.ROLE_USER, content="What is the weather in Berlin?"),
+                tpb.Message(role=tpb.ROLE_ASSISTANT, tool_calls=[
+                    tpb.ToolCall(id="call_1", name="get_weather", arguments='{"city": "Berlin"}')]),
+                tpb.Message(role=tpb.ROLE_USER, content="What is the weather in Paris?")]
+    reply = await svc.stub.Chat(pb.ChatRequest(messages=messages, tools=[weather], sampling=sampling(max_tokens=24)),
+                                timeout=60)
+    choice = reply.choices[0]
+    assert choice.finish_reason == pb.FINISH_REASON_TOOL_CALLS, choice.text
+    assert [(c.name, c.arguments) for c in choice.message.tool_calls] == [("get_weather", '{"city": "Paris"}')]
+    assert "<tool_call>" in choice.text and not choice.message.content
+    plain = await svc.stub.Chat(pb.ChatRequest(messages=messages, tools=[weather], tool_choice=pb.TOOL_CHOICE_NONE,
+                                               sampling=sampling(max_tokens=8)), timeout=60)
+    assert not plain.choices[0].message.tool_calls

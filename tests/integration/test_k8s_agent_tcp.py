@@ -44,6 +44,12 @@ async def agent(agent_bin: Path, tmp_path: Path) -> AsyncIterator[tuple[int, asy
     proc = await asyncio.create_subprocess_exec(
         str(agent_bin), "--listen-tcp", f"{HOST}:{port}", cwd=tmp_path, stderr=asyncio.subprocess.PIPE,
         env={"PATH": os.environ["PATH"], "ORCHARD_AGENT_TOKEN": TOKEN})
+    for _ in range(500):  # until it listens (tests below open raw connections, which do not retry)
+        try:
+            socket.create_connection((HOST, port), timeout=1).close()  # a silent peer: dropped quietly
+            break
+        except ConnectionRefusedError:
+            await asyncio.sleep(0.01)
     yield port, proc
     proc.terminate()
     assert await asyncio.wait_for(proc.wait(), 10) == 0  # SIGTERM: commands killed, exit 0

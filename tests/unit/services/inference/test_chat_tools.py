@@ -14,8 +14,8 @@ TOOLS = {"get_weather", "search"}
      [("get_weather", '{"city": "Paris"}')]),
     ('Let me check.\n<tool_call>{"name": "search", "arguments": {"q": "x"}}</tool_call>', "Let me check.",
      [("search", '{"q": "x"}')]),
-    ('<tool_call>[{"name": "search", "arguments": {"q": "a"}}, {"name": "get_weather", "arguments": "{}"}]'
-     '</tool_call>', "", [("search", '{"q": "a"}'), ("get_weather", "{}")]),
+    (('<tool_call>[{"name": "search", "arguments": {"q": "a"}}, {"name": "get_weather", "arguments": "{}"}]'
+      '</tool_call>'), "", [("search", '{"q": "a"}'), ("get_weather", "{}")]),
     ('<tool_call>{"name": "search", "arguments": {"q": "cut"}}', "", [("search", '{"q": "cut"}')]),  # no end tag
     ('{"name": "get_weather", "parameters": {"city": "Oslo"}}', "", [("get_weather", '{"city": "Oslo"}')]),
     ("The capital of France is Paris.", "The capital of France is Paris.", []),
