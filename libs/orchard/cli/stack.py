@@ -18,6 +18,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 SERVICES: dict[str, str] = {
     "env": "orchard.services.env.server",
     "inference": "orchard.services.inference.server",
+    "proxy": "orchard.services.proxy.server",
 }
 
 
