@@ -14,7 +14,8 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
-TARGETS = ("base", "overlays/dev", "overlays/prod")
+TARGETS = ("base", "overlays/dev", "overlays/prod", "overlays/single-node")
+POD_PER_SANDBOX = ("base", "overlays/dev", "overlays/prod")  # the kubernetes backend; single-node runs local
 K8S_VERSION = "1.37.0"
 NAMESPACE = "orchard"
 SANDBOX_NAMESPACE = "orchard-sandboxes"
@@ -73,6 +74,15 @@ def env_deployment(target: str) -> dict[str, Any]:
     return find(target, "Deployment", "orchard-env")
 
 
+def inference_deployment(target: str) -> dict[str, Any]:
+    return find(target, "Deployment", "orchard-inference")
+
+
+def env_vars(c: dict[str, Any]) -> dict[str, Any]:
+    """A container's env as name -> value (or the valueFrom source)."""
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in c["env"]}
+
+
 @pytest.mark.parametrize("target", TARGETS)
 def test_kustomize_renders(target: str) -> None:
     """`kubectl kustomize` renders the target with rc 0 and the expected kinds."""
@@ -119,26 +129,86 @@ def test_env_has_grpc_probes_on_the_named_grpc_port(target: str) -> None:
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_env_requests_equal_limits(target: str) -> None:
-    """env's (and NATS's) resource requests equal their limits (Guaranteed QoS)."""
-    for workload, name in ((env_deployment(target), "env"), (find(target, "StatefulSet", "nats"), "nats")):
+    """env's, inference's and NATS's resource requests equal their limits (Guaranteed QoS)."""
+    for workload, name in ((env_deployment(target), "env"), (inference_deployment(target), "inference"),
+                           (find(target, "StatefulSet", "nats"), "nats")):
         res = container(workload, name)["resources"]
         assert res["requests"] and res["requests"] == res["limits"], name
 
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_env_settings_are_real_env_settings(target: str) -> None:
-    """env runs `serve env`, the local backend privileged, and every ORCHARD_ENV_* var names an EnvSettings field."""
+    """env runs `serve env` with the kubernetes backend as a non-root, read-only container (the local backend,
+    privileged, in single-node), and every ORCHARD_ENV_* var names an EnvSettings field."""
     from orchard.services.env.settings import EnvSettings
 
-    c = container(env_deployment(target), "env")
+    deployment = env_deployment(target)
+    c = container(deployment, "env")
     assert c["args"] == ["serve", "env"]
-    env = {e["name"]: e["value"] for e in c["env"]}
-    assert env["ORCHARD_ENV_BACKEND"] == "local"
-    assert c["securityContext"]["privileged"] is True  # the local backend needs it (see env.yaml)
+    env = env_vars(c)
+    if target in POD_PER_SANDBOX:
+        assert env["ORCHARD_ENV_BACKEND"] == "kubernetes"
+        assert env["ORCHARD_ENV_K8S_NAMESPACE"] == SANDBOX_NAMESPACE
+        assert env["ORCHARD_ENV_K8S_SERVICE_ID"] == {"fieldRef": {"fieldPath": "metadata.name"}}  # one per replica
+        assert env["ORCHARD_ENV_K8S_AGENT_IMAGE"].startswith("orchard-agent:")
+        assert deployment["spec"]["template"]["spec"]["automountServiceAccountToken"] is True
+        assert "privileged" not in c["securityContext"]
+    else:
+        assert env["ORCHARD_ENV_BACKEND"] == "local"
+        assert c["securityContext"]["privileged"] is True  # the local backend needs it (components/local-backend)
     assert env["ORCHARD_ENV_METRICS_PORT"] == "9100" and env["ORCHARD_ENV_PORT"] == "50051"
     # extra="forbid": an unknown ORCHARD_ENV_* var would stop the service at start.
     fields = {f.upper() for f in EnvSettings.model_fields}
     assert {k.removeprefix("ORCHARD_ENV_") for k in env if k.startswith("ORCHARD_ENV_")} <= fields
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_pod_security_of_the_orchard_namespace(target: str) -> None:
+    """Pod Security "restricted" where every pod qualifies (non-root, RuntimeDefault seccomp, no privilege
+    escalation, every capability dropped, read-only root FS); "privileged" only with the local backend."""
+    namespace = find(target, "Namespace", NAMESPACE, namespace=None)
+    restricted = target in POD_PER_SANDBOX
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == (
+        "restricted" if restricted else "privileged")
+    if not restricted:
+        return
+    for workload in [d for d in docs(target) if d["kind"] in ("Deployment", "StatefulSet")]:
+        pod = workload["spec"]["template"]["spec"]
+        for c in pod["containers"]:
+            sc = c["securityContext"]
+            where = f"{workload['metadata']['name']}/{c['name']}"
+            assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0, where
+            assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}, where
+            assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"]["drop"] == ["ALL"], where
+            assert sc["readOnlyRootFilesystem"] is True, where
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_inference_serves_grpc_http_and_metrics(target: str) -> None:
+    """inference runs `serve inference` with gRPC probes (a startup probe for the first model conversion), its
+    Service exposes grpc, http (OpenAI API) and metrics, it reads checkpoints read-only, and every
+    ORCHARD_INFERENCE_* var names an InferenceSettings field."""
+    from orchard.services.inference.settings import InferenceSettings
+
+    deployment = inference_deployment(target)
+    c = container(deployment, "inference")
+    assert c["args"] == ["serve", "inference"] and c["image"].startswith("orchard-inference:")
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert ports == {"grpc": 50052, "http": 8000, "metrics": 9100}
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert c[probe]["grpc"]["port"] == ports["grpc"], probe
+    env = env_vars(c)
+    assert (env["ORCHARD_INFERENCE_PORT"], env["ORCHARD_INFERENCE_HTTP_PORT"]) == ("50052", "8000")
+    fields = {f.upper() for f in InferenceSettings.model_fields}
+    assert {k.removeprefix("ORCHARD_INFERENCE_") for k in env if k.startswith("ORCHARD_INFERENCE_")} <= fields
+    assert {"name": "checkpoints", "mountPath": "/checkpoints", "readOnly": True} in c["volumeMounts"]
+    (claim,) = [v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == "checkpoints"]
+    pvc = find(target, "PersistentVolumeClaim", claim["persistentVolumeClaim"]["claimName"])
+    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+    svc = find(target, "Service", "orchard-inference")
+    assert {p["name"]: (p["port"], p["targetPort"]) for p in svc["spec"]["ports"]} == {
+        "grpc": (50052, "grpc"), "http": (8000, "http"), "metrics": (9100, "metrics")}
+    assert svc["spec"]["selector"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -175,7 +245,8 @@ def test_nats_is_non_root_read_only_with_jetstream(target: str) -> None:
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_rbac_lets_env_manage_sandbox_pods_and_network_policies(target: str) -> None:
-    """The orchard-sandboxes Role allows create/delete on pods and networkpolicies, exec, bound to env's SA."""
+    """The orchard-sandboxes Role allows what the kubernetes backend does to pods and networkpolicies (watch,
+    patch included) and no more (no exec: commands go to the agent at the Pod IP), bound to env's SA."""
     find(target, "Namespace", SANDBOX_NAMESPACE, namespace=None)
     role = find(target, "Role", "orchard-env-sandboxes", namespace=SANDBOX_NAMESPACE)
     allowed: dict[tuple[str, str], set[str]] = {}
@@ -183,9 +254,9 @@ def test_rbac_lets_env_manage_sandbox_pods_and_network_policies(target: str) -> 
         for group in rule["apiGroups"]:
             for resource in rule["resources"]:
                 allowed.setdefault((group, resource), set()).update(rule["verbs"])
-    assert {"create", "delete", "get", "list", "watch"} <= allowed[("", "pods")]
-    assert {"create", "delete", "get", "list", "watch"} <= allowed[("networking.k8s.io", "networkpolicies")]
-    assert "create" in allowed[("", "pods/exec")]
+    assert {"create", "delete", "get", "list", "watch", "patch"} <= allowed[("", "pods")]
+    assert {"create", "delete", "get", "list", "patch"} <= allowed[("networking.k8s.io", "networkpolicies")]
+    assert set(allowed) == {("", "pods"), ("networking.k8s.io", "networkpolicies")}
     binding = find(target, "RoleBinding", "orchard-env-sandboxes", namespace=SANDBOX_NAMESPACE)
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
                                   "name": "orchard-env-sandboxes"}
@@ -193,14 +264,16 @@ def test_rbac_lets_env_manage_sandbox_pods_and_network_policies(target: str) -> 
 
 
 @pytest.mark.parametrize("target", ("base", "overlays/prod"))
-def test_hpa_scales_env_on_cpu(target: str) -> None:
-    """The autoscaling/v2 HPA targets the env Deployment on CPU utilization (dev has none)."""
-    hpa = find(target, "HorizontalPodAutoscaler", "orchard-env")
+@pytest.mark.parametrize("service", ("orchard-env", "orchard-inference"))
+def test_hpa_scales_env_and_inference_on_cpu(target: str, service: str) -> None:
+    """autoscaling/v2 HPAs target the env and inference Deployments on CPU utilization (dev has none)."""
+    hpa = find(target, "HorizontalPodAutoscaler", service)
     assert hpa["apiVersion"] == "autoscaling/v2"
-    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "orchard-env"}
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": service}
     assert hpa["spec"]["minReplicas"] <= hpa["spec"]["maxReplicas"]
     assert [m["resource"]["name"] for m in hpa["spec"]["metrics"]] == ["cpu"]
-    assert not [d for d in docs("overlays/dev") if d["kind"] == "HorizontalPodAutoscaler"]
+    for small in ("overlays/dev", "overlays/single-node"):
+        assert not [d for d in docs(small) if d["kind"] == "HorizontalPodAutoscaler"], small
 
 
 def test_prod_is_bigger_than_dev() -> None:
@@ -209,7 +282,8 @@ def test_prod_is_bigger_than_dev() -> None:
     assert dev["spec"]["replicas"] == 1 < prod["spec"]["replicas"]
     assert prod["spec"]["replicas"] <= find("overlays/prod", "HorizontalPodAutoscaler", "orchard-env")["spec"][
         "minReplicas"]
-    assert container(dev, "env")["image"] == "orchard:dev"
+    assert container(dev, "env")["image"] == "orchard-env:dev"
+    assert container(inference_deployment("overlays/dev"), "inference")["image"] == "orchard-inference:dev"
     dev_res, prod_res = container(dev, "env")["resources"]["limits"], container(prod, "env")["resources"]["limits"]
     assert _cpu(prod_res["cpu"]) > _cpu(dev_res["cpu"])
 
@@ -220,7 +294,7 @@ def _cpu(q: str) -> float:
 
 def test_prod_network_policy_limits_env_grpc_to_labelled_clients() -> None:
     """Only prod has NetworkPolicies; env's grpc port admits only pods/namespaces labelled as env clients."""
-    for target in ("base", "overlays/dev"):
+    for target in ("base", "overlays/dev", "overlays/single-node"):
         assert not [d for d in docs(target) if d["kind"] == "NetworkPolicy"], target
     pol = find("overlays/prod", "NetworkPolicy", "orchard-env-ingress")
     labels = env_deployment("overlays/prod")["spec"]["template"]["metadata"]["labels"]
@@ -233,3 +307,21 @@ def test_prod_network_policy_limits_env_grpc_to_labelled_clients() -> None:
     for rule in pol["spec"]["ingress"]:
         assert rule.get("from"), "every rule names its sources (an empty `from` admits everyone)"
     find("overlays/prod", "NetworkPolicy", "nats-ingress")
+
+
+def test_prod_network_policies_for_inference_and_sandbox_agents() -> None:
+    """In prod, inference's grpc/http ports admit only labelled clients, and sandbox pods admit only the env
+    service's pods, only on the agent port the env service is configured with."""
+    pol = find("overlays/prod", "NetworkPolicy", "orchard-inference-ingress")
+    rule = next(r for r in pol["spec"]["ingress"] if {"port": "http", "protocol": "TCP"} in r["ports"])
+    assert {"podSelector": {"matchLabels": {"orchard.dev/inference-client": "true"}}} in rule["from"]
+    sandboxes = find("overlays/prod", "NetworkPolicy", "orchard-sandbox-ingress", namespace=SANDBOX_NAMESPACE)
+    assert sandboxes["spec"]["podSelector"] == {"matchLabels": {"orchard.dev/role": "sandbox"}}
+    (only,) = sandboxes["spec"]["ingress"]
+    (source,) = only["from"]
+    assert source["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}}
+    assert source["podSelector"]["matchLabels"].items() <= \
+        env_deployment("overlays/prod")["spec"]["template"]["metadata"]["labels"].items()
+    from orchard.services.env.settings import EnvSettings
+
+    assert only["ports"] == [{"port": EnvSettings.model_fields["k8s_agent_port"].default, "protocol": "TCP"}]

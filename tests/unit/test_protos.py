@@ -53,7 +53,7 @@ SERVICES: dict[str, tuple[str, str, list[str]]] = {
     "experience": (
         "orchard.experience.v1.experience_pb2",
         "ExperienceService",
-        ["GetTrajectory", "ListTrajectories", "QueryStats", "ExportTrajectories", "ListRuns"],
+        ["GetTrajectory", "ListTrajectories", "QueryStats", "ExportTrajectories", "ExportDataset", "ListRuns"],
     ),
 }
 

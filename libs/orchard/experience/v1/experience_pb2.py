@@ -22,11 +22,12 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 from orchard.types.v1 import types_pb2 as orchard_dot_types_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&orchard/experience/v1/experience.proto\x12\x15orchard.experience.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1corchard/types/v1/types.proto\"\xa9\x05\n\x10TrajectoryFilter\x12\x0f\n\x07run_ids\x18\x01 \x03(\t\x12\x10\n\x08task_ids\x18\x02 \x03(\t\x12\x18\n\x10\x65xclude_task_ids\x18\x03 \x03(\t\x12\x10\n\x08task_set\x18\x04 \x01(\t\x12\x14\n\x0cpolicy_model\x18\x05 \x01(\t\x12\x17\n\x0fweights_version\x18\x06 \x01(\t\x12\x0f\n\x07harness\x18\x07 \x01(\t\x12\x32\n\x0cstop_reasons\x18\x08 \x03(\x0e\x32\x1c.orchard.types.v1.StopReason\x12\x37\n\x0eoutcome_status\x18\t \x01(\x0e\x32\x1f.orchard.types.v1.OutcomeStatus\x12\x31\n\x0breward_kind\x18\n \x01(\x0e\x32\x1c.orchard.types.v1.RewardKind\x12\x17\n\nmin_reward\x18\x0b \x01(\x01H\x00\x88\x01\x01\x12\x17\n\nmax_reward\x18\x0c \x01(\x01H\x01\x88\x01\x01\x12\x32\n\x0e\x65nd_after_time\x18\r \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x33\n\x0f\x65nd_before_time\x18\x0e \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12X\n\x11metadata_selector\x18\x0f \x03(\x0b\x32=.orchard.experience.v1.TrajectoryFilter.MetadataSelectorEntry\x12\x1a\n\x12include_unfinished\x18\x10 \x01(\x08\x1a\x37\n\x15MetadataSelectorEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\r\n\x0b_min_rewardB\r\n\x0b_max_reward\"b\n\x14GetTrajectoryRequest\x12\x15\n\rtrajectory_id\x18\x01 \x01(\t\x12\x33\n\x04view\x18\x02 \x01(\x0e\x32%.orchard.experience.v1.TrajectoryView\"I\n\x15GetTrajectoryResponse\x12\x30\n\ntrajectory\x18\x01 \x01(\x0b\x32\x1c.orchard.types.v1.Trajectory\"\xae\x01\n\x17ListTrajectoriesRequest\x12\x37\n\x06\x66ilter\x18\x01 \x01(\x0b\x32\'.orchard.experience.v1.TrajectoryFilter\x12\x33\n\x04view\x18\x02 \x01(\x0e\x32%.orchard.experience.v1.TrajectoryView\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x12\n\npage_token\x18\x04 \x01(\t\"g\n\x18ListTrajectoriesResponse\x12\x32\n\x0ctrajectories\x18\x01 \x03(\x0b\x32\x1c.orchard.types.v1.Trajectory\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"}\n\x0bRewardStats\x12*\n\x04kind\x18\x01 \x01(\x0e\x32\x1c.orchard.types.v1.RewardKind\x12\r\n\x05\x63ount\x18\x02 \x01(\x03\x12\x0c\n\x04mean\x18\x03 \x01(\x01\x12\x0b\n\x03std\x18\x04 \x01(\x01\x12\x0b\n\x03min\x18\x05 \x01(\x01\x12\x0b\n\x03max\x18\x06 \x01(\x01\"\xfc\x02\n\nStatsGroup\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x18\n\x10trajectory_count\x18\x02 \x01(\x03\x12\x16\n\x0e\x66inished_count\x18\x03 \x01(\x03\x12\x16\n\x0eresolved_count\x18\x04 \x01(\x03\x12\x14\n\x0cgraded_count\x18\x05 \x01(\x03\x12\x15\n\rresolved_rate\x18\x06 \x01(\x01\x12\x33\n\x07rewards\x18\x07 \x03(\x0b\x32\".orchard.experience.v1.RewardStats\x12\x12\n\nmean_steps\x18\x08 \x01(\x01\x12\x13\n\x0bmean_tokens\x18\t \x01(\x01\x12S\n\x12stop_reason_counts\x18\n \x03(\x0b\x32\x37.orchard.experience.v1.StatsGroup.StopReasonCountsEntry\x1a\x37\n\x15StopReasonCountsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\xaa\x01\n\x11QueryStatsRequest\x12\x37\n\x06\x66ilter\x18\x01 \x01(\x0b\x32\'.orchard.experience.v1.TrajectoryFilter\x12\x35\n\x08group_by\x18\x02 \x01(\x0e\x32#.orchard.experience.v1.StatsGroupBy\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x12\n\npage_token\x18\x04 \x01(\t\"\x92\x01\n\x12QueryStatsResponse\x12\x31\n\x06groups\x18\x01 \x03(\x0b\x32!.orchard.experience.v1.StatsGroup\x12\x30\n\x05total\x18\x02 \x01(\x0b\x32!.orchard.experience.v1.StatsGroup\x12\x17\n\x0fnext_page_token\x18\x03 \x01(\t\"\xb2\x01\n\x19\x45xportTrajectoriesRequest\x12\x37\n\x06\x66ilter\x18\x01 \x01(\x0b\x32\'.orchard.experience.v1.TrajectoryFilter\x12\x33\n\x04view\x18\x02 \x01(\x0e\x32%.orchard.experience.v1.TrajectoryView\x12\r\n\x05limit\x18\x03 \x01(\x03\x12\x18\n\x10\x64istinct_patches\x18\x04 \x01(\x08\"N\n\x1a\x45xportTrajectoriesResponse\x12\x30\n\ntrajectory\x18\x01 \x01(\x0b\x32\x1c.orchard.types.v1.Trajectory\"\x89\x02\n\x03Run\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x18\n\x10trajectory_count\x18\x03 \x01(\x03\x12\x16\n\x0e\x66inished_count\x18\x04 \x01(\x03\x12\x11\n\ttask_sets\x18\x05 \x03(\t\x12\x11\n\tharnesses\x18\x06 \x03(\t\x12*\n\x08policies\x18\x07 \x03(\x0b\x32\x18.orchard.types.v1.Policy\x12/\n\x0b\x63reate_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"8\n\x0fListRunsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"U\n\x10ListRunsResponse\x12(\n\x04runs\x18\x01 \x03(\x0b\x32\x1a.orchard.experience.v1.Run\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\xfe\x02\n\x0cRolloutEvent\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x15\n\rtrajectory_id\x18\x03 \x01(\t\x12.\n\nevent_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12@\n\x0frollout_started\x18\x05 \x01(\x0b\x32%.orchard.experience.v1.RolloutStartedH\x00\x12:\n\x0crollout_step\x18\x06 \x01(\x0b\x32\".orchard.experience.v1.RolloutStepH\x00\x12\x42\n\x10rollout_finished\x18\x07 \x01(\x0b\x32&.orchard.experience.v1.RolloutFinishedH\x00\x12:\n\x0creward_added\x18\x08 \x01(\x0b\x32\".orchard.experience.v1.RewardAddedH\x00\x42\x07\n\x05\x65vent\"B\n\x0eRolloutStarted\x12\x30\n\ntrajectory\x18\x01 \x01(\x0b\x32\x1c.orchard.types.v1.Trajectory\"3\n\x0bRolloutStep\x12$\n\x04step\x18\x01 \x01(\x0b\x32\x16.orchard.types.v1.Step\"C\n\x0fRolloutFinished\x12\x30\n\ntrajectory\x18\x01 \x01(\x0b\x32\x1c.orchard.types.v1.Trajectory\"7\n\x0bRewardAdded\x12(\n\x06reward\x18\x01 \x01(\x0b\x32\x18.orchard.types.v1.Reward*f\n\x0eTrajectoryView\x12\x1f\n\x1bTRAJECTORY_VIEW_UNSPECIFIED\x10\x00\x12\x19\n\x15TRAJECTORY_VIEW_BASIC\x10\x01\x12\x18\n\x14TRAJECTORY_VIEW_FULL\x10\x02*\xba\x01\n\x0cStatsGroupBy\x12\x1e\n\x1aSTATS_GROUP_BY_UNSPECIFIED\x10\x00\x12\x16\n\x12STATS_GROUP_BY_RUN\x10\x01\x12\x17\n\x13STATS_GROUP_BY_TASK\x10\x02\x12\x19\n\x15STATS_GROUP_BY_POLICY\x10\x03\x12\"\n\x1eSTATS_GROUP_BY_WEIGHTS_VERSION\x10\x04\x12\x1a\n\x16STATS_GROUP_BY_HARNESS\x10\x05\x32\xb1\x04\n\x11\x45xperienceService\x12j\n\rGetTrajectory\x12+.orchard.experience.v1.GetTrajectoryRequest\x1a,.orchard.experience.v1.GetTrajectoryResponse\x12s\n\x10ListTrajectories\x12..orchard.experience.v1.ListTrajectoriesRequest\x1a/.orchard.experience.v1.ListTrajectoriesResponse\x12\x61\n\nQueryStats\x12(.orchard.experience.v1.QueryStatsRequest\x1a).orchard.experience.v1.QueryStatsResponse\x12{\n\x12\x45xportTrajectories\x12\x30.orchard.experience.v1.ExportTrajectoriesRequest\x1a\x31.orchard.experience.v1.ExportTrajectoriesResponse0\x01\x12[\n\x08ListRuns\x12&.orchard.experience.v1.ListRunsRequest\x1a\'.orchard.experience.v1.ListRunsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&orchard/experience/v1/experience.proto\x12\x15orchard.experience.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1corchard/types/v1/types.proto\"\xa9\x05\n\x10TrajectoryFilter\x12\x0f\n\x07run_ids\x18\x01 \x03(\t\x12\x10\n\x08task_ids\x18\x02 \x03(\t\x12\x18\n\x10\x65xclude_task_ids\x18\x03 \x03(\t\x12\x10\n\x08task_set\x18\x04 \x01(\t\x12\x14\n\x0cpolicy_model\x18\x05 \x01(\t\x12\x17\n\x0fweights_version\x18\x06 \x01(\t\x12\x0f\n\x07harness\x18\x07 \x01(\t\x12\x32\n\x0cstop_reasons\x18\x08 \x03(\x0e\x32\x1c.orchard.types.v1.StopReason\x12\x37\n\x0eoutcome_status\x18\t \x01(\x0e\x32\x1f.orchard.types.v1.OutcomeStatus\x12\x31\n\x0breward_kind\x18\n \x01(\x0e\x32\x1c.orchard.types.v1.RewardKind\x12\x17\n\nmin_reward\x18\x0b \x01(\x01H\x00\x88\x01\x01\x12\x17\n\nmax_reward\x18\x0c \x01(\x01H\x01\x88\x01\x01\x12\x32\n\x0e\x65nd_after_time\x18\r \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x33\n\x0f\x65nd_before_time\x18\x0e \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12X\n\x11metadata_selector\x18\x0f \x03(\x0b\x32=.orchard.experience.v1.TrajectoryFilter.MetadataSelectorEntry\x12\x1a\n\x12include_unfinished\x18\x10 \x01(\x08\x1a\x37\n\x15MetadataSelectorEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\r\n\x0b_min_rewardB\r\n\x0b_max_reward\"b\n\x14GetTrajectoryRequest\x12\x15\n\rtrajectory_id\x18\x01 \x01(\t\x12\x33\n\x04view\x18\x02 \x01(\x0e\x32%.orchard.experience.v1.TrajectoryView\"I\n\x15GetTrajectoryResponse\x12\x30\n\ntrajectory\x18\x01 \x01(\x0b\x32\x1c.orchard.types.v1.Trajectory\"\xae\x01\n\x17ListTrajectoriesRequest\x12\x37\n\x06\x66ilter\x18\x01 \x01(\x0b\x32\'.orchard.experience.v1.TrajectoryFilter\x12\x33\n\x04view\x18\x02 \x01(\x0e\x32%.orchard.experience.v1.TrajectoryView\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x12\n\npage_token\x18\x04 \x01(\t\"g\n\x18ListTrajectoriesResponse\x12\x32\n\x0ctrajectories\x18\x01 \x03(\x0b\x32\x1c.orchard.types.v1.Trajectory\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"}\n\x0bRewardStats\x12*\n\x04kind\x18\x01 \x01(\x0e\x32\x1c.orchard.types.v1.RewardKind\x12\r\n\x05\x63ount\x18\x02 \x01(\x03\x12\x0c\n\x04mean\x18\x03 \x01(\x01\x12\x0b\n\x03std\x18\x04 \x01(\x01\x12\x0b\n\x03min\x18\x05 \x01(\x01\x12\x0b\n\x03max\x18\x06 \x01(\x01\"\xfc\x02\n\nStatsGroup\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x18\n\x10trajectory_count\x18\x02 \x01(\x03\x12\x16\n\x0e\x66inished_count\x18\x03 \x01(\x03\x12\x16\n\x0eresolved_count\x18\x04 \x01(\x03\x12\x14\n\x0cgraded_count\x18\x05 \x01(\x03\x12\x15\n\rresolved_rate\x18\x06 \x01(\x01\x12\x33\n\x07rewards\x18\x07 \x03(\x0b\x32\".orchard.experience.v1.RewardStats\x12\x12\n\nmean_steps\x18\x08 \x01(\x01\x12\x13\n\x0bmean_tokens\x18\t \x01(\x01\x12S\n\x12stop_reason_counts\x18\n \x03(\x0b\x32\x37.orchard.experience.v1.StatsGroup.StopReasonCountsEntry\x1a\x37\n\x15StopReasonCountsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\xaa\x01\n\x11QueryStatsRequest\x12\x37\n\x06\x66ilter\x18\x01 \x01(\x0b\x32\'.orchard.experience.v1.TrajectoryFilter\x12\x35\n\x08group_by\x18\x02 \x01(\x0e\x32#.orchard.experience.v1.StatsGroupBy\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x12\n\npage_token\x18\x04 \x01(\t\"\x92\x01\n\x12QueryStatsResponse\x12\x31\n\x06groups\x18\x01 \x03(\x0b\x32!.orchard.experience.v1.StatsGroup\x12\x30\n\x05total\x18\x02 \x01(\x0b\x32!.orchard.experience.v1.StatsGroup\x12\x17\n\x0fnext_page_token\x18\x03 \x01(\t\"\xe9\x01\n\x19\x45xportTrajectoriesRequest\x12\x37\n\x06\x66ilter\x18\x01 \x01(\x0b\x32\'.orchard.experience.v1.TrajectoryFilter\x12\x33\n\x04view\x18\x02 \x01(\x0e\x32%.orchard.experience.v1.TrajectoryView\x12\r\n\x05limit\x18\x03 \x01(\x03\x12\x18\n\x10\x64istinct_patches\x18\x04 \x01(\x08\x12\x35\n\x07purpose\x18\x05 \x01(\x0e\x32$.orchard.experience.v1.ExportPurpose\"\xcb\x01\n\x14\x45xportDatasetRequest\x12\x37\n\x06\x66ilter\x18\x01 \x01(\x0b\x32\'.orchard.experience.v1.TrajectoryFilter\x12\x34\n\x06\x66ormat\x18\x02 \x01(\x0e\x32$.orchard.experience.v1.DatasetFormat\x12\x35\n\x07purpose\x18\x03 \x01(\x0e\x32$.orchard.experience.v1.ExportPurpose\x12\r\n\x05limit\x18\x04 \x01(\x03\"|\n\x14\x45xportDatasetSummary\x12\x11\n\trow_count\x18\x01 \x01(\x03\x12\x1c\n\x14\x64\x65\x63ontaminated_count\x18\x02 \x01(\x03\x12\x1f\n\x17\x64\x65\x63ontaminated_task_ids\x18\x03 \x03(\t\x12\x12\n\nbyte_count\x18\x04 \x01(\x03\"d\n\x15\x45xportDatasetResponse\x12\r\n\x05\x63hunk\x18\x01 \x01(\x0c\x12<\n\x07summary\x18\x02 \x01(\x0b\x32+.orchard.experience.v1.ExportDatasetSummary\"N\n\x1a\x45xportTrajectoriesResponse\x12\x30\n\ntrajectory\x18\x01 \x01(\x0b\x32\x1c.orchard.types.v1.Trajectory\"\x89\x02\n\x03Run\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x18\n\x10trajectory_count\x18\x03 \x01(\x03\x12\x16\n\x0e\x66inished_count\x18\x04 \x01(\x03\x12\x11\n\ttask_sets\x18\x05 \x03(\t\x12\x11\n\tharnesses\x18\x06 \x03(\t\x12*\n\x08policies\x18\x07 \x03(\x0b\x32\x18.orchard.types.v1.Policy\x12/\n\x0b\x63reate_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"8\n\x0fListRunsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"U\n\x10ListRunsResponse\x12(\n\x04runs\x18\x01 \x03(\x0b\x32\x1a.orchard.experience.v1.Run\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\xc7\x03\n\x0cRolloutEvent\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x15\n\rtrajectory_id\x18\x03 \x01(\t\x12.\n\nevent_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12@\n\x0frollout_started\x18\x05 \x01(\x0b\x32%.orchard.experience.v1.RolloutStartedH\x00\x12:\n\x0crollout_step\x18\x06 \x01(\x0b\x32\".orchard.experience.v1.RolloutStepH\x00\x12\x42\n\x10rollout_finished\x18\x07 \x01(\x0b\x32&.orchard.experience.v1.RolloutFinishedH\x00\x12:\n\x0creward_added\x18\x08 \x01(\x0b\x32\".orchard.experience.v1.RewardAddedH\x00\x12G\n\x13model_call_recorded\x18\t \x01(\x0b\x32(.orchard.experience.v1.ModelCallRecordedH\x00\x42\x07\n\x05\x65vent\"B\n\x0eRolloutStarted\x12\x30\n\ntrajectory\x18\x01 \x01(\x0b\x32\x1c.orchard.types.v1.Trajectory\"3\n\x0bRolloutStep\x12$\n\x04step\x18\x01 \x01(\x0b\x32\x16.orchard.types.v1.Step\"C\n\x0fRolloutFinished\x12\x30\n\ntrajectory\x18\x01 \x01(\x0b\x32\x1c.orchard.types.v1.Trajectory\"7\n\x0bRewardAdded\x12(\n\x06reward\x18\x01 \x01(\x0b\x32\x18.orchard.types.v1.Reward\"\xde\x01\n\x11ModelCallRecorded\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x03\x12\x0c\n\x04path\x18\x03 \x01(\t\x12\x14\n\x0crequest_json\x18\x04 \x01(\t\x12\x15\n\rresponse_json\x18\x05 \x01(\t\x12\x13\n\x0bhttp_status\x18\x06 \x01(\x05\x12\x0e\n\x06stream\x18\x07 \x01(\x08\x12\r\n\x05\x65rror\x18\x08 \x01(\t\x12\x10\n\x08upstream\x18\t \x01(\t\x12*\n\x07latency\x18\n \x01(\x0b\x32\x19.google.protobuf.Duration*f\n\x0eTrajectoryView\x12\x1f\n\x1bTRAJECTORY_VIEW_UNSPECIFIED\x10\x00\x12\x19\n\x15TRAJECTORY_VIEW_BASIC\x10\x01\x12\x18\n\x14TRAJECTORY_VIEW_FULL\x10\x02*\xba\x01\n\x0cStatsGroupBy\x12\x1e\n\x1aSTATS_GROUP_BY_UNSPECIFIED\x10\x00\x12\x16\n\x12STATS_GROUP_BY_RUN\x10\x01\x12\x17\n\x13STATS_GROUP_BY_TASK\x10\x02\x12\x19\n\x15STATS_GROUP_BY_POLICY\x10\x03\x12\"\n\x1eSTATS_GROUP_BY_WEIGHTS_VERSION\x10\x04\x12\x1a\n\x16STATS_GROUP_BY_HARNESS\x10\x05*k\n\rExportPurpose\x12\x1e\n\x1a\x45XPORT_PURPOSE_UNSPECIFIED\x10\x00\x12\x1b\n\x17\x45XPORT_PURPOSE_TRAINING\x10\x01\x12\x1d\n\x19\x45XPORT_PURPOSE_EVALUATION\x10\x02*e\n\rDatasetFormat\x12\x1e\n\x1a\x44\x41TASET_FORMAT_UNSPECIFIED\x10\x00\x12\x18\n\x14\x44\x41TASET_FORMAT_JSONL\x10\x01\x12\x1a\n\x16\x44\x41TASET_FORMAT_PARQUET\x10\x02\x32\x9f\x05\n\x11\x45xperienceService\x12j\n\rGetTrajectory\x12+.orchard.experience.v1.GetTrajectoryRequest\x1a,.orchard.experience.v1.GetTrajectoryResponse\x12s\n\x10ListTrajectories\x12..orchard.experience.v1.ListTrajectoriesRequest\x1a/.orchard.experience.v1.ListTrajectoriesResponse\x12\x61\n\nQueryStats\x12(.orchard.experience.v1.QueryStatsRequest\x1a).orchard.experience.v1.QueryStatsResponse\x12{\n\x12\x45xportTrajectories\x12\x30.orchard.experience.v1.ExportTrajectoriesRequest\x1a\x31.orchard.experience.v1.ExportTrajectoriesResponse0\x01\x12l\n\rExportDataset\x12+.orchard.experience.v1.ExportDatasetRequest\x1a,.orchard.experience.v1.ExportDatasetResponse0\x01\x12[\n\x08ListRuns\x12&.orchard.experience.v1.ListRunsRequest\x1a\'.orchard.experience.v1.ListRunsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,52 +38,64 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TRAJECTORYFILTER_METADATASELECTORENTRY']._serialized_options = b'8\001'
   _globals['_STATSGROUP_STOPREASONCOUNTSENTRY']._loaded_options = None
   _globals['_STATSGROUP_STOPREASONCOUNTSENTRY']._serialized_options = b'8\001'
-  _globals['_TRAJECTORYVIEW']._serialized_start=3407
-  _globals['_TRAJECTORYVIEW']._serialized_end=3509
-  _globals['_STATSGROUPBY']._serialized_start=3512
-  _globals['_STATSGROUPBY']._serialized_end=3698
-  _globals['_TRAJECTORYFILTER']._serialized_start=129
-  _globals['_TRAJECTORYFILTER']._serialized_end=810
-  _globals['_TRAJECTORYFILTER_METADATASELECTORENTRY']._serialized_start=725
-  _globals['_TRAJECTORYFILTER_METADATASELECTORENTRY']._serialized_end=780
-  _globals['_GETTRAJECTORYREQUEST']._serialized_start=812
-  _globals['_GETTRAJECTORYREQUEST']._serialized_end=910
-  _globals['_GETTRAJECTORYRESPONSE']._serialized_start=912
-  _globals['_GETTRAJECTORYRESPONSE']._serialized_end=985
-  _globals['_LISTTRAJECTORIESREQUEST']._serialized_start=988
-  _globals['_LISTTRAJECTORIESREQUEST']._serialized_end=1162
-  _globals['_LISTTRAJECTORIESRESPONSE']._serialized_start=1164
-  _globals['_LISTTRAJECTORIESRESPONSE']._serialized_end=1267
-  _globals['_REWARDSTATS']._serialized_start=1269
-  _globals['_REWARDSTATS']._serialized_end=1394
-  _globals['_STATSGROUP']._serialized_start=1397
-  _globals['_STATSGROUP']._serialized_end=1777
-  _globals['_STATSGROUP_STOPREASONCOUNTSENTRY']._serialized_start=1722
-  _globals['_STATSGROUP_STOPREASONCOUNTSENTRY']._serialized_end=1777
-  _globals['_QUERYSTATSREQUEST']._serialized_start=1780
-  _globals['_QUERYSTATSREQUEST']._serialized_end=1950
-  _globals['_QUERYSTATSRESPONSE']._serialized_start=1953
-  _globals['_QUERYSTATSRESPONSE']._serialized_end=2099
-  _globals['_EXPORTTRAJECTORIESREQUEST']._serialized_start=2102
-  _globals['_EXPORTTRAJECTORIESREQUEST']._serialized_end=2280
-  _globals['_EXPORTTRAJECTORIESRESPONSE']._serialized_start=2282
-  _globals['_EXPORTTRAJECTORIESRESPONSE']._serialized_end=2360
-  _globals['_RUN']._serialized_start=2363
-  _globals['_RUN']._serialized_end=2628
-  _globals['_LISTRUNSREQUEST']._serialized_start=2630
-  _globals['_LISTRUNSREQUEST']._serialized_end=2686
-  _globals['_LISTRUNSRESPONSE']._serialized_start=2688
-  _globals['_LISTRUNSRESPONSE']._serialized_end=2773
-  _globals['_ROLLOUTEVENT']._serialized_start=2776
-  _globals['_ROLLOUTEVENT']._serialized_end=3158
-  _globals['_ROLLOUTSTARTED']._serialized_start=3160
-  _globals['_ROLLOUTSTARTED']._serialized_end=3226
-  _globals['_ROLLOUTSTEP']._serialized_start=3228
-  _globals['_ROLLOUTSTEP']._serialized_end=3279
-  _globals['_ROLLOUTFINISHED']._serialized_start=3281
-  _globals['_ROLLOUTFINISHED']._serialized_end=3348
-  _globals['_REWARDADDED']._serialized_start=3350
-  _globals['_REWARDADDED']._serialized_end=3405
-  _globals['_EXPERIENCESERVICE']._serialized_start=3701
-  _globals['_EXPERIENCESERVICE']._serialized_end=4262
+  _globals['_TRAJECTORYVIEW']._serialized_start=4226
+  _globals['_TRAJECTORYVIEW']._serialized_end=4328
+  _globals['_STATSGROUPBY']._serialized_start=4331
+  _globals['_STATSGROUPBY']._serialized_end=4517
+  _globals['_EXPORTPURPOSE']._serialized_start=4519
+  _globals['_EXPORTPURPOSE']._serialized_end=4626
+  _globals['_DATASETFORMAT']._serialized_start=4628
+  _globals['_DATASETFORMAT']._serialized_end=4729
+  _globals['_TRAJECTORYFILTER']._serialized_start=161
+  _globals['_TRAJECTORYFILTER']._serialized_end=842
+  _globals['_TRAJECTORYFILTER_METADATASELECTORENTRY']._serialized_start=757
+  _globals['_TRAJECTORYFILTER_METADATASELECTORENTRY']._serialized_end=812
+  _globals['_GETTRAJECTORYREQUEST']._serialized_start=844
+  _globals['_GETTRAJECTORYREQUEST']._serialized_end=942
+  _globals['_GETTRAJECTORYRESPONSE']._serialized_start=944
+  _globals['_GETTRAJECTORYRESPONSE']._serialized_end=1017
+  _globals['_LISTTRAJECTORIESREQUEST']._serialized_start=1020
+  _globals['_LISTTRAJECTORIESREQUEST']._serialized_end=1194
+  _globals['_LISTTRAJECTORIESRESPONSE']._serialized_start=1196
+  _globals['_LISTTRAJECTORIESRESPONSE']._serialized_end=1299
+  _globals['_REWARDSTATS']._serialized_start=1301
+  _globals['_REWARDSTATS']._serialized_end=1426
+  _globals['_STATSGROUP']._serialized_start=1429
+  _globals['_STATSGROUP']._serialized_end=1809
+  _globals['_STATSGROUP_STOPREASONCOUNTSENTRY']._serialized_start=1754
+  _globals['_STATSGROUP_STOPREASONCOUNTSENTRY']._serialized_end=1809
+  _globals['_QUERYSTATSREQUEST']._serialized_start=1812
+  _globals['_QUERYSTATSREQUEST']._serialized_end=1982
+  _globals['_QUERYSTATSRESPONSE']._serialized_start=1985
+  _globals['_QUERYSTATSRESPONSE']._serialized_end=2131
+  _globals['_EXPORTTRAJECTORIESREQUEST']._serialized_start=2134
+  _globals['_EXPORTTRAJECTORIESREQUEST']._serialized_end=2367
+  _globals['_EXPORTDATASETREQUEST']._serialized_start=2370
+  _globals['_EXPORTDATASETREQUEST']._serialized_end=2573
+  _globals['_EXPORTDATASETSUMMARY']._serialized_start=2575
+  _globals['_EXPORTDATASETSUMMARY']._serialized_end=2699
+  _globals['_EXPORTDATASETRESPONSE']._serialized_start=2701
+  _globals['_EXPORTDATASETRESPONSE']._serialized_end=2801
+  _globals['_EXPORTTRAJECTORIESRESPONSE']._serialized_start=2803
+  _globals['_EXPORTTRAJECTORIESRESPONSE']._serialized_end=2881
+  _globals['_RUN']._serialized_start=2884
+  _globals['_RUN']._serialized_end=3149
+  _globals['_LISTRUNSREQUEST']._serialized_start=3151
+  _globals['_LISTRUNSREQUEST']._serialized_end=3207
+  _globals['_LISTRUNSRESPONSE']._serialized_start=3209
+  _globals['_LISTRUNSRESPONSE']._serialized_end=3294
+  _globals['_ROLLOUTEVENT']._serialized_start=3297
+  _globals['_ROLLOUTEVENT']._serialized_end=3752
+  _globals['_ROLLOUTSTARTED']._serialized_start=3754
+  _globals['_ROLLOUTSTARTED']._serialized_end=3820
+  _globals['_ROLLOUTSTEP']._serialized_start=3822
+  _globals['_ROLLOUTSTEP']._serialized_end=3873
+  _globals['_ROLLOUTFINISHED']._serialized_start=3875
+  _globals['_ROLLOUTFINISHED']._serialized_end=3942
+  _globals['_REWARDADDED']._serialized_start=3944
+  _globals['_REWARDADDED']._serialized_end=3999
+  _globals['_MODELCALLRECORDED']._serialized_start=4002
+  _globals['_MODELCALLRECORDED']._serialized_end=4224
+  _globals['_EXPERIENCESERVICE']._serialized_start=4732
+  _globals['_EXPERIENCESERVICE']._serialized_end=5403
 # @@protoc_insertion_point(module_scope)

@@ -1,5 +1,6 @@
 import datetime
 
+from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from orchard.types.v1 import types_pb2 as _types_pb2
 from google.protobuf.internal import containers as _containers
@@ -25,6 +26,18 @@ class StatsGroupBy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     STATS_GROUP_BY_POLICY: _ClassVar[StatsGroupBy]
     STATS_GROUP_BY_WEIGHTS_VERSION: _ClassVar[StatsGroupBy]
     STATS_GROUP_BY_HARNESS: _ClassVar[StatsGroupBy]
+
+class ExportPurpose(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    EXPORT_PURPOSE_UNSPECIFIED: _ClassVar[ExportPurpose]
+    EXPORT_PURPOSE_TRAINING: _ClassVar[ExportPurpose]
+    EXPORT_PURPOSE_EVALUATION: _ClassVar[ExportPurpose]
+
+class DatasetFormat(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DATASET_FORMAT_UNSPECIFIED: _ClassVar[DatasetFormat]
+    DATASET_FORMAT_JSONL: _ClassVar[DatasetFormat]
+    DATASET_FORMAT_PARQUET: _ClassVar[DatasetFormat]
 TRAJECTORY_VIEW_UNSPECIFIED: TrajectoryView
 TRAJECTORY_VIEW_BASIC: TrajectoryView
 TRAJECTORY_VIEW_FULL: TrajectoryView
@@ -34,6 +47,12 @@ STATS_GROUP_BY_TASK: StatsGroupBy
 STATS_GROUP_BY_POLICY: StatsGroupBy
 STATS_GROUP_BY_WEIGHTS_VERSION: StatsGroupBy
 STATS_GROUP_BY_HARNESS: StatsGroupBy
+EXPORT_PURPOSE_UNSPECIFIED: ExportPurpose
+EXPORT_PURPOSE_TRAINING: ExportPurpose
+EXPORT_PURPOSE_EVALUATION: ExportPurpose
+DATASET_FORMAT_UNSPECIFIED: DatasetFormat
+DATASET_FORMAT_JSONL: DatasetFormat
+DATASET_FORMAT_PARQUET: DatasetFormat
 
 class TrajectoryFilter(_message.Message):
     __slots__ = ("run_ids", "task_ids", "exclude_task_ids", "task_set", "policy_model", "weights_version", "harness", "stop_reasons", "outcome_status", "reward_kind", "min_reward", "max_reward", "end_after_time", "end_before_time", "metadata_selector", "include_unfinished")
@@ -182,16 +201,50 @@ class QueryStatsResponse(_message.Message):
     def __init__(self, groups: _Optional[_Iterable[_Union[StatsGroup, _Mapping]]] = ..., total: _Optional[_Union[StatsGroup, _Mapping]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class ExportTrajectoriesRequest(_message.Message):
-    __slots__ = ("filter", "view", "limit", "distinct_patches")
+    __slots__ = ("filter", "view", "limit", "distinct_patches", "purpose")
     FILTER_FIELD_NUMBER: _ClassVar[int]
     VIEW_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
     DISTINCT_PATCHES_FIELD_NUMBER: _ClassVar[int]
+    PURPOSE_FIELD_NUMBER: _ClassVar[int]
     filter: TrajectoryFilter
     view: TrajectoryView
     limit: int
     distinct_patches: bool
-    def __init__(self, filter: _Optional[_Union[TrajectoryFilter, _Mapping]] = ..., view: _Optional[_Union[TrajectoryView, str]] = ..., limit: _Optional[int] = ..., distinct_patches: _Optional[bool] = ...) -> None: ...
+    purpose: ExportPurpose
+    def __init__(self, filter: _Optional[_Union[TrajectoryFilter, _Mapping]] = ..., view: _Optional[_Union[TrajectoryView, str]] = ..., limit: _Optional[int] = ..., distinct_patches: _Optional[bool] = ..., purpose: _Optional[_Union[ExportPurpose, str]] = ...) -> None: ...
+
+class ExportDatasetRequest(_message.Message):
+    __slots__ = ("filter", "format", "purpose", "limit")
+    FILTER_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    PURPOSE_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    filter: TrajectoryFilter
+    format: DatasetFormat
+    purpose: ExportPurpose
+    limit: int
+    def __init__(self, filter: _Optional[_Union[TrajectoryFilter, _Mapping]] = ..., format: _Optional[_Union[DatasetFormat, str]] = ..., purpose: _Optional[_Union[ExportPurpose, str]] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class ExportDatasetSummary(_message.Message):
+    __slots__ = ("row_count", "decontaminated_count", "decontaminated_task_ids", "byte_count")
+    ROW_COUNT_FIELD_NUMBER: _ClassVar[int]
+    DECONTAMINATED_COUNT_FIELD_NUMBER: _ClassVar[int]
+    DECONTAMINATED_TASK_IDS_FIELD_NUMBER: _ClassVar[int]
+    BYTE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    row_count: int
+    decontaminated_count: int
+    decontaminated_task_ids: _containers.RepeatedScalarFieldContainer[str]
+    byte_count: int
+    def __init__(self, row_count: _Optional[int] = ..., decontaminated_count: _Optional[int] = ..., decontaminated_task_ids: _Optional[_Iterable[str]] = ..., byte_count: _Optional[int] = ...) -> None: ...
+
+class ExportDatasetResponse(_message.Message):
+    __slots__ = ("chunk", "summary")
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    chunk: bytes
+    summary: ExportDatasetSummary
+    def __init__(self, chunk: _Optional[bytes] = ..., summary: _Optional[_Union[ExportDatasetSummary, _Mapping]] = ...) -> None: ...
 
 class ExportTrajectoriesResponse(_message.Message):
     __slots__ = ("trajectory",)
@@ -238,7 +291,7 @@ class ListRunsResponse(_message.Message):
     def __init__(self, runs: _Optional[_Iterable[_Union[Run, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class RolloutEvent(_message.Message):
-    __slots__ = ("event_id", "run_id", "trajectory_id", "event_time", "rollout_started", "rollout_step", "rollout_finished", "reward_added")
+    __slots__ = ("event_id", "run_id", "trajectory_id", "event_time", "rollout_started", "rollout_step", "rollout_finished", "reward_added", "model_call_recorded")
     EVENT_ID_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     TRAJECTORY_ID_FIELD_NUMBER: _ClassVar[int]
@@ -247,6 +300,7 @@ class RolloutEvent(_message.Message):
     ROLLOUT_STEP_FIELD_NUMBER: _ClassVar[int]
     ROLLOUT_FINISHED_FIELD_NUMBER: _ClassVar[int]
     REWARD_ADDED_FIELD_NUMBER: _ClassVar[int]
+    MODEL_CALL_RECORDED_FIELD_NUMBER: _ClassVar[int]
     event_id: str
     run_id: str
     trajectory_id: str
@@ -255,7 +309,8 @@ class RolloutEvent(_message.Message):
     rollout_step: RolloutStep
     rollout_finished: RolloutFinished
     reward_added: RewardAdded
-    def __init__(self, event_id: _Optional[str] = ..., run_id: _Optional[str] = ..., trajectory_id: _Optional[str] = ..., event_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., rollout_started: _Optional[_Union[RolloutStarted, _Mapping]] = ..., rollout_step: _Optional[_Union[RolloutStep, _Mapping]] = ..., rollout_finished: _Optional[_Union[RolloutFinished, _Mapping]] = ..., reward_added: _Optional[_Union[RewardAdded, _Mapping]] = ...) -> None: ...
+    model_call_recorded: ModelCallRecorded
+    def __init__(self, event_id: _Optional[str] = ..., run_id: _Optional[str] = ..., trajectory_id: _Optional[str] = ..., event_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., rollout_started: _Optional[_Union[RolloutStarted, _Mapping]] = ..., rollout_step: _Optional[_Union[RolloutStep, _Mapping]] = ..., rollout_finished: _Optional[_Union[RolloutFinished, _Mapping]] = ..., reward_added: _Optional[_Union[RewardAdded, _Mapping]] = ..., model_call_recorded: _Optional[_Union[ModelCallRecorded, _Mapping]] = ...) -> None: ...
 
 class RolloutStarted(_message.Message):
     __slots__ = ("trajectory",)
@@ -280,3 +335,27 @@ class RewardAdded(_message.Message):
     REWARD_FIELD_NUMBER: _ClassVar[int]
     reward: _types_pb2.Reward
     def __init__(self, reward: _Optional[_Union[_types_pb2.Reward, _Mapping]] = ...) -> None: ...
+
+class ModelCallRecorded(_message.Message):
+    __slots__ = ("call_id", "seq", "path", "request_json", "response_json", "http_status", "stream", "error", "upstream", "latency")
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_JSON_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_JSON_FIELD_NUMBER: _ClassVar[int]
+    HTTP_STATUS_FIELD_NUMBER: _ClassVar[int]
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    UPSTREAM_FIELD_NUMBER: _ClassVar[int]
+    LATENCY_FIELD_NUMBER: _ClassVar[int]
+    call_id: str
+    seq: int
+    path: str
+    request_json: str
+    response_json: str
+    http_status: int
+    stream: bool
+    error: str
+    upstream: str
+    latency: _duration_pb2.Duration
+    def __init__(self, call_id: _Optional[str] = ..., seq: _Optional[int] = ..., path: _Optional[str] = ..., request_json: _Optional[str] = ..., response_json: _Optional[str] = ..., http_status: _Optional[int] = ..., stream: _Optional[bool] = ..., error: _Optional[str] = ..., upstream: _Optional[str] = ..., latency: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...

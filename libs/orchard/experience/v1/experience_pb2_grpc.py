@@ -58,6 +58,11 @@ class ExperienceServiceStub:
                 request_serializer=orchard_dot_experience_dot_v1_dot_experience__pb2.ExportTrajectoriesRequest.SerializeToString,
                 response_deserializer=orchard_dot_experience_dot_v1_dot_experience__pb2.ExportTrajectoriesResponse.FromString,
                 _registered_method=True)
+        self.ExportDataset = channel.unary_stream(
+                '/orchard.experience.v1.ExperienceService/ExportDataset',
+                request_serializer=orchard_dot_experience_dot_v1_dot_experience__pb2.ExportDatasetRequest.SerializeToString,
+                response_deserializer=orchard_dot_experience_dot_v1_dot_experience__pb2.ExportDatasetResponse.FromString,
+                _registered_method=True)
         self.ListRuns = channel.unary_unary(
                 '/orchard.experience.v1.ExperienceService/ListRuns',
                 request_serializer=orchard_dot_experience_dot_v1_dot_experience__pb2.ListRunsRequest.SerializeToString,
@@ -102,6 +107,15 @@ class ExperienceServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ExportDataset(self, request, context):
+        """ExportDataset streams the trajectories matching a filter as one dataset file (JSON
+        lines or Parquet) in the OpenAI messages format plus token-level fields, in chunks,
+        ending with a summary. Training exports leave out evaluation-set tasks.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListRuns(self, request, context):
         """ListRuns lists the runs the store has seen, newest first, one page at a time.
         """
@@ -131,6 +145,11 @@ def add_ExperienceServiceServicer_to_server(servicer, server):
                     servicer.ExportTrajectories,
                     request_deserializer=orchard_dot_experience_dot_v1_dot_experience__pb2.ExportTrajectoriesRequest.FromString,
                     response_serializer=orchard_dot_experience_dot_v1_dot_experience__pb2.ExportTrajectoriesResponse.SerializeToString,
+            ),
+            'ExportDataset': grpc.unary_stream_rpc_method_handler(
+                    servicer.ExportDataset,
+                    request_deserializer=orchard_dot_experience_dot_v1_dot_experience__pb2.ExportDatasetRequest.FromString,
+                    response_serializer=orchard_dot_experience_dot_v1_dot_experience__pb2.ExportDatasetResponse.SerializeToString,
             ),
             'ListRuns': grpc.unary_unary_rpc_method_handler(
                     servicer.ListRuns,
@@ -250,6 +269,33 @@ class ExperienceService:
             '/orchard.experience.v1.ExperienceService/ExportTrajectories',
             orchard_dot_experience_dot_v1_dot_experience__pb2.ExportTrajectoriesRequest.SerializeToString,
             orchard_dot_experience_dot_v1_dot_experience__pb2.ExportTrajectoriesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExportDataset(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/orchard.experience.v1.ExperienceService/ExportDataset',
+            orchard_dot_experience_dot_v1_dot_experience__pb2.ExportDatasetRequest.SerializeToString,
+            orchard_dot_experience_dot_v1_dot_experience__pb2.ExportDatasetResponse.FromString,
             options,
             channel_credentials,
             insecure,
