@@ -81,7 +81,41 @@ def test_env_service_is_privileged_with_healthcheck_and_volumes(config: dict[str
     assert mounts == {("volume", "env-images", "/root/.cache/orchard/images"),
                       ("volume", "env-state", "/root/.local/state/orchard/env")}
     assert {(p["published"], p["target"]) for p in env["ports"]} == {("50051", 50051), ("9100", 9100)}
-    assert set(config["volumes"]) == {"nats-data", "env-images", "env-state"}
+    assert {"nats-data", "env-images", "env-state", "models", "checkpoints", "proxy-records"} <= set(config["volumes"])
+
+
+SETTINGS = {"env": "orchard.services.env.settings:EnvSettings",
+            "inference": "orchard.services.inference.settings:InferenceSettings",
+            "proxy": "orchard.services.proxy.settings:ProxySettings"}
+
+
+def test_every_orchard_service_is_built_from_its_target_with_real_settings(config: dict[str, Any]) -> None:
+    """Each Orchard service builds its own deploy/Dockerfile target, runs `serve <name>`, and every
+    ORCHARD_<SERVICE>_* variable it sets names a field of that service's settings (extra="forbid" would stop it)."""
+    import importlib
+
+    for name, spec in SETTINGS.items():
+        service = config["services"][name]
+        assert service["build"]["target"] == name and service["command"] == ["serve", name]
+        module, cls = spec.split(":")
+        fields = {f.upper() for f in getattr(importlib.import_module(module), cls).model_fields}
+        prefix = f"ORCHARD_{name.upper()}_"
+        assert {k.removeprefix(prefix) for k in service["environment"] if k.startswith(prefix)} <= fields, name
+
+
+def test_inference_and_proxy_wiring(config: dict[str, Any]) -> None:
+    """inference serves gRPC and the OpenAI API with a health check and reads checkpoints read-only; the proxy
+    forwards to inference's OpenAI port by service name once inference is healthy, recording into a volume."""
+    inference, proxy = config["services"]["inference"], config["services"]["proxy"]
+    assert inference["healthcheck"]["test"] == ["CMD", "python", "-m", "orchard.runtime.healthcheck", "50052"]
+    assert {(p["published"], p["target"]) for p in inference["ports"]} == {("50052", 50052), ("8000", 8000)}
+    mounts = {(v["source"], v["target"], v.get("read_only", False)) for v in inference["volumes"]}
+    assert ("checkpoints", "/checkpoints", True) in mounts
+    assert proxy["environment"]["ORCHARD_PROXY_UPSTREAM_URL"] == \
+        f"http://inference:{inference['environment']['ORCHARD_INFERENCE_HTTP_PORT']}/v1"
+    assert proxy["depends_on"]["inference"]["condition"] == "service_healthy"
+    assert {(v["source"], v["target"]) for v in proxy["volumes"]} == \
+        {("proxy-records", proxy["environment"]["ORCHARD_PROXY_RECORDS_DIR"])}
 
 
 def test_nats_runs_jetstream_and_env_depends_on_it(config: dict[str, Any]) -> None:
@@ -131,7 +165,7 @@ def test_dockerfile_stages() -> None:
     no ML framework), inference (torch for CPU and the embedded model, non-root), agent (one static file)."""
     stages = _stages()
     assert ("ARG", "BASE=python:3.11-slim-bookworm") in stages[""]
-    assert {"core", "env", "inference", "agent"} <= set(stages)
+    assert {"core", "env", "inference", "proxy", "agent"} <= set(stages)
     core, env, inference, agent = (stages[name] for name in ("core", "env", "inference", "agent"))
     assert core[0] == ("FROM", "${BASE} AS core")
     core_runs = " ".join(args for name, args in core if name == "RUN")
