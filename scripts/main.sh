@@ -10,7 +10,8 @@ port=${ORCHARD_ENV_PORT:-50051}
 .venv/bin/orchard up --env-port "$port" --nats-port "${ORCHARD_NATS_PORT:-4222}" >"$log" 2>&1 &
 stack=$!
 trap 'kill -TERM $stack 2>/dev/null; wait $stack 2>/dev/null || true' EXIT
-for _ in $(seq 1 300); do
+# Up to 10 minutes: the first start converts the embedded model (about 25 s, longer on a busy machine).
+for _ in $(seq 1 3000); do
   grep -q "stack is ready" "$log" && break
   if ! kill -0 $stack 2>/dev/null; then cat "$log" >&2; echo "main: orchard up failed" >&2; exit 1; fi
   sleep 0.2
