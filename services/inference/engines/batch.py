@@ -2,9 +2,10 @@
 
 Every method runs in the engine's one worker thread. The batch keeps one left-padded KV cache
 ([batch, heads, time, head_dim] per layer) with a 2-D attention mask, each row's next position, and each row's
-last sampled token (not yet in the cache). A step decodes that token for every row at once; new prompts are
-prefilled alone (no padding, so their logits equal `score`'s) and their cache rows are padded on the left and
-concatenated in. Finished rows are sliced out, and padding columns no row needs any more are trimmed.
+last sampled token (not yet in the cache). A step decodes that token for every row at once; the prompts admitted
+in a step are prefilled together in one forward (left-padded, masked; a lone prompt has no padding, so its logits
+equal `score`'s bit for bit, and padded ones agree to float rounding), and their cache rows are padded on the left
+and concatenated in. Finished rows are sliced out, and padding columns no row needs any more are trimmed.
 """
 
 from __future__ import annotations
@@ -71,40 +72,61 @@ class Batch:
                 events.append((seq, seq.advance(logprobs[row], self._decode_text)))
             self.pending = torch.tensor([s.out_ids[-1] for s in self.seqs], dtype=torch.long, device=self.device)
             self._keep(lambda s: not s.finished)
-        # One prefill per request: its n sequences share the prompt's cache rows.
+        # One prefill row per request (its n sequences share the prompt's cache rows), all requests in one forward.
         groups: dict[int, list[Sequence]] = {}
         for seq in admit:
             groups.setdefault(id(seq.queue), []).append(seq)
-        for group in groups.values():
-            events.extend(self._admit(group))
+        if groups:
+            events.extend(self._admit(list(groups.values())))
         return events
 
-    def _admit(self, group: list[Sequence]) -> list[tuple[Sequence, TokenEvent]]:
-        prompt = group[0].prompt_ids
+    def _prefill(self, prompts: list[list[int]]) -> tuple[DynamicCache, torch.Tensor, torch.Tensor]:
+        """One forward over the prompts, left-padded to the longest: (cache, attention mask, last logprobs)."""
+        width = max(len(p) for p in prompts)
+        ids = torch.zeros(len(prompts), width, dtype=torch.long, device=self.device)
+        mask = torch.zeros(len(prompts), width, dtype=torch.long, device=self.device)
+        for row, prompt in enumerate(prompts):
+            ids[row, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
+            mask[row, width - len(prompt):] = 1
         cache = DynamicCache(config=self.model.config)
-        ids = torch.tensor([prompt], dtype=torch.long, device=self.device)
-        out = self.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
-        logprobs = torch.log_softmax(out.logits[0, -1].float(), dim=-1)
-        events = [(seq, seq.advance(logprobs, self._decode_text)) for seq in group]
-        alive = [seq for seq in group if not seq.finished]
+        if len(prompts) == 1:  # no padding: exactly the forward `score` runs
+            out = self.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
+        else:
+            positions = (mask.cumsum(-1) - 1).clamp(min=0)
+            out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache,
+                             use_cache=True, logits_to_keep=1)
+        return cache, mask, torch.log_softmax(out.logits[:, -1].float(), dim=-1)
+
+    def _admit(self, groups: list[list[Sequence]]) -> list[tuple[Sequence, TokenEvent]]:
+        cache, mask, logprobs = self._prefill([group[0].prompt_ids for group in groups])
+        events: list[tuple[Sequence, TokenEvent]] = []
+        rows: list[int] = []
+        alive: list[Sequence] = []
+        for row, group in enumerate(groups):
+            events.extend((seq, seq.advance(logprobs[row], self._decode_text)) for seq in group)
+            for seq in group:
+                if not seq.finished:
+                    rows.append(row)
+                    alive.append(seq)
         if not alive:
             return events
-        k, length = len(alive), len(prompt)
-        new_layers = [(layer.keys.expand(k, -1, -1, -1), layer.values.expand(k, -1, -1, -1)) for layer in cache.layers]
-        new_mask = torch.ones(k, length, dtype=torch.long, device=self.device)
+        index = torch.tensor(rows, dtype=torch.long, device=self.device)
+        new_layers = [(layer.keys[index], layer.values[index]) for layer in cache.layers]
+        new_mask = mask[index]
         if self.cache is None or not self.seqs:
             self.cache = cache
             for layer, (keys, values) in zip(self.cache.layers, new_layers, strict=True):
                 layer.keys, layer.values = keys.contiguous(), values.contiguous()
             self.mask = new_mask
         else:
-            width = max(self.mask.shape[1], length)
+            width = max(self.mask.shape[1], new_mask.shape[1])
             for layer, (keys, values) in zip(self.cache.layers, new_layers, strict=True):
                 layer.keys = torch.cat([_pad_left(layer.keys, width), _pad_left(keys, width)], dim=0)
                 layer.values = torch.cat([_pad_left(layer.values, width), _pad_left(values, width)], dim=0)
             self.mask = torch.cat([_pad_left(self.mask, width), _pad_left(new_mask, width)], dim=0)
         self.seqs = [*self.seqs, *alive]
-        self.positions = torch.cat([self.positions, self.positions.new_full((k,), length)])
+        lengths = [len(seq.prompt_ids) for seq in alive]
+        self.positions = torch.cat([self.positions, torch.tensor(lengths, dtype=torch.long, device=self.device)])
         self.pending = torch.cat([self.pending, torch.tensor([s.out_ids[-1] for s in alive], device=self.device)])
         return events
 

@@ -4,9 +4,10 @@ Two halves, with one rule between them: only the worker thread touches torch.
 - The scheduler (`_run`, an asyncio task) takes waiting sequences into the batch, hands one step at a time to the
   worker thread, and routes each step's token events to the requests' queues. Between steps it drops sequences
   whose client went away, admits new ones, and swaps weights once the batch has drained.
-- The worker thread runs `_Batch.step`: one decode step for every running sequence (a shared, left-padded KV
-  cache), then a prefill of each newly admitted prompt (alone, so prefill logits match `score` exactly), whose
-  cache rows, repeated n times for n samples, join the batch. Sequences join and leave between any two steps.
+- The worker thread runs `Batch.step` (batch.py): one decode step for every running sequence (a shared,
+  left-padded KV cache), then one prefill forward of the prompts admitted in that step (left-padded together;
+  logits equal `score`'s to float rounding), whose cache rows, repeated n times for n samples, join the batch.
+  Sequences join and leave between any two steps.
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ class EngineStats:
     """Most sequences decoded together in one step so far."""
     tokens: int = 0
     """Tokens generated."""
+    prefill_forwards: int = 0
+    """Prefill forwards run (one per step that admitted prompts, however many it admitted)."""
 
 
 class TransformersEngine(Engine):
@@ -161,6 +164,7 @@ class TransformersEngine(Engine):
                 continue
             self.stats.steps += 1
             self.stats.max_batch_size = max(self.stats.max_batch_size, batch.last_batch_size)
+            self.stats.prefill_forwards += bool(admit)
             metrics.BATCH_SIZE.observe(batch.last_batch_size)
             for seq, event in events:
                 self.stats.tokens += len(event.token_ids)

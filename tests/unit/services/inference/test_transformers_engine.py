@@ -50,6 +50,22 @@ async def test_staggered_joins_match_solo_decoding(engine: TransformersEngine) -
         assert max(abs(a - b) for a, b in zip(scored.logprobs, c.logprobs, strict=True)) < 1e-4
 
 
+@pytest.mark.slow
+async def test_prompts_admitted_together_are_prefilled_together(engine: TransformersEngine) -> None:
+    """Prompts of different lengths arriving at once share one left-padded prefill: they decode the tokens they
+    decode alone, with logprobs equal to score's (float rounding only), and the engine ran fewer prefills."""
+    questions = ["Hi.", "What is the capital of France?", "Name three primary colors, please, in a list."]
+    greedy = SamplingParams(max_tokens=8, temperature=0, logprobs=True)
+    solo = [(await collect(engine, prompt(engine, q), greedy))[0] for q in questions]
+    before = engine.stats.prefill_forwards
+    together = await asyncio.gather(*[collect(engine, prompt(engine, q), greedy) for q in questions])
+    assert [c[0].token_ids for c in together] == [c.token_ids for c in solo]
+    assert engine.stats.prefill_forwards - before < len(questions)
+    for q, [c] in zip(questions, together, strict=True):
+        scored = await engine.score(prompt(engine, q), c.token_ids)
+        assert max(abs(a - b) for a, b in zip(scored.logprobs, c.logprobs, strict=True)) < 1e-4
+
+
 async def test_top_k_one_is_greedy_and_stop_text(engine: TransformersEngine) -> None:
     """top_k=1 samples the argmax at any temperature; text never includes a stop string."""
     ids = prompt(engine, "What is the capital of France?")
