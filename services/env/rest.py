@@ -30,6 +30,7 @@ from orchard.errors import (
     Unauthenticated,
 )
 from orchard.runtime import tenancy
+from orchard.runtime.http import HttpSite
 from orchard.services.env import rest_models as m
 from orchard.services.env.backends.base import EgressRule
 from orchard.services.env.commands import ExecRequest
@@ -108,8 +109,7 @@ class HttpGateway:
     def __init__(self, manager: SandboxManager, settings: EnvSettings) -> None:
         self.manager = manager
         self.settings = settings
-        self._runner: web.AppRunner | None = None
-        self._port: int | None = None
+        self._site = HttpSite()
         # A download answers base64 in one JSON body: keep that body within the service's message bound.
         self._max_download = settings.max_message_bytes * 3 // 4
         self._tokens = settings.auth_tokens()  # token -> tenant; empty when auth is off
@@ -117,9 +117,7 @@ class HttpGateway:
     @property
     def port(self) -> int:
         """The bound HTTP port (useful with http_port=0); only valid after `start`."""
-        if self._port is None:
-            raise RuntimeError("gateway not started; call start() first")
-        return self._port
+        return self._site.port
 
     async def start(self) -> int:
         """Listen on settings.host:http_port; returns the bound port."""
@@ -141,25 +139,15 @@ class HttpGateway:
         r.add_get("/sandboxes/{sandbox_id}/files/list", self.list_files)
         r.add_get("/jobs/{job_id}", self.get_job)
         r.add_get("/jobs/{job_id}/wait", self.wait_job)
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=self.settings.grace_period_s)
-        await runner.setup()
-        host, port = self.settings.host, self.settings.http_port or 0
-        try:
-            await web.TCPSite(runner, host, port).start()
-        except OSError as err:
-            await runner.cleanup()
-            raise FailedPrecondition(f"cannot listen for HTTP on {host}:{port} ({err.strerror}); is the port in "
-                                     "use? choose another with --http-port", field="http_port") from None
-        self._runner, self._port = runner, runner.addresses[0][1]
-        log.info("env REST gateway listening on http://%s:%d", host, self._port,
-                 extra={"service": "env", "http_port": self._port, "auth": self.settings.auth_enabled})
-        return self._port
+        port = await self._site.start(app, self.settings.host, self.settings.http_port or 0,
+                                      self.settings.grace_period_s)
+        log.info("env REST gateway listening on http://%s:%d", self.settings.host, port,
+                 extra={"service": "env", "http_port": port, "auth": self.settings.auth_enabled})
+        return port
 
     async def stop(self) -> None:
         """Stop accepting, let requests in flight finish for grace_period_s, then close; safe to repeat."""
-        runner, self._runner = self._runner, None
-        if runner is not None:
-            await runner.cleanup()
+        if await self._site.stop():
             log.info("env REST gateway stopped", extra={"service": "env"})
 
     # ---- errors, auth and the per-request log line ----

@@ -18,8 +18,12 @@ from typing import Any
 import grpc
 import pydantic
 from aiohttp import web
-
-from orchard.errors import FailedPrecondition, InvalidArgument, OrchardError, Unauthenticated
+from orchard.errors import (
+    InvalidArgument,
+    OrchardError,
+    Unauthenticated,
+)
+from orchard.runtime.http import HttpSite
 from orchard.services.inference import chat, generation
 from orchard.services.inference import openai_protocol as p
 from orchard.services.inference.engines.base import Engine, SamplingParams
@@ -48,16 +52,13 @@ class OpenAIGateway:
     def __init__(self, engine: Engine, settings: InferenceSettings) -> None:
         self.engine = engine
         self.settings = settings
-        self._runner: web.AppRunner | None = None
-        self._port: int | None = None
+        self._site = HttpSite()
         self._tokens = settings.auth_tokens()  # token -> tenant; empty when auth is off
 
     @property
     def port(self) -> int:
         """The bound HTTP port (useful with http_port=0); only valid after `start`."""
-        if self._port is None:
-            raise RuntimeError("gateway not started; call start() first")
-        return self._port
+        return self._site.port
 
     async def start(self) -> int:
         app = web.Application(client_max_size=self.settings.max_message_bytes, middlewares=[self._middleware])
@@ -65,26 +66,16 @@ class OpenAIGateway:
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_get("/health", self.health)
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=self.settings.grace_period_s,
-                               handler_cancellation=True)
-        await runner.setup()
-        host, port = self.settings.host, self.settings.http_port or 0
-        try:
-            await web.TCPSite(runner, host, port).start()
-        except OSError as err:
-            await runner.cleanup()
-            raise FailedPrecondition(f"cannot listen for HTTP on {host}:{port} ({err.strerror}); is the port in "
-                                     "use? choose another with --http-port", field="http_port") from None
-        self._runner, self._port = runner, runner.addresses[0][1]
-        log.info("OpenAI-compatible endpoint on http://%s:%d/v1", host, self._port,
-                 extra={"service": "inference", "http_port": self._port})
-        return self._port
+        # handler_cancellation: a client that goes away cancels its handler, which aborts its sequences.
+        port = await self._site.start(app, self.settings.host, self.settings.http_port or 0,
+                                      self.settings.grace_period_s, handler_cancellation=True)
+        log.info("OpenAI-compatible endpoint on http://%s:%d/v1", self.settings.host, port,
+                 extra={"service": "inference", "http_port": port})
+        return port
 
     async def stop(self) -> None:
         """Stop accepting, let requests in flight finish for grace_period_s, then close; safe to repeat."""
-        runner, self._runner = self._runner, None
-        if runner is not None:
-            await runner.cleanup()
+        await self._site.stop()
 
     @web.middleware
     async def _middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:

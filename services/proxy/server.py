@@ -22,7 +22,9 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from orchard.errors import OrchardError
 from orchard.runtime import configure_logging, load_settings
+from orchard.runtime.http import HttpSite
 from orchard.runtime.settings import SettingsError
 from orchard.services.proxy.records import (
     UNKEYED,
@@ -69,9 +71,13 @@ class RecordingProxy:
     def __init__(self, settings: ProxySettings, sink: RecordSink | None = None) -> None:
         self.settings = settings
         self.sink = sink if sink is not None else JsonlRecords(settings.records_dir)
-        self._runner: web.AppRunner | None = None
+        self._site = HttpSite("--port", "port")
         self._session: aiohttp.ClientSession | None = None
-        self.port = 0
+
+    @property
+    def port(self) -> int:
+        """The bound port (useful with port 0); only valid after `start`."""
+        return self._site.port
 
     async def start(self) -> int:
         app = web.Application(client_max_size=self.settings.max_body_bytes)
@@ -79,24 +85,18 @@ class RecordingProxy:
         app.router.add_route("*", "/v1/{tail:.*}", self._forward)
         timeout = aiohttp.ClientTimeout(total=self.settings.upstream_timeout_s, sock_connect=10)
         self._session = aiohttp.ClientSession(timeout=timeout, auto_decompress=False)
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=self.settings.grace_period_s)
-        await runner.setup()
         try:
-            await web.TCPSite(runner, self.settings.host, self.settings.port).start()
-        except OSError:
-            await runner.cleanup()
+            await self._site.start(app, self.settings.host, self.settings.port, self.settings.grace_period_s)
+        except BaseException:
             await self._session.close()
             raise
-        self._runner, self.port = runner, runner.addresses[0][1]
         log.info("proxy listening on %s:%d, upstream %s, records in %s", self.settings.host, self.port,
                  self.settings.upstream_url, getattr(self.sink, "directory", type(self.sink).__name__))
         return self.port
 
     async def stop(self) -> None:
         """Finish in-flight calls (up to grace_period_s), then close the upstream session and the sink."""
-        runner, self._runner = self._runner, None
-        if runner is not None:
-            await runner.cleanup()
+        await self._site.stop()
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -226,7 +226,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     except SettingsError as err:
         raise SystemExit(f"orchard serve proxy: {err}") from None
     configure_logging(settings.log_level, settings.log_format)
-    asyncio.run(serve(settings))
+    try:
+        asyncio.run(serve(settings))
+    except OrchardError as err:  # a start-up problem the operator must fix (port taken ...)
+        raise SystemExit(f"orchard serve proxy: {err.message}") from None
 
 
 if __name__ == "__main__":
