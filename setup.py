@@ -11,4 +11,8 @@ for name, folder in ROOTS.items():
     packages.append(name)
     packages += [f"{name}.{sub}" for sub in find_packages(folder)]
 
-setup(packages=packages, package_data={"orchard.services.env": ["agent/*.py"]})
+# Data files: the in-sandbox agent (copied into sandboxes) and the bundled ToyRepair task set (repos + tasks.jsonl).
+setup(packages=packages, package_data={
+    "orchard.services.env": ["agent/*.py"],
+    "orchard.tasks": ["toyrepair/tasks.jsonl", "toyrepair/repos/**/*", "toyrepair/repos/*/.gitignore"],
+})

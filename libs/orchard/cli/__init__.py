@@ -185,6 +185,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_image_build)
     p = isub.add_parser("ls", help="list images")
     p.set_defaults(func=cmd_image_ls)
+
+    # These two import their heavy parts only when run.
+    from orchard.cli import eval as eval_cli
+    from orchard.cli import rollout as rollout_cli
+
+    rollout_cli.add_parser(sub)
+    eval_cli.add_parser(sub)
     return parser
 
 

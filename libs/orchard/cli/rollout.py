@@ -1,0 +1,110 @@
+"""`orchard rollout`: run k samples of a model on a task set in sandboxes, grade each one, store every
+trajectory (JSON lines of types.v1.Trajectory) and print a SWE-bench-style report, with a live progress line."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+import uuid
+from pathlib import Path
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("rollout", help="run a model on a task set (k samples each), grade and store every rollout")
+    p.add_argument("--tasks", default="toyrepair", help="a bundled task set's name or a JSON/JSONL file of "
+                   "SWE-bench instances (default: toyrepair)")
+    p.add_argument("--ids", nargs="*", default=None, help="only these instance ids")
+    p.add_argument("--model", default="", help="the served model (default: the inference service's default)")
+    p.add_argument("-n", "--samples", type=int, default=1, help="rollouts per task (k)")
+    p.add_argument("--concurrency", type=int, default=4, help="rollouts in flight at once (each holds a sandbox)")
+    p.add_argument("--max-steps", type=int, default=10)
+    p.add_argument("--max-tokens", type=int, default=8192, help="token budget of a whole rollout")
+    p.add_argument("--max-step-tokens", type=int, default=256, help="tokens per model reply")
+    p.add_argument("--wall-clock", type=float, default=1800, help="seconds per rollout")
+    p.add_argument("--temperature", type=float, default=0.7)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--env-address", default=None, help="env service (default: ORCHARD_ENV_ADDRESS or "
+                   "127.0.0.1:50051)")
+    p.add_argument("--inference-address", default="127.0.0.1:50052")
+    p.add_argument("--run-id", default="", help="default: a new random id")
+    p.add_argument("--out", default="runs", help="folder; the run writes <out>/<run_id>/{trajectories.jsonl,"
+                   "report.json}")
+    p.add_argument("--no-grade", action="store_true", help="store rollouts without grading them")
+    p.set_defaults(func=cmd_rollout)
+
+
+def progress(done: int, total: int, resolved: int, graded: int, started: float) -> str:
+    """One progress line: a bar, counts, the live resolve rate and the rate of rollouts."""
+    width = 30
+    filled = width * done // max(total, 1)
+    rate = f"{100 * resolved / graded:.0f}%" if graded else "-"
+    return (f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} rollouts  resolved {resolved}/{graded} "
+            f"({rate})  {done / max(time.monotonic() - started, 1e-9):.2f}/s")
+
+
+async def rollout(args: argparse.Namespace) -> int:
+    from google.protobuf import json_format
+
+    from orchard.harness import (
+        AgentLoop,
+        InferenceModel,
+        Limits,
+        SamplingConfig,
+        SWEHarness,
+        run_rollouts,
+    )
+    from orchard.harness.runner import RolloutResult
+    from orchard.sdk import AsyncSandboxClient
+    from orchard.tasks import load_instances, make_report
+    from orchard.tasks.report import format_table
+
+    instances = load_instances(args.tasks, args.ids)
+    run_id = args.run_id or uuid.uuid4().hex[:12]
+    folder = Path(args.out) / run_id
+    folder.mkdir(parents=True, exist_ok=True)
+    sampling = SamplingConfig(temperature=args.temperature, max_step_tokens=args.max_step_tokens, seed=args.seed)
+    model = InferenceModel(args.inference_address, args.model, sampling)
+    await model.connect()
+    total, started = len(instances) * args.samples, time.monotonic()
+    counts = {"done": 0, "resolved": 0, "graded": 0}
+    task_set = args.tasks if "/" not in str(args.tasks) else Path(args.tasks).stem
+    stored = (folder / "trajectories.jsonl").open("a")
+
+    def on_result(result: RolloutResult) -> None:
+        stored.write(json_format.MessageToJson(result.trajectory, indent=None) + "\n")
+        stored.flush()
+        counts["done"] += 1
+        if result.grade is not None:
+            counts["graded"] += 1
+            counts["resolved"] += result.grade.resolved
+        print(progress(counts["done"], total, counts["resolved"], counts["graded"], started), end="", file=sys.stderr,
+              flush=True)
+
+    print(f"run {run_id}: {model.name} on {len(instances)} tasks x {args.samples} samples -> {folder}",
+          file=sys.stderr)
+    try:
+        async with AsyncSandboxClient(args.env_address) as client:
+            loop = AgentLoop(model, Limits(max_steps=args.max_steps, max_tokens=args.max_tokens,
+                                           wall_clock_s=args.wall_clock), sampling, run_id=run_id)
+            results = await run_rollouts(instances, args.samples, loop=loop, client=client,
+                                         make_harness=lambda t: SWEHarness(t, client, task_set=task_set),
+                                         concurrency=args.concurrency, grade_patches=not args.no_grade,
+                                         on_result=on_result)
+    finally:
+        stored.close()
+        await model.close()
+    print(file=sys.stderr)
+    grades = [r.grade for r in results if r.grade is not None]
+    if grades:
+        report = make_report(grades, [i.instance_id for i in instances], run_id=run_id, model=model.name)
+        (folder / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+        print(format_table(report))
+    print(f"stored {len(results)} rollouts in {folder / 'trajectories.jsonl'}")
+    return 0
+
+
+def cmd_rollout(args: argparse.Namespace) -> int:
+    return asyncio.run(rollout(args))

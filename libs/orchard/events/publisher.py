@@ -1,0 +1,273 @@
+"""`EventPublisher`: publishes RolloutEvents to JetStream without ever blocking a rollout on a slow bus for
+longer than a bound, and without dropping an event it accepted.
+
+    async with EventPublisher.connect("nats://127.0.0.1:4222") as publisher:
+        await publisher.publish(events.started(trajectory))   # returns at once while the buffer has room
+        ...
+        await publisher.flush()                               # optional: wait until the bus stored everything
+    # leaving the block flushes (bounded by close_timeout_s) and closes the connection
+
+How it keeps its promises:
+- `publish()` only appends to a bounded in-memory buffer; one background task sends batches with
+  `js.publish_async` and removes an event only once JetStream acknowledged it. Failed or unanswered
+  publishes go back to the buffer and are retried with backoff, across NATS restarts (nats-py reconnects
+  forever). Every publish carries `Nats-Msg-Id` = event id, so a retry of a publish that was in fact stored
+  is dropped by JetStream's duplicate window: at-least-once sends become exactly-once storage.
+- Backpressure: when `max_pending` events are waiting, `publish()` waits up to `max_wait_s` for room (counted
+  in `stats.backpressure_waits` and the `orchard_events_backpressure` metric) and then raises
+  `PublishBackpressure` (RESOURCE_EXHAUSTED). The event was then *not* accepted: the caller still holds it and
+  decides (retry later, pause the rollout, fail it). Nothing accepted is ever discarded.
+- `close()` flushes for up to `close_timeout_s`; if the bus is still unreachable it raises `Unavailable`
+  naming how many events were not published, rather than losing them silently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import random
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import nats
+from nats.aio.client import Client as NatsClient
+from nats.js.api import PubAck
+from prometheus_client import Counter, Gauge
+
+from orchard.errors import ResourceExhausted, Unavailable
+from orchard.events.subjects import ensure_stream, subject_of
+from orchard.experience.v1.experience_pb2 import RolloutEvent
+
+_log = logging.getLogger("orchard.events")
+
+PUBLISHED = Counter("orchard_events_published", "Rollout events JetStream acknowledged.")
+RETRIED = Counter("orchard_events_retried", "Rollout event publishes retried after a failure or timeout.")
+BACKPRESSURE = Counter("orchard_events_backpressure", "publish() calls that found the buffer full, by outcome.",
+                       ["outcome"])
+PENDING = Gauge("orchard_events_pending", "Rollout events accepted but not yet acknowledged by JetStream.")
+
+
+class PublishBackpressure(ResourceExhausted):
+    """The publisher's buffer stayed full for max_wait_s: the bus is down or slower than the producers.
+
+    The event was not accepted; retry it later or slow down."""
+
+
+@dataclass
+class PublisherStats:
+    """Counters of one publisher since it started."""
+
+    accepted: int = 0
+    """Events publish() accepted."""
+    published: int = 0
+    """Events JetStream acknowledged (duplicates it dropped included)."""
+    retries: int = 0
+    """Publishes retried after an error or a missing acknowledgement."""
+    backpressure_waits: int = 0
+    """publish() calls that found the buffer full and had to wait."""
+    backpressure_refusals: int = 0
+    """publish() calls that raised PublishBackpressure."""
+    pending: int = 0
+    """Events accepted but not yet acknowledged."""
+    last_error: str = ""
+    """The latest publish error, for logs and status pages."""
+
+
+class EventPublisher:
+    """Buffers RolloutEvents and publishes them to the ORCHARD_ROLLOUTS stream in the background.
+
+    Args:
+        nc: a connected nats-py client (connect() makes one that reconnects forever).
+        max_pending: most events buffered (accepted, not yet acknowledged) before publish() waits.
+        max_wait_s: longest publish() waits for room before raising PublishBackpressure (0 = never waits).
+        batch_size: most publishes in flight at once.
+        ack_timeout_s: how long to wait for JetStream's acknowledgement before retrying the publish.
+        close_timeout_s: how long close() keeps trying to publish what is left.
+    """
+
+    def __init__(self, nc: NatsClient, *, max_pending: int = 20_000, max_wait_s: float = 5.0,
+                 batch_size: int = 1000, ack_timeout_s: float = 5.0, close_timeout_s: float = 30.0) -> None:
+        if max_pending < 1 or batch_size < 1:
+            raise ValueError("max_pending and batch_size must be at least 1")
+        self._nc = nc
+        self._js = nc.jetstream(publish_async_max_pending=batch_size)
+        self._max_pending, self._max_wait_s = max_pending, max_wait_s
+        self._batch_size, self._ack_timeout_s, self._close_timeout_s = batch_size, ack_timeout_s, close_timeout_s
+        self._buffer: collections.deque[RolloutEvent] = collections.deque()
+        self._in_flight = 0
+        self._changed = asyncio.Condition()  # notified when events arrive or leave the buffer
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+        self.stats = PublisherStats()
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def connect(cls, url: str, **options: float | int) -> AsyncIterator[EventPublisher]:
+        """Connect to NATS at `url`, make sure the stream exists, and publish until the block ends."""
+        nc = await connect_nats(url)
+        publisher = cls(nc, **options)  # type: ignore[arg-type]
+        try:
+            await publisher.start()
+            yield publisher
+        finally:
+            try:
+                await publisher.close()
+            finally:
+                await nc.close()
+
+    async def start(self) -> None:
+        """Ensure the stream exists and start the background sender."""
+        await ensure_stream(self._js)
+        self._task = asyncio.create_task(self._run(), name="orchard-event-publisher")
+
+    async def publish(self, event: RolloutEvent) -> None:
+        """Accept `event` for publishing; returns once it is buffered (not yet stored on the bus).
+
+        Raises:
+            ValueError: the event has no id, no kind, or a run id unfit for a subject.
+            PublishBackpressure: the buffer stayed full for max_wait_s; the event was not accepted.
+        """
+        subject_of(event)  # refuse a bad event here, where the caller can fix it, not in the sender
+        if self._closed or self._task is None:
+            raise RuntimeError("publisher is not running; use `async with EventPublisher.connect(url)`")
+        async with self._changed:
+            if self._pending() >= self._max_pending:
+                self.stats.backpressure_waits += 1
+                BACKPRESSURE.labels("waited").inc()
+                try:
+                    async with asyncio.timeout(self._max_wait_s):
+                        await self._changed.wait_for(lambda: self._pending() < self._max_pending)
+                except TimeoutError:
+                    self.stats.backpressure_refusals += 1
+                    BACKPRESSURE.labels("refused").inc()
+                    raise PublishBackpressure(
+                        f"event {event.event_id!r} not accepted: {self._pending()} events still wait for the bus "
+                        f"after {self._max_wait_s:.1f}s (last error: {self.stats.last_error or 'none'}); "
+                        "retry later or slow down", retry_after=1.0, reason="EVENT_BUFFER_FULL") from None
+            self._buffer.append(event)
+            self.stats.accepted += 1
+            self._set_pending()
+            self._changed.notify_all()
+
+    async def flush(self, timeout: float | None = None) -> None:
+        """Wait until JetStream acknowledged every accepted event (TimeoutError after `timeout` seconds)."""
+        async with asyncio.timeout(timeout), self._changed:
+            await self._changed.wait_for(lambda: self._pending() == 0)
+
+    async def close(self) -> None:
+        """Flush for up to close_timeout_s, then stop the sender; Unavailable if events remain unpublished."""
+        if self._closed:
+            return
+        try:
+            await self.flush(self._close_timeout_s)
+        except TimeoutError:
+            pass
+        finally:
+            self._closed = True
+            if self._task is not None:
+                self._task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._task
+        left = len(self._buffer)
+        if left:
+            raise Unavailable(f"{left} rollout events were not published: NATS did not acknowledge them within "
+                              f"{self._close_timeout_s:.0f}s (last error: {self.stats.last_error or 'none'})")
+
+    def _pending(self) -> int:
+        return len(self._buffer) + self._in_flight
+
+    def _set_pending(self) -> None:
+        self.stats.pending = self._pending()
+        PENDING.set(self.stats.pending)
+
+    async def _run(self) -> None:
+        """Send batches until cancelled; failed events go back to the front of the buffer and are retried."""
+        failures = 0
+        while True:
+            async with self._changed:
+                await self._changed.wait_for(lambda: bool(self._buffer))
+                batch = [self._buffer.popleft() for _ in range(min(self._batch_size, len(self._buffer)))]
+                self._in_flight = len(batch)
+            try:
+                failed = await self._send(batch)
+            except asyncio.CancelledError:
+                self._buffer.extendleft(reversed(batch))  # close() reports them as unpublished
+                self._in_flight = 0
+                raise
+            async with self._changed:
+                self._buffer.extendleft(reversed(failed))
+                self._in_flight = 0
+                done = len(batch) - len(failed)
+                self.stats.published += done
+                PUBLISHED.inc(done)
+                self._set_pending()
+                self._changed.notify_all()
+            if failed:
+                failures += 1
+                self.stats.retries += len(failed)
+                RETRIED.inc(len(failed))
+                if failures == 1:
+                    _log.warning("publishing rollout events failed (%s); retrying until NATS answers",
+                                 self.stats.last_error, extra={"pending": self._pending()})
+                # Jittered exponential backoff so a restarting server is not hammered by every producer at once.
+                await asyncio.sleep(min(2.0, 0.05 * 2 ** min(failures, 6)) * random.uniform(0.5, 1.0))
+            elif failures:
+                _log.info("publishing rollout events works again after %d failed attempts", failures)
+                failures = 0
+
+    async def _send(self, batch: list[RolloutEvent]) -> list[RolloutEvent]:
+        """Publish `batch` concurrently; returns the events JetStream did not acknowledge."""
+        futures: list[asyncio.Future[PubAck] | None] = []
+        for event in batch:
+            try:
+                futures.append(await self._js.publish_async(
+                    subject_of(event), event.SerializeToString(), headers={"Nats-Msg-Id": event.event_id}))
+            except Exception as err:  # disconnected, buffer full, closing: retry this one later
+                self.stats.last_error = f"{type(err).__name__}: {err}"
+                futures.append(None)
+        failed = []
+        # One deadline for the whole batch: a lost connection must not cost ack_timeout_s per event.
+        waited = [f for f in futures if f is not None]
+        if waited:
+            _, not_done = await asyncio.wait(waited, timeout=self._ack_timeout_s)
+            for future in not_done:
+                future.cancel()  # frees nats-py's pending slot; the event is retried with the same Nats-Msg-Id
+        for event, future in zip(batch, futures, strict=True):
+            if future is None or future.cancelled():
+                failed.append(event)
+                if future is not None:
+                    self.stats.last_error = f"no acknowledgement within {self._ack_timeout_s:.1f}s"
+            elif (err := future.exception()) is not None:
+                self.stats.last_error = f"{type(err).__name__}: {err}"
+                failed.append(event)
+        if failed and "stream not found" in self.stats.last_error.lower():
+            with contextlib.suppress(Exception):
+                await ensure_stream(self._js)  # a NATS server that lost its store (e.g. a fresh one)
+        return failed
+
+
+async def connect_nats(url: str, *, name: str = "orchard") -> NatsClient:
+    """A nats-py client that reconnects forever (a restarting server is waited for, not fatal)."""
+
+    async def on_error(err: Exception) -> None:
+        _log.debug("nats: %s", err)
+
+    clients: list[NatsClient] = []
+
+    async def on_disconnect() -> None:
+        if clients and not (clients[0].is_closed or clients[0].is_draining):  # not our own close()
+            _log.warning("disconnected from NATS at %s; reconnecting", url)
+
+    async def on_reconnect() -> None:
+        _log.info("reconnected to NATS at %s", url)
+
+    try:
+        clients.append(await nats.connect(url, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.25,
+                                          connect_timeout=2, error_cb=on_error, disconnected_cb=on_disconnect,
+                                          reconnected_cb=on_reconnect))
+        return clients[0]
+    except Exception as err:
+        raise Unavailable(f"cannot reach NATS at {url}: {type(err).__name__}: {err}; is nats-server running "
+                          "(orchard up starts one)?") from err

@@ -1,0 +1,127 @@
+"""The harness interface: what an agent loop needs from a domain (SWE, GUI, assistant) for one rollout.
+
+A harness is made per rollout, bound to its task. The loop asks it for the tools and the opening messages,
+hands it the model's text to parse into tool calls, has it carry each call out in its environment, and stops
+when a call was the submission. Parsing of `<tool_call>{json}</tool_call>` blocks is shared here (the form the
+inference service asks tool-less templates for); a harness adds its own text forms (e.g. a ```bash block).
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+import re
+import uuid
+from dataclasses import dataclass, field
+
+from orchard.types.v1 import types_pb2 as tpb
+
+TOOL_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
+"""A `<tool_call>` block (the closing tag may be missing when generation stopped early)."""
+
+
+@dataclass(frozen=True)
+class ActionResult:
+    """What carrying out one tool call gave."""
+
+    output: str
+    """The observation text shown to the model (empty for a submission)."""
+    status: int = tpb.ACTION_STATUS_OK
+    """A types.v1 ActionStatus."""
+    exit_code: int | None = None
+    truncated: bool = False
+    submitted: bool = False
+    """True when the call was the submission: the rollout ends."""
+    images: list[tpb.Image] = field(default_factory=list)
+    """Screenshots to show with the output (GUI harnesses)."""
+
+
+@dataclass(frozen=True)
+class Parsed:
+    """The tool calls found in a model reply, or why none were."""
+
+    calls: list[tpb.ToolCall]
+    error: str = ""
+
+
+def tool(name: str, description: str, properties: dict[str, object], required: list[str]) -> tpb.ToolDefinition:
+    """A tool definition with a JSON-schema object of `properties`."""
+    schema = {"type": "object", "properties": properties, "required": required}
+    return tpb.ToolDefinition(name=name, description=description, parameters=json.dumps(schema))
+
+
+def call(name: str, **arguments: object) -> tpb.ToolCall:
+    """A tool call with a fresh id."""
+    return tpb.ToolCall(id=f"call_{uuid.uuid4().hex[:12]}", name=name, arguments=json.dumps(arguments))
+
+
+def parse_tool_calls(text: str) -> list[tpb.ToolCall] | None:
+    """The `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` calls in text; None when there is no block,
+    [] when blocks hold no parsable call."""
+    blocks = TOOL_BLOCK.findall(text)
+    if not blocks:
+        return None
+    calls = []
+    for block in blocks:
+        try:
+            value = json.loads(block)
+        except json.JSONDecodeError:
+            continue
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, dict) and isinstance(item.get("name"), str):
+                args = item.get("arguments", item.get("parameters", {}))
+                calls.append(tpb.ToolCall(id=f"call_{uuid.uuid4().hex[:12]}", name=item["name"],
+                                          arguments=args if isinstance(args, str) else json.dumps(args)))
+    return calls
+
+
+class Harness(abc.ABC):
+    """One rollout's agent scaffold: tools, prompts, action parsing and an environment to act in.
+
+    Subclasses set `name`, `task_id`, `task_set` and `tools`, and implement the abstract methods.
+    `close()` must be safe to call whether or not `setup()` finished.
+    """
+
+    name: str
+    """The harness's name as trajectories record it (e.g. "orchard-swe")."""
+    task_id: str
+    task_set: str
+    tools: list[tpb.ToolDefinition]
+
+    @abc.abstractmethod
+    async def setup(self) -> None:
+        """Make the environment ready (create a sandbox, set the task up)."""
+
+    @abc.abstractmethod
+    def initial_messages(self) -> list[tpb.Message]:
+        """The opening conversation: system prompt and task statement."""
+
+    def parse(self, text: str) -> Parsed:
+        """The tool calls in a model reply: `<tool_call>` blocks by default."""
+        calls = parse_tool_calls(text)
+        if calls is None:
+            return Parsed([], "no <tool_call> block found")
+        if not calls:
+            return Parsed([], "the <tool_call> block is not a JSON object with a \"name\" and \"arguments\"")
+        return Parsed(calls)
+
+    def format_error(self, error: str) -> str:
+        """The observation shown after an unparsable reply."""
+        names = ", ".join(t.name for t in self.tools)
+        return (f"Format error: {error}. Reply with exactly one tool call, e.g.\n<tool_call>\n"
+                f"{{\"name\": \"{self.tools[0].name}\", \"arguments\": {{...}}}}\n</tool_call>\nTools: {names}.")
+
+    @abc.abstractmethod
+    async def execute(self, call: tpb.ToolCall) -> ActionResult:
+        """Carry one call out (its tool is one of `tools`); a failing command is a result, not an error.
+
+        Raises an OrchardError only when the environment itself failed (the rollout then stops with ENV_ERROR).
+        """
+
+    @abc.abstractmethod
+    async def submission(self) -> tuple[str, str]:
+        """What was submitted, as (final_patch, final_answer); called once after a submitting call."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Release the environment."""

@@ -1,0 +1,82 @@
+"""Many rollouts at once: k samples of every task, a bounded number in flight (each holds a sandbox), each
+graded in a fresh sandbox as soon as it ends, with its outcome reward added to the trajectory and published."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from orchard.harness import events
+from orchard.harness.base import Harness
+from orchard.harness.loop import AgentLoop
+from orchard.sdk import AsyncSandboxClient
+from orchard.tasks.grading import GradeResult, grade
+from orchard.tasks.instance import TaskInstance
+from orchard.types.v1 import types_pb2 as tpb
+
+TRUNCATED = frozenset({tpb.STOP_REASON_STEP_LIMIT, tpb.STOP_REASON_TOKEN_LIMIT, tpb.STOP_REASON_TIME_LIMIT,
+                       tpb.STOP_REASON_FORMAT_ERROR})
+"""Stop reasons where the agent simply did not submit (graded unresolved, no tests run)."""
+
+
+@dataclass(frozen=True)
+class RolloutResult:
+    """A finished rollout and its grade (None when grading was off)."""
+
+    trajectory: tpb.Trajectory
+    grade: GradeResult | None
+
+
+HarnessFactory = Callable[[TaskInstance], Harness]
+OnResult = Callable[[RolloutResult], Awaitable[None] | None]
+
+
+def ungraded(trajectory: tpb.Trajectory) -> tuple[GradeResult, tpb.Reward]:
+    """The grade and reward of a rollout that did not submit: unresolved when it ran out of budget, an error
+    (to mask out of training) when the model or environment failed."""
+    error = "" if trajectory.stop_reason in TRUNCATED else (trajectory.stop_detail or "the rollout was aborted")
+    result = GradeResult(instance_id=trajectory.task_id, patch_exists=False, patch_applied=False, resolved=False,
+                         error=error, sample_index=trajectory.sample_index)
+    reward = result.to_reward()
+    if not error:
+        reward.outcome.status = tpb.OUTCOME_STATUS_TRUNCATED
+    return result, reward
+
+
+async def run_rollouts(instances: list[TaskInstance], k: int, *, loop: AgentLoop, client: AsyncSandboxClient,
+                       make_harness: HarnessFactory, concurrency: int = 4, grade_patches: bool = True,
+                       on_result: OnResult | None = None, test_timeout_s: float = 600.0) -> list[RolloutResult]:
+    """Run k rollouts of every instance, at most `concurrency` at a time; results in (task, sample) order.
+
+    `on_result` is called as each rollout finishes (graded), e.g. to store it and update a progress bar.
+    """
+    slots = asyncio.Semaphore(concurrency)
+
+    async def one(instance: TaskInstance, sample: int) -> RolloutResult:
+        async with slots:
+            trajectory = await loop.run(make_harness(instance), sample_index=sample,
+                                        group_id=f"{loop.run_id}/{instance.instance_id}",
+                                        trajectory_id=f"{loop.run_id}-{instance.instance_id}-{sample}")
+            result: GradeResult | None = None
+            if grade_patches:
+                if trajectory.stop_reason == tpb.STOP_REASON_SUBMITTED:
+                    result = await grade(client, instance, trajectory.final_patch, sample_index=sample,
+                                         test_timeout_s=test_timeout_s)
+                    reward = result.to_reward()
+                else:
+                    result, reward = ungraded(trajectory)
+                trajectory.rewards.append(reward)
+                trajectory.metadata["verify_status"] = "resolved" if result.resolved else "unresolved"
+                await loop._emit(events.reward_added(trajectory, reward, len(trajectory.rewards) - 1))
+        done = RolloutResult(trajectory, result)
+        if on_result is not None:
+            maybe = on_result(done)
+            if inspect.isawaitable(maybe):
+                await maybe
+        return done
+
+    async with asyncio.TaskGroup() as group:
+        tasks = [group.create_task(one(instance, sample)) for instance in instances for sample in range(k)]
+    return [t.result() for t in tasks]

@@ -1,0 +1,76 @@
+"""Smoke test of the SWE harness with the real embedded model (SmolLM2-135M-Instruct on CPU) through the real
+inference service and real sandboxes. The model is too weak to solve tasks; this checks that the loop runs and
+that the recorded tokens are consistent: the prompt is the chat template's, log-probs match ScoreTokens on the
+exact sequence, and the mask marks exactly the sampled tokens."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+import pytest_asyncio
+from conftest import EnvServer, needs_sandboxes
+from orchard.harness import (
+    AgentLoop,
+    InferenceModel,
+    Limits,
+    SamplingConfig,
+    SWEHarness,
+)
+from orchard.inference.v1 import inference_pb2 as ipb
+from orchard.runtime import GrpcServer
+from orchard.sdk import AsyncSandboxClient
+from orchard.services.inference.server import build
+from orchard.services.inference.settings import InferenceSettings
+from orchard.tasks import load_instances
+from orchard.types.v1 import types_pb2 as tpb
+from test_swe_grading import image_built
+
+TASK = next(t for t in load_instances("toyrepair") if t.instance_id.startswith("toyrepair-trivial-"))
+
+pytestmark = [needs_sandboxes, pytest.mark.slow, pytest.mark.timeout(300), pytest.mark.skipif(
+    not image_built(TASK.image), reason=f"image {TASK.image} is not built: run `orchard image build {TASK.image}`")]
+
+
+@pytest_asyncio.fixture
+async def inference() -> AsyncIterator[str]:
+    """A real inference server with the embedded model; yields its address."""
+    server: GrpcServer
+    server, _engine = await build(InferenceSettings(port=0, log_format="text", grace_period_s=1.0))
+    port = await server.start()
+    yield f"127.0.0.1:{port}"
+    await server.stop()
+
+
+async def test_two_step_rollout_records_consistent_tokens(env: EnvServer, inference: str) -> None:
+    model = InferenceModel(inference, sampling=SamplingConfig(temperature=0.7, max_step_tokens=48, seed=7))
+    await model.connect()
+    try:
+        async with AsyncSandboxClient(f"127.0.0.1:{env.server.port}") as client:
+            loop = AgentLoop(model, Limits(max_steps=2, wall_clock_s=240), model.sampling)
+            traj = await loop.run(SWEHarness(TASK, client))
+        assert traj.stop_reason in (tpb.STOP_REASON_STEP_LIMIT, tpb.STOP_REASON_SUBMITTED,
+                                    tpb.STOP_REASON_FORMAT_ERROR), traj.stop_detail
+        assert traj.policy.model == "SmolLM2-135M-Instruct" and traj.policy.weights_version
+        opening = await model.render(list(traj.messages[:2]), list(traj.tools), add_generation_prompt=True)
+        assert list(traj.prompt_tokens.token_ids) == opening.token_ids
+        sequence = list(traj.prompt_tokens.token_ids)
+        for step in traj.steps:
+            tokens = step.tokens
+            assert len(tokens.token_ids) == len(tokens.logprobs) == len(tokens.mask)
+            sampled = [t for t, m in zip(tokens.token_ids, tokens.mask, strict=True) if m]
+            assert len(sampled) == step.completion_token_count > 0 and step.prompt_token_count == len(sequence)
+            assert tokens.mask[:len(sampled)] == [1] * len(sampled) and set(tokens.mask[len(sampled):]) <= {0}
+            # The behaviour log-probs are the model's own on exactly this sequence.
+            scored = await model._call("ScoreTokens", ipb.ScoreTokensRequest(
+                token_ids=ipb.TokenIds(ids=sequence), continuation_token_ids=sampled), 120)
+            assert list(scored.logprobs) == pytest.approx(list(tokens.logprobs[:len(sampled)]), abs=2e-3)  # type: ignore[attr-defined]
+            sequence += tokens.token_ids
+        assert traj.token_count == len(sequence)
+        if traj.stop_reason == tpb.STOP_REASON_STEP_LIMIT:
+            # The observation tokens are the template's rendering of the conversation so far.
+            full = await model.render(list(traj.messages), list(traj.tools), add_generation_prompt=True)
+            rendered_tail = full.token_ids[-20:]
+            assert sequence[-20:] == rendered_tail
+    finally:
+        await model.close()
