@@ -10,7 +10,11 @@ service and image as the quick start does (`bash scripts/main.sh`), and `pip ins
 import argparse
 from pathlib import Path
 
-from orchard.integrations.mini_swe_agent import OrchardEnvironment, mini_config, run_mini_swe_agent
+from orchard.integrations.mini_swe_agent import (
+    OrchardEnvironment,
+    mini_config,
+    run_mini_swe_agent,
+)
 
 REPO = Path(__file__).resolve().parent / "quickstart_repo"
 TASK = ("calc.median returns the upper middle value for a list of even length; it must return the mean of the "
@@ -28,10 +32,13 @@ def main() -> None:
     parser.add_argument("--address", help="env service host:port (default: ORCHARD_ENV_ADDRESS, else 127.0.0.1:50051)")
     parser.add_argument("--image", default="python:3.11-slim")
     parser.add_argument("--step-limit", type=int, default=30)
+    parser.add_argument("--max-tokens", type=int, help="cap on each reply (small CPU models ramble on otherwise)")
     args = parser.parse_args()
 
     config = mini_config(args.model, args.api_base, api_key=args.api_key, textbased=args.textbased, image=args.image,
                          address=args.address, step_limit=args.step_limit)
+    if args.max_tokens:
+        config["model"]["model_kwargs"]["max_tokens"] = args.max_tokens
     with OrchardEnvironment(**config["environment"]) as env:
         # The repository goes where mini's SWE-bench prompts say it is, as a git checkout (they submit `git diff`).
         cwd = env.config.cwd

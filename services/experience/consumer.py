@@ -1,7 +1,8 @@
 """The durable JetStream pull consumer that moves rollout events into the store.
 
-Loop: fetch a batch, decode, write it in one transaction, then ack (AckPolicy.ALL: acking the batch's last
-message acks the whole batch). A crash between commit and ack only means JetStream redelivers the batch
+Loop: fetch a batch, decode, write it in one transaction, then ack every message (AckPolicy.EXPLICIT).
+Not AckPolicy.ALL: after a crash the restarted consumer is handed *new* messages while the dead one's batch
+waits out ack_wait, and its first cumulative ack would ack that unwritten batch too, losing it. A crash between commit and ack only means JetStream redelivers the batch
 after ack_wait, and the store's idempotent writes make that a no-op: every event is stored exactly once.
 Undecodable messages are term()ed (never redelivered) and logged; a failed write naks the batch with a
 delay and backs off. NATS restarts are ridden out by nats-py's reconnect plus retries here.
@@ -17,11 +18,10 @@ from google.protobuf.message import DecodeError
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-from prometheus_client import Counter
-
 from orchard.events.subjects import STREAM, SUBJECT_PREFIX, ensure_stream
 from orchard.experience.v1.experience_pb2 import RolloutEvent
 from orchard.services.experience.backends.base import SqlStore
+from prometheus_client import Counter
 
 _log = logging.getLogger("orchard.experience.consumer")
 
@@ -56,7 +56,7 @@ class EventConsumer:
     async def _subscribe(self):  # type: ignore[no-untyped-def]
         await ensure_stream(self._js)
         config = ConsumerConfig(
-            durable_name=self._durable, ack_policy=AckPolicy.ALL, deliver_policy=DeliverPolicy.ALL,
+            durable_name=self._durable, ack_policy=AckPolicy.EXPLICIT, deliver_policy=DeliverPolicy.ALL,
             ack_wait=self._ack_wait_s, max_ack_pending=max(20_000, 4 * self._batch_size),
             filter_subject=f"{SUBJECT_PREFIX}.>")
         return await self._js.pull_subscribe(f"{SUBJECT_PREFIX}.>", durable=self._durable, stream=STREAM,
@@ -93,11 +93,11 @@ class EventConsumer:
 
     async def _handle(self, msgs: list[Msg]) -> None:
         events = []
-        last_good: Msg | None = None
+        good: list[Msg] = []
         for msg in msgs:
             try:
                 events.append(RolloutEvent.FromString(msg.data))
-                last_good = msg
+                good.append(msg)
             except DecodeError:
                 POISON.inc()
                 _log.error("dropping a message on %s that is not a RolloutEvent (%d bytes); term()ed",
@@ -113,6 +113,7 @@ class EventConsumer:
                     await msg.nak(delay=1)
             raise
         STORED.inc(len(events))
-        # AckPolicy.ALL: this acks every message of the batch up to it, and only after the commit above.
-        if last_good is not None:
-            await last_good.ack()
+        # Only after the commit above. ack() is a fire-and-forget publish: a lost ack means a redelivery,
+        # which the idempotent store absorbs.
+        for msg in good:
+            await msg.ack()

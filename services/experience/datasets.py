@@ -28,7 +28,6 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-
 from orchard.errors import FailedPrecondition
 from orchard.experience.v1 import experience_pb2 as pb
 from orchard.services.experience.backends.base import Position, SqlStore

@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import grpc
-
 from orchard.errors import InvalidArgument, NotFound
 from orchard.experience.v1 import experience_pb2 as pb
 from orchard.experience.v1 import experience_pb2_grpc

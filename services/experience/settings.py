@@ -30,7 +30,7 @@ class ExperienceSettings(ServiceSettings):
     """Most events fetched and written in one transaction."""
     ack_wait_s: float = Field(default=30.0, gt=0)
     """How long JetStream waits for an ack before redelivering (after a crash, unacked events come back then)."""
-    eval_task_files: list[Path] = []
+    eval_task_files: list[Path] = Field(default_factory=list)
     """Evaluation sets for decontamination: text files of task ids, one per line ('#' starts a comment).
     Training exports leave their tasks out. Env var: a JSON list of paths."""
 

@@ -1,8 +1,9 @@
 """Where the recording proxy's records go. One record per proxied call: the request, the (assembled) response,
 the rollout id and the call's position in its rollout (`seq`), so a rollout's file replays as a trajectory.
 
-Until the event bus exists records go to JSON-lines files, one per rollout; `RecordSink` is the seam the
-NATS publisher will implement."""
+Records go to JSON-lines files, one per rollout (`JsonlRecords`), or, when the proxy has a nats_url, onto the
+event bus as RolloutEvents (`NatsRecords`), where the experience service stores them with the rollout's
+trajectory."""
 
 from __future__ import annotations
 
@@ -10,8 +11,14 @@ import asyncio
 import json
 import logging
 import re
+import uuid
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
+
+from nats.aio.client import Client as NatsClient
+from orchard import events
+from orchard.experience.v1.experience_pb2 import ModelCallRecorded
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +81,55 @@ class JsonlRecords:
 
     async def close(self) -> None:
         return None  # every write() already flushed
+
+
+class NatsRecords:
+    """Publishes each record as a RolloutEvent (model_call_recorded) on orchard.rollouts.<run_id>.call, with the
+    rollout id as trajectory id, through an EventPublisher: buffered, retried across NATS restarts, never dropped.
+
+    write() returns once JetStream acknowledged the record, or after ack_wait_s with the record still buffered
+    and retried in the background (logged): a bus outage delays records but does not fail the model call."""
+
+    def __init__(self, nc: NatsClient, publisher: events.EventPublisher, run_id: str, ack_wait_s: float) -> None:
+        self._nc, self._publisher, self._run_id, self._ack_wait_s = nc, publisher, run_id, ack_wait_s
+        self._next_seq: dict[str, int] = {}
+
+    @classmethod
+    async def connect(cls, url: str, run_id: str, ack_wait_s: float = 5.0) -> NatsRecords:
+        nc = await events.connect_nats(url, name="orchard-proxy")
+        publisher = events.EventPublisher(nc, close_timeout_s=30)
+        try:
+            await publisher.start()
+        except BaseException:
+            await nc.close()
+            raise
+        return cls(nc, publisher, run_id, ack_wait_s)
+
+    async def write(self, record: dict[str, Any]) -> None:
+        rollout_id = record["rollout_id"]
+        record["seq"] = self._next_seq.get(rollout_id, 0)
+        self._next_seq[rollout_id] = record["seq"] + 1
+        call = ModelCallRecorded(
+            call_id=uuid.uuid4().hex, seq=record["seq"], path=record.get("path", ""),
+            request_json=json.dumps(record.get("request"), ensure_ascii=False),
+            response_json="" if record.get("response") is None else json.dumps(record["response"], ensure_ascii=False),
+            http_status=record.get("status", 0), stream=bool(record.get("stream")), error=record.get("error") or "",
+            upstream=record.get("upstream", ""))
+        call.latency.FromMilliseconds(int(record.get("latency_ms", 0)))
+        event = events.model_call(self._run_id, rollout_id, call)
+        event.event_time.FromDatetime(datetime.fromisoformat(record["time"]))
+        await self._publisher.publish(event)
+        try:
+            await self._publisher.flush(self._ack_wait_s)
+        except TimeoutError:
+            log.warning("record of rollout %s not yet acknowledged by NATS; it stays buffered and is retried "
+                        "(last error: %s)", rollout_id, self._publisher.stats.last_error)
+
+    async def close(self) -> None:
+        try:
+            await self._publisher.close()
+        finally:
+            await self._nc.close()
 
 
 def read_records(directory: Path, rollout_id: str) -> list[dict[str, Any]]:

@@ -29,6 +29,7 @@ from orchard.runtime.settings import SettingsError
 from orchard.services.proxy.records import (
     UNKEYED,
     JsonlRecords,
+    NatsRecords,
     RecordSink,
     check_rollout_id,
 )
@@ -70,7 +71,8 @@ def rollout_of(request: web.Request, settings: ProxySettings) -> tuple[str | Non
 class RecordingProxy:
     def __init__(self, settings: ProxySettings, sink: RecordSink | None = None) -> None:
         self.settings = settings
-        self.sink = sink if sink is not None else JsonlRecords(settings.records_dir)
+        self._own_sink = sink is None
+        self.sink: RecordSink = sink if sink is not None else JsonlRecords(settings.records_dir)
         self._site = HttpSite("--port", "port")
         self._session: aiohttp.ClientSession | None = None
 
@@ -80,6 +82,9 @@ class RecordingProxy:
         return self._site.port
 
     async def start(self) -> int:
+        if self._own_sink and self.settings.nats_url:
+            # Connect before listening: an unreachable bus is a start-up error, not a lost first record.
+            self.sink = await NatsRecords.connect(self.settings.nats_url, self.settings.run_id)
         app = web.Application(client_max_size=self.settings.max_body_bytes)
         app.router.add_get("/health", self._health)
         app.router.add_route("*", "/v1/{tail:.*}", self._forward)
@@ -89,9 +94,12 @@ class RecordingProxy:
             await self._site.start(app, self.settings.host, self.settings.port, self.settings.grace_period_s)
         except BaseException:
             await self._session.close()
+            await self.sink.close()
             raise
-        log.info("proxy listening on %s:%d, upstream %s, records in %s", self.settings.host, self.port,
-                 self.settings.upstream_url, getattr(self.sink, "directory", type(self.sink).__name__))
+        where = f"NATS {self.settings.nats_url} (run {self.settings.run_id})" if isinstance(self.sink, NatsRecords) \
+            else getattr(self.sink, "directory", type(self.sink).__name__)
+        log.info("proxy listening on %s:%d, upstream %s, records to %s", self.settings.host, self.port,
+                 self.settings.upstream_url, where)
         return self.port
 
     async def stop(self) -> None:

@@ -29,11 +29,23 @@ class ProxySettings(ServiceSettings):
     require_rollout_id: bool = False
     """Reject requests that carry no rollout id (400) instead of recording them under rollout "unkeyed"."""
     records_dir: Path = Field(default_factory=default_records_dir)
-    """Where records go until the event bus exists: one JSON-lines file per rollout, <rollout id>.jsonl."""
+    """Where records go when nats_url is unset: one JSON-lines file per rollout, <rollout id>.jsonl."""
+    nats_url: str | None = None
+    """NATS server with JetStream; when set, records go to the event bus (stored by the experience service
+    with the rollout's trajectory) instead of records_dir."""
+    run_id: str = "proxy"
+    """The run id records are published under on the bus (orchard.rollouts.<run_id>.call)."""
     upstream_timeout_s: float = Field(default=600.0, gt=0)
     """Longest a request may take upstream (a long generation streams for minutes)."""
     max_body_bytes: int = Field(default=32 << 20, gt=0)
     """Largest request body accepted."""
+
+    @field_validator("run_id")
+    @classmethod
+    def _check_run_id(cls, run_id: str) -> str:
+        if not run_id or any(c in run_id for c in ".*> \t\n"):
+            raise ValueError("must be a non-empty NATS subject token: no '.', '*', '>' or whitespace")
+        return run_id
 
     @field_validator("upstream_url")
     @classmethod

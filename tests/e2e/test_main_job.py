@@ -52,10 +52,12 @@ def test_orchard_up_and_quick_start(tmp_path: Path) -> None:
     """The README's main job: stack up, quick start prints a failing then a passing pytest run, stack down."""
     asyncio.run(ImageStore(default_images_dir()).build("python:3.11-slim"))  # at once when cached
     env_port, nats_port, inference_port, openai_port = _free_port(), _free_port(), _free_port(), _free_port()
+    experience_port = _free_port()
     log = open(tmp_path / "up.log", "w+b")
     stack = subprocess.Popen(
         [str(ORCHARD), "up", "--env-port", str(env_port), "--nats-port", str(nats_port),
          "--inference-port", str(inference_port), "--inference-http-port", str(openai_port),
+         "--experience-port", str(experience_port),
          "--state-dir", str(tmp_path / "state")], stdout=log, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 120  # the inference service loads the embedded model (a few seconds)
@@ -64,13 +66,15 @@ def test_orchard_up_and_quick_start(tmp_path: Path) -> None:
             assert time.monotonic() < deadline, "orchard up did not become ready in 120 s"
             time.sleep(0.1)
         services = _children(stack.pid)
-        assert len(services) == 3  # nats-server, the env service and the inference service
+        assert len(services) == 4  # nats-server, the env, experience and inference services
         addresses = ["--env-address", f"127.0.0.1:{env_port}", "--nats-address", f"127.0.0.1:{nats_port}",
-                     "--inference-address", f"127.0.0.1:{inference_port}"]
+                     "--inference-address", f"127.0.0.1:{inference_port}",
+                     "--experience-address", f"127.0.0.1:{experience_port}"]
         status = subprocess.run([str(ORCHARD), "status", *addresses], capture_output=True, text=True)
         assert status.returncode == 0, status.stdout + status.stderr
-        assert "SERVING, sandboxes: none" in status.stdout and status.stdout.count(" up ") == 3
+        assert "SERVING, sandboxes: none" in status.stdout and status.stdout.count(" up ") == 4
         assert "SmolLM2-135M-Instruct (transformers" in status.stdout
+        assert "SERVING, trajectories: 0 (0 finished)" in status.stdout
 
         run = subprocess.run([sys.executable, str(ROOT / "examples" / "quickstart.py")],
                              env={**os.environ, "ORCHARD_ENV_ADDRESS": f"127.0.0.1:{env_port}"},
@@ -85,7 +89,7 @@ def test_orchard_up_and_quick_start(tmp_path: Path) -> None:
         assert stack.wait(timeout=60) == 0
         assert not [pid for pid in services if _alive(pid)]
         down = subprocess.run([str(ORCHARD), "status", *addresses], capture_output=True, text=True)
-        assert down.returncode == 1 and down.stdout.count("DOWN") == 3
+        assert down.returncode == 1 and down.stdout.count("DOWN") == 4
     finally:
         if stack.poll() is None:  # a failed assertion: stop the stack the way a user would, so nothing leaks
             stack.send_signal(signal.SIGINT)

@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from google.protobuf.timestamp_pb2 import Timestamp
-
 from orchard import events
 from orchard.experience.v1 import experience_pb2 as pb
 from orchard.types.v1 import types_pb2 as tpb

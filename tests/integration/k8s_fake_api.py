@@ -305,7 +305,8 @@ class FakeKubernetes:
                     if obj is None:
                         return self._reply(404, _status(404, "NotFound", f'{resource} "{name}" not found'))
                     return self._reply(200, obj)
-                if query.get("watch") == "true":
+                # As the API server's strconv.ParseBool: clients send "true" or (Python's) "True".
+                if query.get("watch", "").lower() in ("1", "t", "true"):
                     return self._watch(ns, query)
                 selector = query.get("labelSelector", "")
                 with fake._cond:

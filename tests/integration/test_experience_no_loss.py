@@ -14,7 +14,6 @@ from pathlib import Path
 import grpc
 import pytest
 from experience_helpers import NatsServer, free_port
-
 from orchard import events
 from orchard.experience.v1 import experience_pb2 as pb
 from orchard.experience.v1 import experience_pb2_grpc

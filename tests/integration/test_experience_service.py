@@ -14,7 +14,6 @@ import grpc
 import pyarrow.parquet as pq
 import pytest
 from experience_helpers import NatsServer, outcome, rollout, stamp
-
 from orchard import events
 from orchard.experience.v1 import experience_pb2 as pb
 from orchard.experience.v1 import experience_pb2_grpc

@@ -79,7 +79,7 @@ async def test_sandbox_pod_lifecycle(fake: FakeKubernetes, start_env: StartEnv, 
         resources=pb.Resources(cpu_millis=500, memory_bytes=256 << 20)), timeout=30)).sandbox
     create_ms = (time.perf_counter() - began) * 1000
     sid = created.sandbox_id
-    calls = [c for c in fake.requests[requests_before:] if c[0] != "GET" or "watch=true" not in c[1]]
+    calls = [c for c in fake.requests[requests_before:] if c[0] != "GET" or "watch=true" not in c[1].lower()]
     assert [c[0] for c in calls] == ["POST"], calls  # one create; readiness came from the open watch
 
     pod = sandbox_pod(fake, sid)
@@ -229,7 +229,7 @@ async def test_watch_resumes_and_relists(fake: FakeKubernetes, start_env: StartE
         sid = (await env.stub.CreateSandbox(pb.CreateSandboxRequest(image=IMAGE, workdir=str(tmp_path / f"w{i}")),
                                             timeout=30)).sandbox.sandbox_id
         assert (await run(env.stub, sid, ["true"])).state == pb.EXEC_STATE_SUCCEEDED
-    watches = [path for method, path in fake.requests if method == "GET" and "watch=true" in path]
+    watches = [path for method, path in fake.requests if method == "GET" and "watch=true" in path.lower()]
     assert len(watches) >= 3 and any("resourceVersion=" in w for w in watches[1:])
 
 

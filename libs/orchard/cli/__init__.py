@@ -33,7 +33,8 @@ def cmd_up(args: argparse.Namespace) -> int:
 
     return asyncio.run(up(args.host, args.nats_port, args.env_port, Path(args.state_dir), args.log_format,
                           inference_port=None if args.no_inference else args.inference_port,
-                          inference_http_port=args.inference_http_port))
+                          inference_http_port=args.inference_http_port,
+                          experience_port=None if args.no_experience else args.experience_port))
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -46,7 +47,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     from orchard.cli.status import print_rows, status
 
-    rows = asyncio.run(status(args.env_address, args.nats_address, args.token, args.inference_address or None))
+    rows = asyncio.run(status(args.env_address, args.nats_address, args.token, args.inference_address or None,
+                              args.experience_address or None))
     print_rows(rows)
     return 0 if all(row.ok for row in rows) else 1
 
@@ -138,6 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="port of the inference service's OpenAI-compatible endpoint (/v1)")
     p.add_argument("--no-inference", action="store_true",
                    help="do not start the inference service (it loads the embedded model, ~0.5 GB of memory)")
+    p.add_argument("--experience-port", type=int, default=50055,
+                   help="gRPC port of the experience service (rollout events -> SQLite under --state-dir)")
+    p.add_argument("--no-experience", action="store_true", help="do not start the experience service")
     p.set_defaults(func=cmd_up)
 
     p = sub.add_parser("serve", help="run one service (flags after the name go to the service; --help lists them)")
@@ -150,6 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nats-address", default="127.0.0.1:4222")
     p.add_argument("--inference-address", default="",
                    help="also check the inference service there (orchard up serves it on 127.0.0.1:50052)")
+    p.add_argument("--experience-address", default="",
+                   help="also check the experience service there (orchard up serves it on 127.0.0.1:50055)")
     p.add_argument("--token", default=None, help="bearer token, when the services require one")
     p.set_defaults(func=cmd_status)
 

@@ -19,6 +19,7 @@ SERVICES: dict[str, str] = {
     "env": "orchard.services.env.server",
     "inference": "orchard.services.inference.server",
     "proxy": "orchard.services.proxy.server",
+    "experience": "orchard.services.experience.server",
 }
 
 
@@ -78,10 +79,12 @@ async def _wait_ready(child: Child, check: object, deadline_s: float) -> None:
 
 
 async def up(host: str, nats_port: int, env_port: int, state_dir: Path, log_format: str, *,
-             inference_port: int | None = None, inference_http_port: int | None = None) -> int:
+             inference_port: int | None = None, inference_http_port: int | None = None,
+             experience_port: int | None = None) -> int:
     """Start nats-server (JetStream) and every service; stop them all on Ctrl-C/SIGTERM or if one dies.
 
-    inference_port None skips the inference service (it serves the embedded model, converted once on first use).
+    inference_port None skips the inference service (it serves the embedded model, converted once on first use);
+    experience_port None skips the experience service (rollout events then wait in the stream until one runs).
     """
     state_dir.mkdir(parents=True, exist_ok=True)
     children: list[Child] = []
@@ -101,6 +104,14 @@ async def up(host: str, nats_port: int, env_port: int, state_dir: Path, log_form
             "--log-format", log_format, start_new_session=True)
         children.append(Child("env", f"{host}:{env_port}", env))
         await _wait_ready(children[-1], lambda: _grpc_ready(f"{host}:{env_port}"), 60)
+        if experience_port is not None:
+            store = f"sqlite:///{state_dir / 'experience' / 'experience.db'}"
+            experience = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", SERVICES["experience"], "--host", host, "--port", str(experience_port),
+                "--nats-url", f"nats://{host}:{nats_port}", "--store-url", store,
+                "--log-format", log_format, start_new_session=True)
+            children.append(Child("experience", f"{host}:{experience_port}", experience))
+            await _wait_ready(children[-1], lambda: _grpc_ready(f"{host}:{experience_port}"), 60)
         if inference_port is not None:
             http = ["--http-port", str(inference_http_port)] if inference_http_port is not None else []
             inference = await asyncio.create_subprocess_exec(
@@ -111,9 +122,9 @@ async def up(host: str, nats_port: int, env_port: int, state_dir: Path, log_form
             await _wait_ready(children[-1], lambda: _grpc_ready(f"{host}:{inference_port}"), 300)
         print("orchard up: the local stack is ready (Ctrl-C stops it)", file=sys.stderr)
         for child in children:
-            print(f"  {child.name:<9} {child.address}", file=sys.stderr)
+            print(f"  {child.name:<10} {child.address}", file=sys.stderr)
         if inference_port is not None and inference_http_port is not None:
-            print(f"  {'openai':<9} http://{host}:{inference_http_port}/v1", file=sys.stderr)
+            print(f"  {'openai':<10} http://{host}:{inference_http_port}/v1", file=sys.stderr)
         sys.stderr.flush()
         waits = [asyncio.create_task(c.proc.wait()) for c in children]
         stopper = asyncio.create_task(stop.wait())

@@ -10,6 +10,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from orchard.env.v1 import env_pb2, env_pb2_grpc
+from orchard.experience.v1 import experience_pb2, experience_pb2_grpc
 from orchard.inference.v1 import inference_pb2, inference_pb2_grpc
 
 
@@ -78,16 +79,35 @@ async def inference_row(address: str, token: str | None) -> Row:
     return Row("inference", address, True, f"SERVING, models: {served}")
 
 
+async def experience_row(address: str, token: str | None) -> Row:
+    metadata = (("authorization", f"Bearer {token}"),) if token else ()
+    async with grpc.aio.insecure_channel(address) as channel:
+        try:
+            health = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=2)
+            if health.status != health_pb2.HealthCheckResponse.SERVING:
+                return Row("experience", address, False,
+                           health_pb2.HealthCheckResponse.ServingStatus.Name(health.status))
+            stub = experience_pb2_grpc.ExperienceServiceStub(channel)  # type: ignore[no-untyped-call]
+            stats = await stub.QueryStats(experience_pb2.QueryStatsRequest(
+                filter=experience_pb2.TrajectoryFilter(include_unfinished=True)), timeout=5, metadata=metadata)
+        except grpc.aio.AioRpcError as err:
+            return Row("experience", address, False, f"{err.code().name}: {err.details()}")
+    return Row("experience", address, True, f"SERVING, trajectories: {stats.total.trajectory_count} "
+               f"({stats.total.finished_count} finished)")
+
+
 async def status(env_address: str, nats_address: str, token: str | None,
-                 inference_address: str | None = None) -> list[Row]:
-    """Rows for NATS, env and, when an address is given, inference."""
+                 inference_address: str | None = None, experience_address: str | None = None) -> list[Row]:
+    """Rows for NATS, env and, when their addresses are given, inference and experience."""
     checks = [nats_row(nats_address), env_row(env_address, token)]
     if inference_address:
         checks.append(inference_row(inference_address, token))
+    if experience_address:
+        checks.append(experience_row(experience_address, token))
     return list(await asyncio.gather(*checks))
 
 
 def print_rows(rows: list[Row]) -> None:
-    print(f"{'SERVICE':<9} {'ADDRESS':<22} {'STATUS':<6} DETAIL")
+    print(f"{'SERVICE':<10} {'ADDRESS':<22} {'STATUS':<6} DETAIL")
     for row in rows:
-        print(f"{row.name:<9} {row.address:<22} {'up' if row.ok else 'DOWN':<6} {row.detail}")
+        print(f"{row.name:<10} {row.address:<22} {'up' if row.ok else 'DOWN':<6} {row.detail}")

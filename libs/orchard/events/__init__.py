@@ -6,7 +6,12 @@
 """
 
 from orchard.events.builders import finished, model_call, reward, started, step
-from orchard.events.publisher import EventPublisher, PublishBackpressure, PublisherStats, connect_nats
+from orchard.events.publisher import (
+           EventPublisher,
+           PublishBackpressure,
+           PublisherStats,
+           connect_nats,
+)
 from orchard.events.subjects import STREAM, ensure_stream, subject_of
 
 __all__ = ["STREAM", "EventPublisher", "PublishBackpressure", "PublisherStats", "connect_nats", "ensure_stream",

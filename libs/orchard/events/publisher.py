@@ -104,7 +104,7 @@ class EventPublisher:
 
     @classmethod
     @contextlib.asynccontextmanager
-    async def connect(cls, url: str, **options: float | int) -> AsyncIterator[EventPublisher]:
+    async def connect(cls, url: str, **options: float) -> AsyncIterator[EventPublisher]:
         """Connect to NATS at `url`, make sure the stream exists, and publish until the block ends."""
         nc = await connect_nats(url)
         publisher = cls(nc, **options)  # type: ignore[arg-type]

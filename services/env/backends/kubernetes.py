@@ -154,7 +154,7 @@ class KubernetesBackend:
         self._api = await asyncio.to_thread(self._load_client)
         self._core, self._net = k8s.client.CoreV1Api(self._api), k8s.client.NetworkingV1Api(self._api)
         await self._clean_up()
-        deny = k8s.client.V1NetworkPolicy.model_validate(m.deny_egress_policy(self._cfg))
+        deny = m.deny_egress_policy(self._cfg)  # the client sends plain dicts as they are
         try:
             await self._send("create the deny-all egress policy", self._net.create_namespaced_network_policy,
                              self._cfg.namespace, deny)
@@ -210,9 +210,8 @@ class KubernetesBackend:
                              ttl_s=max(expire_s - time.time(), 1), tenant=tenant, sandbox_id=sandbox_id)
 
     async def _create_pod(self, manifest: dict[str, Any]) -> None:
-        body = self._k8s.client.V1Pod.model_validate(manifest)
         await self._send(f"create pod {manifest['metadata']['name']}", self._core.create_namespaced_pod,
-                         self._cfg.namespace, body)
+                         self._cfg.namespace, manifest)
 
     async def _create_warm(self, image: str) -> WarmPod:
         pod = WarmPod(name=f"orchard-{secrets.token_hex(5)}", token=secrets.token_urlsafe(24), image=image,
@@ -289,7 +288,7 @@ class KubernetesBackend:
 
     async def _apply_policy(self, pod: _Pod, policy: dict[str, Any]) -> None:
         """Create the sandbox's allow policy, or replace it in one step."""
-        body = self._k8s.client.V1NetworkPolicy.model_validate(policy)
+        body = policy
         name, ns = policy["metadata"]["name"], self._cfg.namespace
         if not pod.has_policy:
             try:

@@ -11,7 +11,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
-
 from orchard.experience.v1 import experience_pb2 as pb
 from orchard.services.experience import ingest, sql
 from orchard.services.experience.openai_format import messages_from_call

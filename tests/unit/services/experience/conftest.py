@@ -41,5 +41,5 @@ def postgres_url() -> Iterator[str]:
         yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
     finally:
         subprocess.run(_as_postgres_user([str(PG_BIN / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"]),
-                       capture_output=True)
+                       capture_output=True, check=False)
         shutil.rmtree(root, ignore_errors=True)

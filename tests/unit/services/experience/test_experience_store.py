@@ -13,14 +13,13 @@ import psycopg
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "integration"))
-from experience_helpers import outcome, rollout, stamp  # noqa: E402
-
-from orchard import events  # noqa: E402
-from orchard.experience.v1 import experience_pb2 as pb  # noqa: E402
-from orchard.services.experience import stats  # noqa: E402
-from orchard.services.experience.backends import load_store  # noqa: E402
-from orchard.services.experience.backends.base import SqlStore  # noqa: E402
-from orchard.types.v1 import types_pb2 as tpb  # noqa: E402
+from experience_helpers import outcome, rollout, stamp
+from orchard import events
+from orchard.experience.v1 import experience_pb2 as pb
+from orchard.services.experience import stats
+from orchard.services.experience.backends import load_store
+from orchard.services.experience.backends.base import SqlStore
+from orchard.types.v1 import types_pb2 as tpb
 
 _databases = itertools.count()
 
@@ -59,7 +58,7 @@ async def test_writes_are_idempotent_in_any_order(store: SqlStore) -> None:
 
 
 async def test_finished_is_authoritative_and_rewards_are_a_union(store: SqlStore) -> None:
-    started, step0, step1, finished = rollout("r1", "t1", "task", steps=2)
+    started, step0, _step1, finished = rollout("r1", "t1", "task", steps=2)
     late_step = events.step("r1", "t1", tpb.Step(index=5))
     extra = outcome(tpb.OUTCOME_STATUS_UNRESOLVED, -1.0)
     again = finished.rollout_finished.trajectory.rewards[0]
