@@ -3,10 +3,12 @@
 project's own deploy/Dockerfile exactly as the compose file specifies it (context, file, target), with a
 locally imported Debian + Python base standing in for python:3.11-slim, and NATS runs from an image made of
 the nats-server binary the project installs (nothing can be pulled from a registry here). One sandbox command
-then runs through the composed stack."""
+then runs through the composed stack, and a rollout's events published to the composed NATS are stored by the
+composed experience service."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -18,7 +20,11 @@ from typing import Any
 
 import grpc
 import pytest
+from experience_helpers import rollout
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from orchard.events import EventPublisher
+from orchard.experience.v1 import experience_pb2 as xpb
+from orchard.experience.v1 import experience_pb2_grpc
 from orchard.sdk.sync import SandboxClient
 from orchard.services.env.images import default_images_dir
 from podman_engine import PodmanEngine, skip_unless_podman
@@ -31,7 +37,7 @@ BASE_REF = "localhost/orchard-base:py311"
 NATS_REF = "localhost/orchard-nats:test"
 TAG = "test"
 PROJECT = "orchard-compose-test"
-SERVICES = ("nats", "env")
+SERVICES = ("nats", "env", "experience")
 
 
 @pytest.fixture(scope="module")
@@ -105,9 +111,11 @@ def wait_serving(port: int, timeout_s: float = 90) -> None:
             time.sleep(0.5)
 
 
-def test_compose_up_runs_a_sandbox_command(stack: tuple[PodmanEngine, dict[str, str]]) -> None:
-    """`docker compose up` starts NATS (JetStream) and env from the project's images; the env container reaches
-    NATS by service name, passes its own health check, and a sandbox command runs through the stack."""
+async def test_compose_up_runs_a_sandbox_command_and_stores_a_rollout(
+        stack: tuple[PodmanEngine, dict[str, str]]) -> None:
+    """`docker compose up` starts NATS (JetStream), env and experience from the project's images; env reaches
+    NATS by service name and passes its own health check; a sandbox command runs through the stack; a rollout's
+    events published to the stack's NATS are stored by its experience service and read back over gRPC."""
     engine, env = stack
     compose(env, "up", "-d", "--no-build", *SERVICES)
     states = {row["Service"]: row["State"] for row in map(json.loads, compose(
@@ -115,7 +123,9 @@ def test_compose_up_runs_a_sandbox_command(stack: tuple[PodmanEngine, dict[str, 
     assert states == dict.fromkeys(SERVICES, "running"), states
 
     env_port = published_port(env, "env", 50051)
+    experience_port = published_port(env, "experience", 50055)
     wait_serving(env_port)
+    wait_serving(experience_port)
     # The image's health check command (podman runs no health checks without systemd, so run it by hand).
     compose(env, "exec", "-T", "env", "python", "-m", "orchard.runtime.healthcheck", "50051")
     # NATS with JetStream, reached from the env container by its compose service name.
@@ -129,6 +139,22 @@ def test_compose_up_runs_a_sandbox_command(stack: tuple[PodmanEngine, dict[str, 
         result = sandbox.exec("python hello.py")
     assert result.exit_code == 0, result.stderr
     assert result.stdout.strip() == "hello from (3, 11)"
+
+    # A rollout through the composed bus into the composed store.
+    nats_url = f"nats://127.0.0.1:{published_port(env, 'nats', 4222)}"
+    async with EventPublisher.connect(nats_url) as publisher:
+        for event in rollout("compose-run", "compose-t1", "task-1", steps=2):
+            await publisher.publish(event)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{experience_port}") as channel:
+        stub = experience_pb2_grpc.ExperienceServiceStub(channel)
+        deadline = time.monotonic() + 30
+        while True:
+            listed = await stub.ListTrajectories(xpb.ListTrajectoriesRequest(
+                filter=xpb.TrajectoryFilter(run_ids=["compose-run"])), timeout=10)
+            if listed.trajectories or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.2)
+    assert [t.trajectory_id for t in listed.trajectories] == ["compose-t1"]
 
     compose(env, "down", "-v", "-t", "2")
     left = engine.podman("ps", "-a", "--filter", f"label=com.docker.compose.project={PROJECT}", "-q").stdout

@@ -81,12 +81,14 @@ def test_env_service_is_privileged_with_healthcheck_and_volumes(config: dict[str
     assert mounts == {("volume", "env-images", "/root/.cache/orchard/images"),
                       ("volume", "env-state", "/root/.local/state/orchard/env")}
     assert {(p["published"], p["target"]) for p in env["ports"]} == {("50051", 50051), ("9100", 9100)}
-    assert {"nats-data", "env-images", "env-state", "models", "checkpoints", "proxy-records"} <= set(config["volumes"])
+    assert {"nats-data", "env-images", "env-state", "models", "checkpoints", "proxy-records",
+            "experience-data"} <= set(config["volumes"])
 
 
 SETTINGS = {"env": "orchard.services.env.settings:EnvSettings",
             "inference": "orchard.services.inference.settings:InferenceSettings",
-            "proxy": "orchard.services.proxy.settings:ProxySettings"}
+            "proxy": "orchard.services.proxy.settings:ProxySettings",
+            "experience": "orchard.services.experience.settings:ExperienceSettings"}
 
 
 def test_every_orchard_service_is_built_from_its_target_with_real_settings(config: dict[str, Any]) -> None:
@@ -165,7 +167,7 @@ def test_dockerfile_stages() -> None:
     no ML framework), inference (torch for CPU and the embedded model, non-root), agent (one static file)."""
     stages = _stages()
     assert ("ARG", "BASE=python:3.11-slim-bookworm") in stages[""]
-    assert {"core", "env", "inference", "proxy", "agent"} <= set(stages)
+    assert {"core", "env", "inference", "experience", "proxy", "agent"} <= set(stages)
     core, env, inference, agent = (stages[name] for name in ("core", "env", "inference", "agent"))
     assert core[0] == ("FROM", "${BASE} AS core")
     core_runs = " ".join(args for name, args in core if name == "RUN")
