@@ -131,6 +131,7 @@ def test_env_has_grpc_probes_on_the_named_grpc_port(target: str) -> None:
 def test_env_requests_equal_limits(target: str) -> None:
     """env's, inference's and NATS's resource requests equal their limits (Guaranteed QoS)."""
     for workload, name in ((env_deployment(target), "env"), (inference_deployment(target), "inference"),
+                           (find(target, "Deployment", "orchard-experience"), "experience"),
                            (find(target, "StatefulSet", "nats"), "nats")):
         res = container(workload, name)["resources"]
         assert res["requests"] and res["requests"] == res["limits"], name
@@ -274,6 +275,30 @@ def test_hpa_scales_env_and_inference_on_cpu(target: str, service: str) -> None:
     assert [m["resource"]["name"] for m in hpa["spec"]["metrics"]] == ["cpu"]
     for small in ("overlays/dev", "overlays/single-node"):
         assert not [d for d in docs(small) if d["kind"] == "HorizontalPodAutoscaler"], small
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_experience_stores_on_a_claim_and_reads_nats(target: str) -> None:
+    """experience runs `serve experience` with gRPC probes, one replica recreated on its ReadWriteOnce claim
+    (SQLite), NATS by its Service name, and every ORCHARD_EXPERIENCE_* var names an ExperienceSettings field."""
+    from orchard.services.experience.settings import ExperienceSettings
+
+    deployment = find(target, "Deployment", "orchard-experience")
+    c = container(deployment, "experience")
+    assert c["args"] == ["serve", "experience"] and c["image"].startswith("orchard-experience:")
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert c[probe]["grpc"]["port"] == 50055, probe
+    env = env_vars(c)
+    fields = {f.upper() for f in ExperienceSettings.model_fields}
+    assert {k.removeprefix("ORCHARD_EXPERIENCE_") for k in env if k.startswith("ORCHARD_EXPERIENCE_")} <= fields
+    nats = find(target, "Service", "nats")
+    assert env["ORCHARD_EXPERIENCE_NATS_URL"] == f"nats://{nats['metadata']['name']}:4222"
+    assert env["ORCHARD_EXPERIENCE_STORE_URL"].startswith("sqlite:////data/")
+    assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"]["type"] == "Recreate"
+    (data,) = [v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == "data"]
+    pvc = find(target, "PersistentVolumeClaim", data["persistentVolumeClaim"]["claimName"])
+    assert pvc["spec"]["accessModes"] == ["ReadWriteOnce"]
+    assert {"name": "data", "mountPath": "/data"} in c["volumeMounts"]
 
 
 def test_prod_is_bigger_than_dev() -> None:
