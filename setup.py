@@ -15,4 +15,5 @@ for name, folder in ROOTS.items():
 setup(packages=packages, package_data={
     "orchard.services.env": ["agent/*.py"],
     "orchard.tasks": ["toyrepair/tasks.jsonl", "toyrepair/repos/**/*", "toyrepair/repos/*/.gitignore"],
+    "orchard.services.reward": ["rubrics/*.yaml"],
 })

@@ -20,6 +20,7 @@ SERVICES: dict[str, str] = {
     "inference": "orchard.services.inference.server",
     "proxy": "orchard.services.proxy.server",
     "experience": "orchard.services.experience.server",
+    "reward": "orchard.services.reward.server",
 }
 
 

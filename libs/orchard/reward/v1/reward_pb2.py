@@ -26,7 +26,7 @@ from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb
 from orchard.types.v1 import types_pb2 as orchard_dot_types_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1eorchard/reward/v1/reward.proto\x12\x11orchard.reward.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1corchard/types/v1/types.proto\"\xab\x01\n\x08TestSpec\x12\r\n\x05image\x18\x01 \x01(\t\x12\x0f\n\x07workdir\x18\x02 \x01(\t\x12\x13\n\x0b\x65val_script\x18\x03 \x01(\t\x12\x12\n\nlog_parser\x18\x04 \x01(\t\x12\x14\n\x0c\x66\x61il_to_pass\x18\x05 \x03(\t\x12\x14\n\x0cpass_to_pass\x18\x06 \x03(\t\x12*\n\x07timeout\x18\x07 \x01(\x0b\x32\x19.google.protobuf.Duration\"\xb1\x01\n\x13OutcomeRewardConfig\x12\x1c\n\x0fresolved_reward\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x1e\n\x11unresolved_reward\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12\x1d\n\x10truncated_reward\x18\x03 \x01(\x01H\x02\x88\x01\x01\x42\x12\n\x10_resolved_rewardB\x14\n\x12_unresolved_rewardB\x13\n\x11_truncated_reward\"\xe7\x01\n\x1b\x43omputeOutcomeRewardRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12)\n\x04spec\x18\x02 \x01(\x0b\x32\x1b.orchard.reward.v1.TestSpec\x12\r\n\x05patch\x18\x03 \x01(\t\x12\x31\n\x0bstop_reason\x18\x04 \x01(\x0e\x32\x1c.orchard.types.v1.StopReason\x12\x36\n\x06\x63onfig\x18\x05 \x01(\x0b\x32&.orchard.reward.v1.OutcomeRewardConfig\x12\x12\n\nsandbox_id\x18\x06 \x01(\t\"H\n\x1c\x43omputeOutcomeRewardResponse\x12(\n\x06reward\x18\x01 \x01(\x0b\x32\x18.orchard.types.v1.Reward\"Z\n\x0fRubricCriterion\x12\x14\n\x0c\x63riterion_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0e\n\x06weight\x18\x03 \x01(\x01\x12\x13\n\x0b\x64\x65scription\x18\x04 \x01(\t\"\xb2\x01\n\x0bJudgeConfig\x12\x13\n\x0bjudge_model\x18\x01 \x01(\t\x12\x12\n\x05\x61lpha\x18\x02 \x01(\x01H\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x03 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\nmax_tokens\x18\x04 \x01(\x05\x12\x32\n\x06rubric\x18\x05 \x03(\x0b\x32\".orchard.reward.v1.RubricCriterionB\x08\n\x06_alphaB\x0e\n\x0c_temperature\"e\n\x0eJudgeReference\x12\x12\n\ngold_patch\x18\x01 \x01(\t\x12\x15\n\rchanged_files\x18\x02 \x03(\t\x12\x12\n\ntest_files\x18\x03 \x03(\t\x12\x14\n\x0c\x66\x61il_to_pass\x18\x04 \x03(\t\"\xf6\x01\n\x16JudgeTrajectoryRequest\x12\x30\n\ntrajectory\x18\x01 \x01(\x0b\x32\x1c.orchard.types.v1.Trajectory\x12\x19\n\x11problem_statement\x18\x02 \x01(\t\x12)\n\x07outcome\x18\x03 \x01(\x0b\x32\x18.orchard.types.v1.Reward\x12\x34\n\treference\x18\x04 \x01(\x0b\x32!.orchard.reward.v1.JudgeReference\x12.\n\x06\x63onfig\x18\x05 \x01(\x0b\x32\x1e.orchard.reward.v1.JudgeConfig\"C\n\x17JudgeTrajectoryResponse\x12(\n\x06reward\x18\x01 \x01(\x0b\x32\x18.orchard.types.v1.Reward\"\\\n\x1d\x42\x61tchJudgeTrajectoriesRequest\x12;\n\x08requests\x18\x01 \x03(\x0b\x32).orchard.reward.v1.JudgeTrajectoryRequest\"K\n\x1e\x42\x61tchJudgeTrajectoriesResponse\x12)\n\x07rewards\x18\x01 \x03(\x0b\x32\x18.orchard.types.v1.Reward\"\x9b\x01\n\x1d\x43omputeTeacherLogprobsRequest\x12\x15\n\rteacher_model\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12-\n\x08response\x18\x03 \x01(\x0b\x32\x1b.orchard.types.v1.TokenSpan\x12\x1a\n\x12max_context_tokens\x18\x04 \x01(\x05\"J\n\x1e\x43omputeTeacherLogprobsResponse\x12(\n\x06reward\x18\x01 \x01(\x0b\x32\x18.orchard.types.v1.Reward\"h\n\"BatchComputeTeacherLogprobsRequest\x12\x42\n\x08requests\x18\x01 \x03(\x0b\x32\x30.orchard.reward.v1.ComputeTeacherLogprobsRequest\"P\n#BatchComputeTeacherLogprobsResponse\x12)\n\x07rewards\x18\x01 \x03(\x0b\x32\x18.orchard.types.v1.Reward2\xff\x04\n\rRewardService\x12w\n\x14\x43omputeOutcomeReward\x12..orchard.reward.v1.ComputeOutcomeRewardRequest\x1a/.orchard.reward.v1.ComputeOutcomeRewardResponse\x12h\n\x0fJudgeTrajectory\x12).orchard.reward.v1.JudgeTrajectoryRequest\x1a*.orchard.reward.v1.JudgeTrajectoryResponse\x12}\n\x16\x42\x61tchJudgeTrajectories\x12\x30.orchard.reward.v1.BatchJudgeTrajectoriesRequest\x1a\x31.orchard.reward.v1.BatchJudgeTrajectoriesResponse\x12}\n\x16\x43omputeTeacherLogprobs\x12\x30.orchard.reward.v1.ComputeTeacherLogprobsRequest\x1a\x31.orchard.reward.v1.ComputeTeacherLogprobsResponse\x12\x8c\x01\n\x1b\x42\x61tchComputeTeacherLogprobs\x12\x35.orchard.reward.v1.BatchComputeTeacherLogprobsRequest\x1a\x36.orchard.reward.v1.BatchComputeTeacherLogprobsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1eorchard/reward/v1/reward.proto\x12\x11orchard.reward.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1corchard/types/v1/types.proto\"\xab\x01\n\x08TestSpec\x12\r\n\x05image\x18\x01 \x01(\t\x12\x0f\n\x07workdir\x18\x02 \x01(\t\x12\x13\n\x0b\x65val_script\x18\x03 \x01(\t\x12\x12\n\nlog_parser\x18\x04 \x01(\t\x12\x14\n\x0c\x66\x61il_to_pass\x18\x05 \x03(\t\x12\x14\n\x0cpass_to_pass\x18\x06 \x03(\t\x12*\n\x07timeout\x18\x07 \x01(\x0b\x32\x19.google.protobuf.Duration\"\xb1\x01\n\x13OutcomeRewardConfig\x12\x1c\n\x0fresolved_reward\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x1e\n\x11unresolved_reward\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12\x1d\n\x10truncated_reward\x18\x03 \x01(\x01H\x02\x88\x01\x01\x42\x12\n\x10_resolved_rewardB\x14\n\x12_unresolved_rewardB\x13\n\x11_truncated_reward\"\xf9\x01\n\x1b\x43omputeOutcomeRewardRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12)\n\x04spec\x18\x02 \x01(\x0b\x32\x1b.orchard.reward.v1.TestSpec\x12\r\n\x05patch\x18\x03 \x01(\t\x12\x31\n\x0bstop_reason\x18\x04 \x01(\x0e\x32\x1c.orchard.types.v1.StopReason\x12\x36\n\x06\x63onfig\x18\x05 \x01(\x0b\x32&.orchard.reward.v1.OutcomeRewardConfig\x12\x12\n\nsandbox_id\x18\x06 \x01(\t\x12\x10\n\x08task_set\x18\x07 \x01(\t\"H\n\x1c\x43omputeOutcomeRewardResponse\x12(\n\x06reward\x18\x01 \x01(\x0b\x32\x18.orchard.types.v1.Reward\"Z\n\x0fRubricCriterion\x12\x14\n\x0c\x63riterion_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0e\n\x06weight\x18\x03 \x01(\x01\x12\x13\n\x0b\x64\x65scription\x18\x04 \x01(\t\"\xb2\x01\n\x0bJudgeConfig\x12\x13\n\x0bjudge_model\x18\x01 \x01(\t\x12\x12\n\x05\x61lpha\x18\x02 \x01(\x01H\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x03 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\nmax_tokens\x18\x04 \x01(\x05\x12\x32\n\x06rubric\x18\x05 \x03(\x0b\x32\".orchard.reward.v1.RubricCriterionB\x08\n\x06_alphaB\x0e\n\x0c_temperature\"e\n\x0eJudgeReference\x12\x12\n\ngold_patch\x18\x01 \x01(\t\x12\x15\n\rchanged_files\x18\x02 \x03(\t\x12\x12\n\ntest_files\x18\x03 \x03(\t\x12\x14\n\x0c\x66\x61il_to_pass\x18\x04 \x03(\t\"\xf6\x01\n\x16JudgeTrajectoryRequest\x12\x30\n\ntrajectory\x18\x01 \x01(\x0b\x32\x1c.orchard.types.v1.Trajectory\x12\x19\n\x11problem_statement\x18\x02 \x01(\t\x12)\n\x07outcome\x18\x03 \x01(\x0b\x32\x18.orchard.types.v1.Reward\x12\x34\n\treference\x18\x04 \x01(\x0b\x32!.orchard.reward.v1.JudgeReference\x12.\n\x06\x63onfig\x18\x05 \x01(\x0b\x32\x1e.orchard.reward.v1.JudgeConfig\"C\n\x17JudgeTrajectoryResponse\x12(\n\x06reward\x18\x01 \x01(\x0b\x32\x18.orchard.types.v1.Reward\"\\\n\x1d\x42\x61tchJudgeTrajectoriesRequest\x12;\n\x08requests\x18\x01 \x03(\x0b\x32).orchard.reward.v1.JudgeTrajectoryRequest\"K\n\x1e\x42\x61tchJudgeTrajectoriesResponse\x12)\n\x07rewards\x18\x01 \x03(\x0b\x32\x18.orchard.types.v1.Reward\"\x9b\x01\n\x1d\x43omputeTeacherLogprobsRequest\x12\x15\n\rteacher_model\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12-\n\x08response\x18\x03 \x01(\x0b\x32\x1b.orchard.types.v1.TokenSpan\x12\x1a\n\x12max_context_tokens\x18\x04 \x01(\x05\"J\n\x1e\x43omputeTeacherLogprobsResponse\x12(\n\x06reward\x18\x01 \x01(\x0b\x32\x18.orchard.types.v1.Reward\"h\n\"BatchComputeTeacherLogprobsRequest\x12\x42\n\x08requests\x18\x01 \x03(\x0b\x32\x30.orchard.reward.v1.ComputeTeacherLogprobsRequest\"P\n#BatchComputeTeacherLogprobsResponse\x12)\n\x07rewards\x18\x01 \x03(\x0b\x32\x18.orchard.types.v1.Reward2\xff\x04\n\rRewardService\x12w\n\x14\x43omputeOutcomeReward\x12..orchard.reward.v1.ComputeOutcomeRewardRequest\x1a/.orchard.reward.v1.ComputeOutcomeRewardResponse\x12h\n\x0fJudgeTrajectory\x12).orchard.reward.v1.JudgeTrajectoryRequest\x1a*.orchard.reward.v1.JudgeTrajectoryResponse\x12}\n\x16\x42\x61tchJudgeTrajectories\x12\x30.orchard.reward.v1.BatchJudgeTrajectoriesRequest\x1a\x31.orchard.reward.v1.BatchJudgeTrajectoriesResponse\x12}\n\x16\x43omputeTeacherLogprobs\x12\x30.orchard.reward.v1.ComputeTeacherLogprobsRequest\x1a\x31.orchard.reward.v1.ComputeTeacherLogprobsResponse\x12\x8c\x01\n\x1b\x42\x61tchComputeTeacherLogprobs\x12\x35.orchard.reward.v1.BatchComputeTeacherLogprobsRequest\x1a\x36.orchard.reward.v1.BatchComputeTeacherLogprobsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,31 +38,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_OUTCOMEREWARDCONFIG']._serialized_start=290
   _globals['_OUTCOMEREWARDCONFIG']._serialized_end=467
   _globals['_COMPUTEOUTCOMEREWARDREQUEST']._serialized_start=470
-  _globals['_COMPUTEOUTCOMEREWARDREQUEST']._serialized_end=701
-  _globals['_COMPUTEOUTCOMEREWARDRESPONSE']._serialized_start=703
-  _globals['_COMPUTEOUTCOMEREWARDRESPONSE']._serialized_end=775
-  _globals['_RUBRICCRITERION']._serialized_start=777
-  _globals['_RUBRICCRITERION']._serialized_end=867
-  _globals['_JUDGECONFIG']._serialized_start=870
-  _globals['_JUDGECONFIG']._serialized_end=1048
-  _globals['_JUDGEREFERENCE']._serialized_start=1050
-  _globals['_JUDGEREFERENCE']._serialized_end=1151
-  _globals['_JUDGETRAJECTORYREQUEST']._serialized_start=1154
-  _globals['_JUDGETRAJECTORYREQUEST']._serialized_end=1400
-  _globals['_JUDGETRAJECTORYRESPONSE']._serialized_start=1402
-  _globals['_JUDGETRAJECTORYRESPONSE']._serialized_end=1469
-  _globals['_BATCHJUDGETRAJECTORIESREQUEST']._serialized_start=1471
-  _globals['_BATCHJUDGETRAJECTORIESREQUEST']._serialized_end=1563
-  _globals['_BATCHJUDGETRAJECTORIESRESPONSE']._serialized_start=1565
-  _globals['_BATCHJUDGETRAJECTORIESRESPONSE']._serialized_end=1640
-  _globals['_COMPUTETEACHERLOGPROBSREQUEST']._serialized_start=1643
-  _globals['_COMPUTETEACHERLOGPROBSREQUEST']._serialized_end=1798
-  _globals['_COMPUTETEACHERLOGPROBSRESPONSE']._serialized_start=1800
-  _globals['_COMPUTETEACHERLOGPROBSRESPONSE']._serialized_end=1874
-  _globals['_BATCHCOMPUTETEACHERLOGPROBSREQUEST']._serialized_start=1876
-  _globals['_BATCHCOMPUTETEACHERLOGPROBSREQUEST']._serialized_end=1980
-  _globals['_BATCHCOMPUTETEACHERLOGPROBSRESPONSE']._serialized_start=1982
-  _globals['_BATCHCOMPUTETEACHERLOGPROBSRESPONSE']._serialized_end=2062
-  _globals['_REWARDSERVICE']._serialized_start=2065
-  _globals['_REWARDSERVICE']._serialized_end=2704
+  _globals['_COMPUTEOUTCOMEREWARDREQUEST']._serialized_end=719
+  _globals['_COMPUTEOUTCOMEREWARDRESPONSE']._serialized_start=721
+  _globals['_COMPUTEOUTCOMEREWARDRESPONSE']._serialized_end=793
+  _globals['_RUBRICCRITERION']._serialized_start=795
+  _globals['_RUBRICCRITERION']._serialized_end=885
+  _globals['_JUDGECONFIG']._serialized_start=888
+  _globals['_JUDGECONFIG']._serialized_end=1066
+  _globals['_JUDGEREFERENCE']._serialized_start=1068
+  _globals['_JUDGEREFERENCE']._serialized_end=1169
+  _globals['_JUDGETRAJECTORYREQUEST']._serialized_start=1172
+  _globals['_JUDGETRAJECTORYREQUEST']._serialized_end=1418
+  _globals['_JUDGETRAJECTORYRESPONSE']._serialized_start=1420
+  _globals['_JUDGETRAJECTORYRESPONSE']._serialized_end=1487
+  _globals['_BATCHJUDGETRAJECTORIESREQUEST']._serialized_start=1489
+  _globals['_BATCHJUDGETRAJECTORIESREQUEST']._serialized_end=1581
+  _globals['_BATCHJUDGETRAJECTORIESRESPONSE']._serialized_start=1583
+  _globals['_BATCHJUDGETRAJECTORIESRESPONSE']._serialized_end=1658
+  _globals['_COMPUTETEACHERLOGPROBSREQUEST']._serialized_start=1661
+  _globals['_COMPUTETEACHERLOGPROBSREQUEST']._serialized_end=1816
+  _globals['_COMPUTETEACHERLOGPROBSRESPONSE']._serialized_start=1818
+  _globals['_COMPUTETEACHERLOGPROBSRESPONSE']._serialized_end=1892
+  _globals['_BATCHCOMPUTETEACHERLOGPROBSREQUEST']._serialized_start=1894
+  _globals['_BATCHCOMPUTETEACHERLOGPROBSREQUEST']._serialized_end=1998
+  _globals['_BATCHCOMPUTETEACHERLOGPROBSRESPONSE']._serialized_start=2000
+  _globals['_BATCHCOMPUTETEACHERLOGPROBSRESPONSE']._serialized_end=2080
+  _globals['_REWARDSERVICE']._serialized_start=2083
+  _globals['_REWARDSERVICE']._serialized_end=2722
 # @@protoc_insertion_point(module_scope)

@@ -39,20 +39,22 @@ class OutcomeRewardConfig(_message.Message):
     def __init__(self, resolved_reward: _Optional[float] = ..., unresolved_reward: _Optional[float] = ..., truncated_reward: _Optional[float] = ...) -> None: ...
 
 class ComputeOutcomeRewardRequest(_message.Message):
-    __slots__ = ("task_id", "spec", "patch", "stop_reason", "config", "sandbox_id")
+    __slots__ = ("task_id", "spec", "patch", "stop_reason", "config", "sandbox_id", "task_set")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     PATCH_FIELD_NUMBER: _ClassVar[int]
     STOP_REASON_FIELD_NUMBER: _ClassVar[int]
     CONFIG_FIELD_NUMBER: _ClassVar[int]
     SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_SET_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     spec: TestSpec
     patch: str
     stop_reason: _types_pb2.StopReason
     config: OutcomeRewardConfig
     sandbox_id: str
-    def __init__(self, task_id: _Optional[str] = ..., spec: _Optional[_Union[TestSpec, _Mapping]] = ..., patch: _Optional[str] = ..., stop_reason: _Optional[_Union[_types_pb2.StopReason, str]] = ..., config: _Optional[_Union[OutcomeRewardConfig, _Mapping]] = ..., sandbox_id: _Optional[str] = ...) -> None: ...
+    task_set: str
+    def __init__(self, task_id: _Optional[str] = ..., spec: _Optional[_Union[TestSpec, _Mapping]] = ..., patch: _Optional[str] = ..., stop_reason: _Optional[_Union[_types_pb2.StopReason, str]] = ..., config: _Optional[_Union[OutcomeRewardConfig, _Mapping]] = ..., sandbox_id: _Optional[str] = ..., task_set: _Optional[str] = ...) -> None: ...
 
 class ComputeOutcomeRewardResponse(_message.Message):
     __slots__ = ("reward",)
