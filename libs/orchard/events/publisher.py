@@ -8,11 +8,12 @@ longer than a bound, and without dropping an event it accepted.
     # leaving the block flushes (bounded by close_timeout_s) and closes the connection
 
 How it keeps its promises:
-- `publish()` only appends to a bounded in-memory buffer; one background task sends batches with
-  `js.publish_async` and removes an event only once JetStream acknowledged it. Failed or unanswered
-  publishes go back to the buffer and are retried with backoff, across NATS restarts (nats-py reconnects
-  forever). Every publish carries `Nats-Msg-Id` = event id, so a retry of a publish that was in fact stored
-  is dropped by JetStream's duplicate window: at-least-once sends become exactly-once storage.
+- `publish()` only appends to a bounded in-memory buffer; one background task publishes a batch at a time
+  (every message first, then their acknowledgements together, on one reply subscription) and removes an
+  event only once JetStream acknowledged it. Failed or unanswered publishes go back to the buffer and are
+  retried with backoff, across NATS restarts (nats-py reconnects forever). Every publish carries
+  `Nats-Msg-Id` = event id, so a retry of a publish that was in fact stored is dropped by JetStream's
+  duplicate window: at-least-once sends become exactly-once storage.
 - Backpressure: when `max_pending` events are waiting, `publish()` waits up to `max_wait_s` for room (counted
   in `stats.backpressure_waits` and the `orchard_events_backpressure` metric) and then raises
   `PublishBackpressure` (RESOURCE_EXHAUSTED). The event was then *not* accepted: the caller still holds it and
@@ -26,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import json
 import logging
 import random
 from collections.abc import AsyncIterator
@@ -33,11 +35,13 @@ from dataclasses import dataclass
 
 import nats
 from nats.aio.client import Client as NatsClient
-from nats.js.api import PubAck
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.js.api import Header
 from prometheus_client import Counter, Gauge
 
 from orchard.errors import ResourceExhausted, Unavailable
-from orchard.events.subjects import ensure_stream, subject_of
+from orchard.events.subjects import STREAM, ensure_stream, subject_of
 from orchard.experience.v1.experience_pb2 import RolloutEvent
 
 _log = logging.getLogger("orchard.events")
@@ -75,6 +79,10 @@ class PublisherStats:
     """The latest publish error, for logs and status pages."""
 
 
+_Outgoing = tuple[str, bytes, str]
+"""An accepted event as it goes on the wire: (subject, serialized RolloutEvent, event id)."""
+
+
 class EventPublisher:
     """Buffers RolloutEvents and publishes them to the ORCHARD_ROLLOUTS stream in the background.
 
@@ -92,12 +100,21 @@ class EventPublisher:
         if max_pending < 1 or batch_size < 1:
             raise ValueError("max_pending and batch_size must be at least 1")
         self._nc = nc
-        self._js = nc.jetstream(publish_async_max_pending=batch_size)
+        self._js = nc.jetstream()
         self._max_pending, self._max_wait_s = max_pending, max_wait_s
         self._batch_size, self._ack_timeout_s, self._close_timeout_s = batch_size, ack_timeout_s, close_timeout_s
-        self._buffer: collections.deque[RolloutEvent] = collections.deque()
+        self._buffer: collections.deque[_Outgoing] = collections.deque()
+        self._queued = asyncio.Event()  # set while the buffer holds events
         self._in_flight = 0
-        self._changed = asyncio.Condition()  # notified when events arrive or leave the buffer
+        self._changed = asyncio.Condition()  # notified when events leave the buffer (room, flush)
+        # The batch in flight: acknowledgements come to <reply prefix>.<round>.<index in batch>.
+        self._reply_prefix = nc.new_inbox()
+        self._replies: Subscription | None = None
+        self._round = 0
+        self._outcomes: list[str | None] = []  # per event of the round: None = no answer yet, "" = stored, or why not
+        self._unanswered = 0
+        self._answered = asyncio.Event()  # set when every event of the round has its outcome
+        self._stream_missing = False
         self._task: asyncio.Task[None] | None = None
         self._closed = False
         self.stats = PublisherStats()
@@ -120,6 +137,7 @@ class EventPublisher:
     async def start(self) -> None:
         """Ensure the stream exists and start the background sender."""
         await ensure_stream(self._js)
+        self._replies = await self._nc.subscribe(f"{self._reply_prefix}.*.*", cb=self._on_reply)
         self._task = asyncio.create_task(self._run(), name="orchard-event-publisher")
 
     async def publish(self, event: RolloutEvent) -> None:
@@ -129,27 +147,29 @@ class EventPublisher:
             ValueError: the event has no id, no kind, or a run id unfit for a subject.
             PublishBackpressure: the buffer stayed full for max_wait_s; the event was not accepted.
         """
-        subject_of(event)  # refuse a bad event here, where the caller can fix it, not in the sender
+        subject = subject_of(event)  # refuse a bad event here, where the caller can fix it, not in the sender
         if self._closed or self._task is None:
             raise RuntimeError("publisher is not running; use `async with EventPublisher.connect(url)`")
-        async with self._changed:
-            if self._pending() >= self._max_pending:
-                self.stats.backpressure_waits += 1
-                BACKPRESSURE.labels("waited").inc()
-                try:
-                    async with asyncio.timeout(self._max_wait_s):
-                        await self._changed.wait_for(lambda: self._pending() < self._max_pending)
-                except TimeoutError:
-                    self.stats.backpressure_refusals += 1
-                    BACKPRESSURE.labels("refused").inc()
-                    raise PublishBackpressure(
-                        f"event {event.event_id!r} not accepted: {self._pending()} events still wait for the bus "
-                        f"after {self._max_wait_s:.1f}s (last error: {self.stats.last_error or 'none'}); "
-                        "retry later or slow down", retry_after=1.0, reason="EVENT_BUFFER_FULL") from None
-            self._buffer.append(event)
-            self.stats.accepted += 1
-            self._set_pending()
-            self._changed.notify_all()
+        if self._pending() >= self._max_pending:
+            await self._wait_for_room(event)
+        self._buffer.append((subject, event.SerializeToString(), event.event_id))
+        self._queued.set()
+        self.stats.accepted += 1
+        self._set_pending()
+
+    async def _wait_for_room(self, event: RolloutEvent) -> None:
+        self.stats.backpressure_waits += 1
+        BACKPRESSURE.labels("waited").inc()
+        try:
+            async with asyncio.timeout(self._max_wait_s), self._changed:
+                await self._changed.wait_for(lambda: self._pending() < self._max_pending)
+        except TimeoutError:
+            self.stats.backpressure_refusals += 1
+            BACKPRESSURE.labels("refused").inc()
+            raise PublishBackpressure(
+                f"event {event.event_id!r} not accepted: {self._pending()} events still wait for the bus "
+                f"after {self._max_wait_s:.1f}s (last error: {self.stats.last_error or 'none'}); "
+                "retry later or slow down", retry_after=1.0, reason="EVENT_BUFFER_FULL") from None
 
     async def flush(self, timeout: float | None = None) -> None:
         """Wait until JetStream acknowledged every accepted event (TimeoutError after `timeout` seconds)."""
@@ -170,6 +190,9 @@ class EventPublisher:
                 self._task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await self._task
+            if self._replies is not None:
+                with contextlib.suppress(Exception):
+                    await self._replies.unsubscribe()
         left = len(self._buffer)
         if left:
             raise Unavailable(f"{left} rollout events were not published: NATS did not acknowledge them within "
@@ -186,10 +209,11 @@ class EventPublisher:
         """Send batches until cancelled; failed events go back to the front of the buffer and are retried."""
         failures = 0
         while True:
-            async with self._changed:
-                await self._changed.wait_for(lambda: bool(self._buffer))
-                batch = [self._buffer.popleft() for _ in range(min(self._batch_size, len(self._buffer)))]
-                self._in_flight = len(batch)
+            await self._queued.wait()
+            batch = [self._buffer.popleft() for _ in range(min(self._batch_size, len(self._buffer)))]
+            if not self._buffer:
+                self._queued.clear()
+            self._in_flight = len(batch)
             try:
                 failed = await self._send(batch)
             except asyncio.CancelledError:
@@ -197,7 +221,9 @@ class EventPublisher:
                 self._in_flight = 0
                 raise
             async with self._changed:
-                self._buffer.extendleft(reversed(failed))
+                if failed:
+                    self._buffer.extendleft(reversed(failed))
+                    self._queued.set()
                 self._in_flight = 0
                 done = len(batch) - len(failed)
                 self.stats.published += done
@@ -211,41 +237,64 @@ class EventPublisher:
                 if failures == 1:
                     _log.warning("publishing rollout events failed (%s); retrying until NATS answers",
                                  self.stats.last_error, extra={"pending": self._pending()})
+                if self._stream_missing:
+                    self._stream_missing = False
+                    with contextlib.suppress(Exception):
+                        await ensure_stream(self._js)  # a NATS server that lost its store (e.g. a fresh one)
                 # Jittered exponential backoff so a restarting server is not hammered by every producer at once.
                 await asyncio.sleep(min(2.0, 0.05 * 2 ** min(failures, 6)) * random.uniform(0.5, 1.0))
             elif failures:
                 _log.info("publishing rollout events works again after %d failed attempts", failures)
                 failures = 0
 
-    async def _send(self, batch: list[RolloutEvent]) -> list[RolloutEvent]:
-        """Publish `batch` concurrently; returns the events JetStream did not acknowledge."""
-        futures: list[asyncio.Future[PubAck] | None] = []
-        for event in batch:
+    async def _send(self, batch: list[_Outgoing]) -> list[_Outgoing]:
+        """Publish every event of `batch`, then wait for their acknowledgements together; returns the events
+        JetStream did not acknowledge. Cheaper than `js.publish_async`, which makes a future, a semaphore slot
+        and a parsed PubAck per message."""
+        self._round += 1
+        reply = f"{self._reply_prefix}.{self._round}."
+        self._outcomes = [None] * len(batch)
+        self._unanswered = len(batch)
+        self._answered.clear()
+        for i, (subject, data, event_id) in enumerate(batch):
             try:
-                futures.append(await self._js.publish_async(
-                    subject_of(event), event.SerializeToString(), headers={"Nats-Msg-Id": event.event_id}))
+                await self._nc.publish(subject, data, reply=reply + str(i), headers={"Nats-Msg-Id": event_id})
             except Exception as err:  # disconnected, buffer full, closing: retry this one later
-                self.stats.last_error = f"{type(err).__name__}: {err}"
-                futures.append(None)
+                self._outcomes[i] = f"{type(err).__name__}: {err}"
+                self._unanswered -= 1
+        if self._unanswered:
+            # One deadline for the whole batch: a lost connection must not cost ack_timeout_s per event.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._ack_timeout_s):
+                    await self._answered.wait()
         failed = []
-        # One deadline for the whole batch: a lost connection must not cost ack_timeout_s per event.
-        waited = [f for f in futures if f is not None]
-        if waited:
-            _, not_done = await asyncio.wait(waited, timeout=self._ack_timeout_s)
-            for future in not_done:
-                future.cancel()  # frees nats-py's pending slot; the event is retried with the same Nats-Msg-Id
-        for event, future in zip(batch, futures, strict=True):
-            if future is None or future.cancelled():
-                failed.append(event)
-                if future is not None:
-                    self.stats.last_error = f"no acknowledgement within {self._ack_timeout_s:.1f}s"
-            elif (err := future.exception()) is not None:
-                self.stats.last_error = f"{type(err).__name__}: {err}"
-                failed.append(event)
-        if failed and "stream not found" in self.stats.last_error.lower():
-            with contextlib.suppress(Exception):
-                await ensure_stream(self._js)  # a NATS server that lost its store (e.g. a fresh one)
+        for outgoing, outcome in zip(batch, self._outcomes, strict=True):
+            if outcome is None:
+                self.stats.last_error = f"no acknowledgement within {self._ack_timeout_s:.1f}s"
+                failed.append(outgoing)
+            elif outcome:
+                self.stats.last_error = outcome
+                failed.append(outgoing)
         return failed
+
+    async def _on_reply(self, msg: Msg) -> None:
+        """JetStream's answer to one publish of the round in flight (a retry has the same Nats-Msg-Id, so
+        answers to an earlier round are ignored)."""
+        _, round_, index = msg.subject.rsplit(".", 2)
+        if int(round_) != self._round or self._outcomes[int(index)] is not None:
+            return
+        if msg.headers and msg.headers.get(Header.STATUS) == "503":  # nothing listens: the stream does not exist
+            self._stream_missing = True
+            outcome = f"stream {STREAM} not found (the publish had no responders)"
+        elif b'"error"' in msg.data:  # a PubAck is {"stream":..., "seq":...}; an error is {"error": {...}}
+            error = json.loads(msg.data)["error"]
+            outcome = f"JetStream refused the publish: {error.get('description')} (code {error.get('code')})"
+        else:
+            outcome = ""
+        self._outcomes[int(index)] = outcome
+        self._unanswered -= 1
+        if not self._unanswered:
+            self._answered.set()
 
 
 async def connect_nats(url: str, *, name: str = "orchard") -> NatsClient:
