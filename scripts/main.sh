@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # The main job on the embedded defaults: set up, start the local stack, run the quick start on a small
-# real repository with a failing test (pytest fails, a patch fixes it, pytest passes), stop the stack.
+# real repository with a failing test (pytest fails, a patch fixes it, pytest passes), then run the embedded
+# model on the bundled ToyRepair tasks (k = 2 samples each), store every rollout in the experience service,
+# print the SWE-bench-style report, and read the run back from the experience service into the same report.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
 
 log=$(mktemp -t orchard-up.XXXXXX.log)
 port=${ORCHARD_ENV_PORT:-50051}
-.venv/bin/orchard up --env-port "$port" --nats-port "${ORCHARD_NATS_PORT:-4222}" >"$log" 2>&1 &
+nats_port=${ORCHARD_NATS_PORT:-4222}
+.venv/bin/orchard up --env-port "$port" --nats-port "$nats_port" >"$log" 2>&1 &
 stack=$!
 trap 'kill -TERM $stack 2>/dev/null; wait $stack 2>/dev/null || true' EXIT
 # Up to 10 minutes: the first start converts the embedded model (about 25 s, longer on a busy machine).
@@ -18,3 +21,11 @@ for _ in $(seq 1 3000); do
 done
 grep -q "stack is ready" "$log" || { cat "$log" >&2; echo "main: the stack did not start" >&2; exit 1; }
 ORCHARD_ENV_ADDRESS="127.0.0.1:$port" .venv/bin/python examples/quickstart.py
+
+# 8 tasks x 2 samples with budgets small enough for a laptop CPU (about 2 minutes on 2 cores): the small
+# embedded model resolves none, but every rollout is graded, published, stored and counted in the report.
+run="main-$(date +%s)"
+.venv/bin/orchard rollout --tasks toyrepair -n 2 --max-steps 2 --max-step-tokens 64 --concurrency 16 \
+  --env-address "127.0.0.1:$port" --nats-url "nats://127.0.0.1:$nats_port" --run-id "$run" --out .state/runs
+echo "main: run $run as stored in the experience service:"
+.venv/bin/orchard eval --run "$run" --tasks toyrepair

@@ -1,18 +1,33 @@
 """`orchard eval`: the report of stored rollouts (pass@1, pass@k, the resolved list and a per-task table), from
-their outcome rewards or regraded in fresh sandboxes; `--gold` grades a task set's own gold patches instead."""
+their outcome rewards or regraded in fresh sandboxes. The rollouts come from a trajectories.jsonl or, with
+`--run`, from the experience service; `--gold` grades a task set's own gold patches instead."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import sys
+import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the CLI imports this module at start: heavy parts are imported when a command runs
+    from orchard.tasks import GradeResult, TaskInstance
+    from orchard.types.v1 import types_pb2 as tpb
+
+POLL_S = 0.5
+"""How often `--run` asks the experience service again while it still stores the run's events."""
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("eval", help="evaluate stored rollouts (or a task set's gold patches): pass@1, pass@k, "
                        "resolved ids, per-task table")
     p.add_argument("rollouts", nargs="?", default=None, help="a trajectories.jsonl written by `orchard rollout`")
+    p.add_argument("--run", default=None, help="evaluate this run's rollouts as stored in the experience service")
+    p.add_argument("--experience-address", default="127.0.0.1:50055", help="the experience service (with --run)")
+    p.add_argument("--wait", type=float, default=60, help="with --run: seconds to wait for the service to store "
+                   "every rollout of the run (finished, with its grade)")
     p.add_argument("--tasks", default="toyrepair", help="the task set the rollouts ran on (bundled name or file)")
     p.add_argument("--regrade", action="store_true", help="grade the final patches again in fresh sandboxes")
     p.add_argument("--gold", action="store_true", help="grade every task's gold patch (validates a task set)")
@@ -20,11 +35,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--env-address", default=None)
     p.add_argument("--report", default=None, help="write the JSON report here (default: report.json next to "
-                   "the rollouts)")
+                   "the rollouts file; not written for --run unless given)")
     p.set_defaults(func=cmd_eval)
 
 
-def grade_from_trajectory(trajectory):  # type: ignore[no-untyped-def]
+def grade_from_trajectory(trajectory: tpb.Trajectory) -> GradeResult | None:
     """The GradeResult an outcome reward stored on a trajectory records; None when it has none."""
     from orchard.tasks import GradeResult
     from orchard.types.v1 import types_pb2 as tpb
@@ -45,28 +60,103 @@ def grade_from_trajectory(trajectory):  # type: ignore[no-untyped-def]
                        duration_s=details.duration.ToNanoseconds() / 1e9, sample_index=trajectory.sample_index)
 
 
+async def stored_run(address: str, run_id: str, *, wait_s: float, graded: bool = True) -> list[tpb.Trajectory]:
+    """Every rollout of `run_id` in the experience service (patch and rewards, no tokens), once it holds them all.
+
+    The service stores events a moment after they were published, so this asks until every rollout is finished
+    (and graded, when `graded`) and two looks POLL_S apart agree on the count; after `wait_s` it returns what
+    there is if that is complete, else raises FailedPrecondition naming what is missing.
+    """
+    import grpc
+
+    from orchard.errors import FailedPrecondition, NotFound, Unavailable, from_rpc_error
+    from orchard.experience.v1 import experience_pb2 as epb
+    from orchard.experience.v1 import experience_pb2_grpc
+    from orchard.types.v1 import types_pb2 as tpb
+
+    request = epb.ListTrajectoriesRequest(filter=epb.TrajectoryFilter(run_ids=[run_id], include_unfinished=True),
+                                          view=epb.TRAJECTORY_VIEW_BASIC, page_size=1000)
+    deadline, agreed, told = time.monotonic() + wait_s, -1, False
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = experience_pb2_grpc.ExperienceServiceStub(channel)  # type: ignore[no-untyped-call]
+        while True:
+            found: list[tpb.Trajectory] = []
+            request.page_token = ""
+            try:
+                while True:
+                    page = await stub.ListTrajectories(request, timeout=10)
+                    found += page.trajectories
+                    request.page_token = page.next_page_token
+                    if not request.page_token:
+                        break
+            except grpc.aio.AioRpcError as err:
+                if err.code() == grpc.StatusCode.UNAVAILABLE:
+                    raise Unavailable(f"cannot reach the experience service at {address} ({err.details()}); start "
+                                      "the stack with `orchard up` or pass --experience-address") from None
+                raise from_rpc_error(err) from None
+            unfinished = [t.trajectory_id for t in found if t.stop_reason == tpb.STOP_REASON_UNSPECIFIED]
+            ungraded = [t.trajectory_id for t in found if graded and grade_from_trajectory(t) is None]
+            complete = bool(found) and not unfinished and not ungraded
+            if complete and (len(found) == agreed or time.monotonic() >= deadline):
+                return found
+            if time.monotonic() >= deadline:
+                if not found:
+                    raise NotFound(f"run {run_id!r} has no rollouts in the experience service at {address}; check "
+                                   "the run id (`orchard rollout` prints it) and that the rollout published events")
+                if unfinished:
+                    raise FailedPrecondition(
+                        f"run {run_id!r}: {len(unfinished)} of {len(found)} rollouts are still unfinished in the "
+                        f"experience service after {wait_s:g}s (e.g. {unfinished[0]}); is `orchard rollout` still "
+                        "running? Try again when it ends, or raise --wait")
+                raise FailedPrecondition(
+                    f"run {run_id!r}: {len(ungraded)} of {len(found)} rollouts carry no outcome reward (e.g. "
+                    f"{ungraded[0]}; was it run with --no-grade?); rerun with --regrade")
+            if not complete and not told:
+                print(f"waiting up to {wait_s:g}s for the experience service to store run {run_id} ({len(found)} "
+                      f"rollouts so far, {len(unfinished)} unfinished)", file=sys.stderr)
+                told = True
+            agreed = len(found) if complete else -1
+            await asyncio.sleep(POLL_S)
+
+
+def report_of(trajectories: list[tpb.Trajectory], grades: list[GradeResult], instances: dict[str, TaskInstance],
+              k: int | None = None) -> dict[str, object]:
+    """The report of graded rollouts, over the tasks they ran on in the task set's order (as `orchard rollout`)."""
+    from orchard.tasks import make_report
+
+    ran = {g.instance_id for g in grades}
+    first = trajectories[0] if trajectories else None
+    return make_report(grades, [i for i in instances if i in ran], run_id=first.run_id if first else "",
+                       model=first.policy.model if first else "gold", k=k)
+
+
 async def evaluate(args: argparse.Namespace) -> int:
     from google.protobuf import json_format
 
+    from orchard.errors import FailedPrecondition, InvalidArgument
     from orchard.sdk import AsyncSandboxClient
-    from orchard.tasks import grade, load_instances, make_report
+    from orchard.tasks import grade, load_instances
     from orchard.tasks.report import format_table
     from orchard.types.v1 import types_pb2 as tpb
 
+    if sum(bool(x) for x in (args.rollouts, args.run, args.gold)) != 1:
+        raise InvalidArgument("give exactly one of a trajectories.jsonl (from `orchard rollout`), "
+                              "--run RUN_ID (from the experience service) or --gold")
     instances = {i.instance_id: i for i in load_instances(args.tasks)}
     if args.gold:
         pairs = [(i, i.patch, 0) for i in instances.values()]
         stored = []
     else:
-        if not args.rollouts:
-            raise SystemExit("orchard eval: give a trajectories.jsonl (from `orchard rollout`) or --gold")
-        stored = [json_format.Parse(line, tpb.Trajectory()) for line in Path(args.rollouts).read_text().splitlines()
-                  if line.strip()]
+        if args.run:
+            stored = await stored_run(args.experience_address, args.run, wait_s=args.wait, graded=not args.regrade)
+        else:
+            stored = [json_format.Parse(line, tpb.Trajectory())
+                      for line in Path(args.rollouts).read_text().splitlines() if line.strip()]
         unknown = sorted({t.task_id for t in stored} - set(instances))
         if unknown:
-            raise SystemExit(f"orchard eval: tasks {unknown} are not in {args.tasks}; pass the task set with --tasks")
+            raise InvalidArgument(f"tasks {unknown} are not in {args.tasks}; pass the task set with "
+                                  "--tasks")
         pairs = [(instances[t.task_id], t.final_patch, t.sample_index) for t in stored]
-    results = []
     if args.gold or args.regrade:
         slots = asyncio.Semaphore(args.concurrency)
         async with AsyncSandboxClient(args.env_address) as client:
@@ -75,17 +165,21 @@ async def evaluate(args: argparse.Namespace) -> int:
                     return await grade(client, instance, patch, sample_index=sample)
             results = list(await asyncio.gather(*(one(*p) for p in pairs)))
     else:
-        results = [grade_from_trajectory(t) for t in stored]
-        if None in results:
-            raise SystemExit("orchard eval: some rollouts carry no outcome reward; rerun with --regrade")
-    graded_ids = sorted({r.instance_id for r in results})
-    report = make_report(results, graded_ids, model=stored[0].policy.model if stored else "gold", k=args.k)
-    target = Path(args.report) if args.report else (Path(args.rollouts).with_name("report.json") if args.rollouts
-                                                     else Path("report.json"))
-    target.write_text(json.dumps(report, indent=2) + "\n")
+        graded = [grade_from_trajectory(t) for t in stored]
+        if None in graded:
+            raise FailedPrecondition("some rollouts carry no outcome reward; rerun with --regrade")
+        results = [g for g in graded if g is not None]
+    report = report_of(stored, results, instances, k=args.k)
     print(format_table(report))
     print(f"resolved: {', '.join(report['resolved_ids']) or '(none)'}")  # type: ignore[arg-type]
-    print(f"report written to {target}")
+    if args.run:
+        print(f"read {len(stored)} rollouts of run {args.run} back from the experience service at "
+              f"{args.experience_address}")
+    target = (Path(args.report) if args.report else Path(args.rollouts).with_name("report.json") if args.rollouts
+              else None if args.run else Path("report.json"))
+    if target is not None:
+        target.write_text(json.dumps(report, indent=2) + "\n")
+        print(f"report written to {target}")
     return 0
 
 

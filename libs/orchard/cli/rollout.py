@@ -1,15 +1,21 @@
 """`orchard rollout`: run k samples of a model on a task set in sandboxes, grade each one, store every
-trajectory (JSON lines of types.v1.Trajectory) and print a SWE-bench-style report, with a live progress line."""
+trajectory (JSON lines of types.v1.Trajectory, and as rollout events on NATS for the experience service) and
+print a SWE-bench-style report, with a live progress line."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import sys
 import time
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from orchard.events import EventPublisher
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -33,7 +39,31 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--out", default="runs", help="folder; the run writes <out>/<run_id>/{trajectories.jsonl,"
                    "report.json}")
     p.add_argument("--no-grade", action="store_true", help="store rollouts without grading them")
+    p.add_argument("--nats-url", default="nats://127.0.0.1:4222", help="publish every rollout's events here, "
+                   "for the experience service (default: the NATS `orchard up` starts)")
+    p.add_argument("--no-events", action="store_true", help="do not publish events (only the local JSONL)")
     p.set_defaults(func=cmd_rollout)
+
+
+NATS_CONNECT_TIMEOUT_S = 5.0
+"""How long to try reaching NATS at start before telling the user to start the stack."""
+
+
+async def connect_events(stack: contextlib.AsyncExitStack, url: str) -> EventPublisher:
+    """An EventPublisher on `url`, closed (flushed) with `stack`; Unavailable naming the fix when NATS is down."""
+    from orchard.errors import Unavailable
+    from orchard.events import EventPublisher
+
+    hint = "start the stack with `orchard up` (or point --nats-url at a running NATS), or pass --no-events"
+    try:
+        # nats-py keeps retrying a first connect to an unreachable server forever: bound it here.
+        async with asyncio.timeout(NATS_CONNECT_TIMEOUT_S):
+            return await stack.enter_async_context(EventPublisher.connect(url))
+    except TimeoutError:
+        raise Unavailable(f"cannot publish rollout events: no NATS server answered at {url} within "
+                          f"{NATS_CONNECT_TIMEOUT_S:.0f}s; {hint}") from None
+    except Unavailable as err:
+        raise Unavailable(f"cannot publish rollout events: {err.message}; {hint}") from err
 
 
 def progress(done: int, total: int, resolved: int, graded: int, started: float) -> str:
@@ -48,6 +78,8 @@ def progress(done: int, total: int, resolved: int, graded: int, started: float) 
 async def rollout(args: argparse.Namespace) -> int:
     from google.protobuf import json_format
 
+    from orchard import events
+    from orchard.errors import InvalidArgument
     from orchard.harness import (
         AgentLoop,
         InferenceModel,
@@ -60,49 +92,63 @@ async def rollout(args: argparse.Namespace) -> int:
     from orchard.sdk import AsyncSandboxClient
     from orchard.tasks import load_instances, make_report
     from orchard.tasks.report import format_table
+    from orchard.types.v1 import types_pb2 as tpb
 
     instances = load_instances(args.tasks, args.ids)
     run_id = args.run_id or uuid.uuid4().hex[:12]
-    folder = Path(args.out) / run_id
-    folder.mkdir(parents=True, exist_ok=True)
-    sampling = SamplingConfig(temperature=args.temperature, max_step_tokens=args.max_step_tokens, seed=args.seed)
-    model = InferenceModel(args.inference_address, args.model, sampling)
-    await model.connect()
-    total, started = len(instances) * args.samples, time.monotonic()
-    counts = {"done": 0, "resolved": 0, "graded": 0}
-    task_set = args.tasks if "/" not in str(args.tasks) else Path(args.tasks).stem
-    stored = (folder / "trajectories.jsonl").open("a")
-
-    def on_result(result: RolloutResult) -> None:
-        stored.write(json_format.MessageToJson(result.trajectory, indent=None) + "\n")
-        stored.flush()
-        counts["done"] += 1
-        if result.grade is not None:
-            counts["graded"] += 1
-            counts["resolved"] += result.grade.resolved
-        print(progress(counts["done"], total, counts["resolved"], counts["graded"], started), end="", file=sys.stderr,
-              flush=True)
-
-    print(f"run {run_id}: {model.name} on {len(instances)} tasks x {args.samples} samples -> {folder}",
-          file=sys.stderr)
     try:
-        async with AsyncSandboxClient(args.env_address) as client:
-            loop = AgentLoop(model, Limits(max_steps=args.max_steps, max_tokens=args.max_tokens,
-                                           wall_clock_s=args.wall_clock), sampling, run_id=run_id)
-            results = await run_rollouts(instances, args.samples, loop=loop, client=client,
-                                         make_harness=lambda t: SWEHarness(t, client, task_set=task_set),
-                                         concurrency=args.concurrency, grade_patches=not args.no_grade,
-                                         on_result=on_result)
-    finally:
-        stored.close()
-        await model.close()
-    print(file=sys.stderr)
+        events.subject_of(events.started(tpb.Trajectory(run_id=run_id, trajectory_id=run_id)))
+    except ValueError as err:
+        raise InvalidArgument(f"--run-id {run_id!r} cannot name a run: {err}") from None
+    folder = Path(args.out) / run_id
+    sampling = SamplingConfig(temperature=args.temperature, max_step_tokens=args.max_step_tokens, seed=args.seed)
+    total, counts = len(instances) * args.samples, {"done": 0, "resolved": 0, "graded": 0}
+    task_set = args.tasks if "/" not in str(args.tasks) else Path(args.tasks).stem
+    async with contextlib.AsyncExitStack() as stack:
+        # 1. Everything this run needs, checked before the first rollout starts.
+        publisher = None if args.no_events else await connect_events(stack, args.nats_url)
+        model = InferenceModel(args.inference_address, args.model, sampling)
+        await model.connect()
+        stack.push_async_callback(model.close)
+        client = await stack.enter_async_context(AsyncSandboxClient(args.env_address))
+        folder.mkdir(parents=True, exist_ok=True)
+        stored = stack.enter_context((folder / "trajectories.jsonl").open("a"))
+        started = time.monotonic()
+
+        def on_result(result: RolloutResult) -> None:
+            stored.write(json_format.MessageToJson(result.trajectory, indent=None) + "\n")
+            stored.flush()
+            counts["done"] += 1
+            if result.grade is not None:
+                counts["graded"] += 1
+                counts["resolved"] += result.grade.resolved
+            print(progress(counts["done"], total, counts["resolved"], counts["graded"], started), end="",
+                  file=sys.stderr, flush=True)
+
+        print(f"run {run_id}: {model.name} on {len(instances)} tasks x {args.samples} samples -> {folder}"
+              + ("" if publisher is None else f" and {args.nats_url}"), file=sys.stderr)
+        # 2. The rollouts, graded and stored as each one ends.
+        loop = AgentLoop(model, Limits(max_steps=args.max_steps, max_tokens=args.max_tokens,
+                                       wall_clock_s=args.wall_clock), sampling, sink=publisher, run_id=run_id)
+        results = await run_rollouts(instances, args.samples, loop=loop, client=client,
+                                     make_harness=lambda t: SWEHarness(t, client, task_set=task_set),
+                                     concurrency=args.concurrency, grade_patches=not args.no_grade,
+                                     on_result=on_result)
+        elapsed = time.monotonic() - started
+        print(file=sys.stderr)
+    # 3. Leaving the block flushed every event to the bus (or raised Unavailable naming how many were not):
+    # the experience service can now serve the whole run.
     grades = [r.grade for r in results if r.grade is not None]
     if grades:
         report = make_report(grades, [i.instance_id for i in instances], run_id=run_id, model=model.name)
         (folder / "report.json").write_text(json.dumps(report, indent=2) + "\n")
         print(format_table(report))
-    print(f"stored {len(results)} rollouts in {folder / 'trajectories.jsonl'}")
+        print(f"resolved: {', '.join(report['resolved_ids']) or '(none)'}")  # type: ignore[arg-type]
+    print(f"stored {len(results)} rollouts in {folder / 'trajectories.jsonl'} "
+          f"({elapsed:.0f}s, {len(results) / max(elapsed, 1e-9):.2f} rollouts/s)")
+    if publisher is not None:
+        print(f"published {publisher.stats.published} events for run {run_id} to {args.nats_url}; "
+              f"read them back with `orchard eval --run {run_id}`")
     return 0
 
 

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 from google.protobuf.duration_pb2 import Duration
 
+from orchard import events
 from orchard.errors import OrchardError
-from orchard.harness import events
 from orchard.harness.base import TOOL_BLOCK, ActionResult, Harness
 from orchard.harness.events import EventSink, NullSink
 from orchard.harness.model import Model, ModelError, SamplingConfig
@@ -216,7 +216,7 @@ class AgentLoop:
             traj.messages.append(assistant)
             traj.messages.extend(observations)
             traj.steps.append(step)
-            await self._emit(events.step(traj, step))
+            await self._emit(events.step(traj.run_id, traj.trajectory_id, step))
 
             if submitted:
                 traj.final_patch, traj.final_answer = await harness.submission()

@@ -8,7 +8,7 @@ import inspect
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from orchard.harness import events
+from orchard import events
 from orchard.harness.base import Harness
 from orchard.harness.loop import AgentLoop
 from orchard.sdk import AsyncSandboxClient
@@ -69,7 +69,8 @@ async def run_rollouts(instances: list[TaskInstance], k: int, *, loop: AgentLoop
                     result, reward = ungraded(trajectory)
                 trajectory.rewards.append(reward)
                 trajectory.metadata["verify_status"] = "resolved" if result.resolved else "unresolved"
-                await loop._emit(events.reward_added(trajectory, reward, len(trajectory.rewards) - 1))
+                await loop._emit(events.reward(trajectory.run_id, trajectory.trajectory_id, reward,
+                                               len(trajectory.rewards) - 1))
         done = RolloutResult(trajectory, result)
         if on_result is not None:
             maybe = on_result(done)

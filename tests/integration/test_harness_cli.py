@@ -1,0 +1,141 @@
+"""The paths behind `orchard rollout` and `orchard eval --run`, end to end on real services: rollouts on a real
+env service publish their events through a real EventPublisher to a real nats-server, the real experience
+service stores them, and the report read back from it equals the one the rollouts produced. The policy is the
+scripted model (a deterministic fake: the real model cannot solve tasks, and a report needs resolved ones)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from conftest import EnvServer, needs_sandboxes
+from experience_helpers import NatsServer, free_port
+from orchard import events
+from orchard.cli.eval import grade_from_trajectory, report_of, stored_run
+from orchard.errors import NotFound
+from orchard.harness import (
+    AgentLoop,
+    Limits,
+    SamplingConfig,
+    ScriptedModel,
+    SWEHarness,
+    run_rollouts,
+)
+from orchard.sdk import AsyncSandboxClient
+from orchard.services.experience.server import build
+from orchard.services.experience.settings import ExperienceSettings
+from orchard.tasks import TaskInstance, load_instances, make_report
+from orchard.tasks.report import format_table
+from test_swe_grading import image_built
+
+TASKS = load_instances("toyrepair")
+ORCHARD = Path(sys.executable).with_name("orchard")
+
+
+@pytest.fixture
+async def nats_server(tmp_path: Path) -> AsyncIterator[NatsServer]:
+    server = NatsServer(tmp_path / "nats")
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+async def experience(tmp_path: Path, nats_server: NatsServer) -> AsyncIterator[str]:
+    """The experience service consuming `nats_server` into SQLite; yields its address."""
+    settings = ExperienceSettings(port=0, nats_url=nats_server.url, store_url=f"sqlite:///{tmp_path / 'e.db'}",
+                                  log_format="text", grace_period_s=1)
+    server, _ = await build(settings)
+    port = await server.start()
+    yield f"127.0.0.1:{port}"
+    await server.stop()
+
+
+def tool_call(name: str, **arguments: object) -> str:
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
+
+
+def half_fixer(tasks: list[TaskInstance]):  # type: ignore[no-untyped-def]
+    """Per task, the first rollout to start applies the gold patch and submits, the second submits unchanged:
+    every task ends 1/2 resolved, so pass@1 = 0.5 and pass@2 = 1.0."""
+    started: dict[str, int] = {}
+
+    def policy(prompt: str, step: int) -> str:
+        task = next(t for t in tasks if t.problem_statement in prompt)
+        if step == 0:
+            started[task.instance_id] = started.get(task.instance_id, 0) + 1
+            if started[task.instance_id] > 1:
+                return "plan-giveup " + tool_call("submit")
+            return "plan-fix " + tool_call("bash", command=f"cat > /tmp/fix.patch <<'EOF'\n{task.patch}EOF\n"
+                                                            "git apply /tmp/fix.patch")
+        return tool_call("submit")
+    return policy
+
+
+@needs_sandboxes
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not image_built(TASKS[0].image), reason=f"image {TASKS[0].image} is not built: run "
+                    f"`orchard image build {TASKS[0].image}`")
+async def test_published_rollouts_read_back_as_the_same_report(env: EnvServer, nats_server: NatsServer,
+                                                               experience: str, tmp_path: Path) -> None:
+    """What `orchard rollout` publishes, `orchard eval --run` reads back: every rollout, the same report."""
+    k = 2
+    async with AsyncSandboxClient(f"127.0.0.1:{env.server.port}") as client:
+        async with events.EventPublisher.connect(nats_server.url) as publisher:
+            loop = AgentLoop(ScriptedModel(half_fixer(TASKS)), Limits(max_steps=4),
+                             SamplingConfig(max_step_tokens=8192), sink=publisher, run_id="cli-it")
+            results = await run_rollouts(TASKS, k, loop=loop, client=client, concurrency=4,
+                                         make_harness=lambda t: SWEHarness(t, client, task_set="toyrepair"))
+        # 4 events per fixing rollout (started, 2 steps, finished) and 3 per giving-up one, plus each reward.
+        assert publisher.stats.published == len(TASKS) * (5 + 4) and publisher.stats.pending == 0
+    expected = make_report([r.grade for r in results if r.grade], [t.instance_id for t in TASKS], run_id="cli-it",
+                           model="scripted")
+    assert (expected["pass@1"], expected["pass@2"], expected["resolved_instances"]) == (0.5, 1.0, len(TASKS))
+
+    stored = await stored_run(experience, "cli-it", wait_s=30)
+    assert len(stored) == len(TASKS) * k
+    assert {(t.task_id, t.sample_index) for t in stored} == {(t.instance_id, s) for t in TASKS for s in range(k)}
+    back = report_of(stored, [g for g in map(grade_from_trajectory, stored) if g], {t.instance_id: t for t in TASKS})
+
+    def timeless(r: dict[str, object]) -> dict[str, object]:
+        return {**r, "tasks": [{**t, "mean_grading_s": None} for t in r["tasks"]]}  # type: ignore[attr-defined]
+
+    assert timeless(back) == timeless(expected)
+
+    # The command itself prints the same SWE-bench-style table and writes the same report.
+    # (a child process, so the service in this test's event loop can answer it)
+    cli = await asyncio.create_subprocess_exec(
+        str(ORCHARD), "eval", "--run", "cli-it", "--experience-address", experience,
+        "--report", str(tmp_path / "report.json"), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(cli.communicate(), 60)
+    assert cli.returncode == 0, err.decode()
+    assert format_table(expected) in out.decode()
+    assert f"pass@1 0.500  pass@2 1.000  resolved {len(TASKS)}/{2 * len(TASKS)}" in out.decode()
+    assert f"read {2 * len(TASKS)} rollouts of run cli-it back from the experience service" in out.decode()
+    assert timeless(json.loads((tmp_path / "report.json").read_text())) == timeless(expected)
+
+
+async def test_eval_of_an_unknown_run_says_so(experience: str) -> None:
+    with pytest.raises(NotFound, match="run 'nope' has no rollouts in the experience service"):
+        await stored_run(experience, "nope", wait_s=0)
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["rollout", "--nats-url", f"nats://127.0.0.1:{free_port()}"],
+     "no NATS server answered at nats://127.0.0.1:"),
+    (["eval", "--run", "r1", "--experience-address", f"127.0.0.1:{free_port()}"],
+     "cannot reach the experience service at 127.0.0.1:"),
+])
+def test_commands_say_to_start_the_stack(argv: list[str], message: str) -> None:
+    """Without the stack, both commands fail at once with what to do (nothing listens on the free ports)."""
+    run = subprocess.run([str(ORCHARD), *argv], check=False, capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "ORCHARD_ENV_ADDRESS": f"127.0.0.1:{free_port()}"})
+    assert run.returncode == 1 and message in run.stderr and "orchard up" in run.stderr, run.stderr
+    assert "Traceback" not in run.stderr
