@@ -77,3 +77,21 @@ async def test_backpressure_is_bounded_and_nothing_is_lost(tmp_path: Path) -> No
             assert (await publisher._js.stream_info(STREAM)).state.messages == 60
     finally:
         nats_server.stop()
+
+
+async def test_first_connect_to_a_dead_address_fails_clearly() -> None:
+    """No nats-server there: the first connect gives up after its timeout with Unavailable saying what to do
+    (nats-py alone would retry it forever and the service would hang at start)."""
+    import socket
+    import time
+
+    from orchard.errors import Unavailable
+    from orchard.events.publisher import connect_nats
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    started = time.monotonic()
+    with pytest.raises(Unavailable, match="orchard up starts one"):
+        await connect_nats(f"nats://127.0.0.1:{port}", first_connect_timeout_s=1.5)
+    assert time.monotonic() - started < 10

@@ -297,8 +297,10 @@ class EventPublisher:
             self._answered.set()
 
 
-async def connect_nats(url: str, *, name: str = "orchard") -> NatsClient:
-    """A nats-py client that reconnects forever (a restarting server is waited for, not fatal)."""
+async def connect_nats(url: str, *, name: str = "orchard", first_connect_timeout_s: float = 30.0) -> NatsClient:
+    """A nats-py client that reconnects forever once connected (a restarting server is waited for, not fatal).
+    The first connection gets first_connect_timeout_s: nats-py would otherwise retry it forever too, and a
+    service pointed at the wrong address would hang at start instead of saying so."""
 
     async def on_error(err: Exception) -> None:
         _log.debug("nats: %s", err)
@@ -313,10 +315,14 @@ async def connect_nats(url: str, *, name: str = "orchard") -> NatsClient:
         _log.info("reconnected to NATS at %s", url)
 
     try:
-        clients.append(await nats.connect(url, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.25,
-                                          connect_timeout=2, error_cb=on_error, disconnected_cb=on_disconnect,
-                                          reconnected_cb=on_reconnect))
+        clients.append(await asyncio.wait_for(
+            nats.connect(url, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.25, connect_timeout=2,
+                         error_cb=on_error, disconnected_cb=on_disconnect, reconnected_cb=on_reconnect),
+            first_connect_timeout_s))
         return clients[0]
+    except TimeoutError:
+        raise Unavailable(f"cannot reach NATS at {url} within {first_connect_timeout_s:.0f}s; is nats-server "
+                          "running (orchard up starts one)?") from None
     except Exception as err:
         raise Unavailable(f"cannot reach NATS at {url}: {type(err).__name__}: {err}; is nats-server running "
                           "(orchard up starts one)?") from err
