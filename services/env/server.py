@@ -8,9 +8,8 @@ import sys
 from collections.abc import Sequence
 
 from orchard.env.v1 import env_pb2_grpc
-from orchard.errors import OrchardError
-from orchard.runtime import GrpcServer, configure_logging, load_settings
-from orchard.runtime.settings import SettingsError
+from orchard.runtime import GrpcServer
+from orchard.runtime.main import run_service
 from orchard.services.env import metrics
 from orchard.services.env.backends import load_backend_class
 from orchard.services.env.manager import SandboxManager
@@ -63,19 +62,10 @@ async def serve(settings: EnvSettings) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    try:
-        settings = load_settings(EnvSettings, argv)
-    except SettingsError as err:
-        raise SystemExit(f"orchard serve env: {err}") from None
-    configure_logging(settings.log_level, settings.log_format)
     if sys.version_info < (3, 12):
         # 3.11 waits for each child (every sandbox) with a thread of its own; a pidfd per child costs nothing.
         asyncio.set_child_watcher(asyncio.PidfdChildWatcher())
-    try:
-        asyncio.run(serve(settings))
-    except OrchardError as err:  # a start-up problem the operator must fix (no bwrap, state dir taken ...)
-        raise SystemExit(f"orchard serve env: {err.message}") from None
-
+    run_service("env", EnvSettings, serve, argv)
 
 if __name__ == "__main__":
     main()

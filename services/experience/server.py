@@ -6,14 +6,12 @@ committed), drain NATS, close the store.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 
-from orchard.errors import OrchardError
 from orchard.events.publisher import connect_nats
 from orchard.experience.v1 import experience_pb2_grpc
-from orchard.runtime import GrpcServer, configure_logging, load_settings
-from orchard.runtime.settings import SettingsError
+from orchard.runtime import GrpcServer
+from orchard.runtime.main import run_service
 from orchard.services.experience.backends import load_store
 from orchard.services.experience.backends.base import SqlStore
 from orchard.services.experience.consumer import EventConsumer
@@ -49,16 +47,7 @@ async def serve(settings: ExperienceSettings) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    try:
-        settings = load_settings(ExperienceSettings, argv)
-    except SettingsError as err:
-        raise SystemExit(f"orchard serve experience: {err}") from None
-    configure_logging(settings.log_level, settings.log_format)
-    try:
-        asyncio.run(serve(settings))
-    except OrchardError as err:  # NATS or PostgreSQL unreachable at start-up: the operator must fix it
-        raise SystemExit(f"orchard serve experience: {err.message}") from None
-
+    run_service("experience", ExperienceSettings, serve, argv)
 
 if __name__ == "__main__":
     main()

@@ -3,13 +3,11 @@ HTTP endpoint with --http-port) (`orchard serve inference`)."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 
-from orchard.errors import OrchardError
 from orchard.inference.v1 import inference_pb2_grpc
-from orchard.runtime import GrpcServer, configure_logging, load_settings
-from orchard.runtime.settings import SettingsError
+from orchard.runtime import GrpcServer
+from orchard.runtime.main import run_service
 from orchard.services.inference.engines import load_engine
 from orchard.services.inference.engines.base import Engine
 from orchard.services.inference.openai_http import OpenAIGateway
@@ -52,16 +50,7 @@ async def serve(settings: InferenceSettings) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    try:
-        settings = load_settings(InferenceSettings, argv)
-    except SettingsError as err:
-        raise SystemExit(f"orchard serve inference: {err}") from None
-    configure_logging(settings.log_level, settings.log_format)
-    try:
-        asyncio.run(serve(settings))
-    except OrchardError as err:  # a start-up problem the operator must fix (no model wheel, bad checkpoint ...)
-        raise SystemExit(f"orchard serve inference: {err.message}") from None
-
+    run_service("inference", InferenceSettings, serve, argv)
 
 if __name__ == "__main__":
     main()

@@ -22,10 +22,8 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
-from orchard.errors import OrchardError
-from orchard.runtime import configure_logging, load_settings
 from orchard.runtime.http import HttpSite
-from orchard.runtime.settings import SettingsError
+from orchard.runtime.main import run_service
 from orchard.services.proxy.records import (
     UNKEYED,
     JsonlRecords,
@@ -229,16 +227,7 @@ async def serve(settings: ProxySettings) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    try:
-        settings = load_settings(ProxySettings, argv)
-    except SettingsError as err:
-        raise SystemExit(f"orchard serve proxy: {err}") from None
-    configure_logging(settings.log_level, settings.log_format)
-    try:
-        asyncio.run(serve(settings))
-    except OrchardError as err:  # a start-up problem the operator must fix (port taken ...)
-        raise SystemExit(f"orchard serve proxy: {err.message}") from None
-
+    run_service("proxy", ProxySettings, serve, argv)
 
 if __name__ == "__main__":
     main()

@@ -3,13 +3,11 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 
-from orchard.errors import OrchardError
 from orchard.reward.v1 import reward_pb2_grpc
-from orchard.runtime import GrpcServer, configure_logging, load_settings
-from orchard.runtime.settings import SettingsError
+from orchard.runtime import GrpcServer
+from orchard.runtime.main import run_service
 from orchard.sdk import AsyncSandboxClient
 from orchard.services.reward.judge import Judge
 from orchard.services.reward.models import InferenceModels, Models
@@ -47,16 +45,7 @@ async def serve(settings: RewardSettings) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    try:
-        settings = load_settings(RewardSettings, argv)
-    except SettingsError as err:
-        raise SystemExit(f"orchard serve reward: {err}") from None
-    configure_logging(settings.log_level, settings.log_format)
-    try:
-        asyncio.run(serve(settings))
-    except OrchardError as err:
-        raise SystemExit(f"orchard serve reward: {err.message}") from None
-
+    run_service("reward", RewardSettings, serve, argv)
 
 if __name__ == "__main__":
     main()
