@@ -25,23 +25,25 @@ from orchard.inference.v1 import inference_pb2_grpc
 from orchard.types.v1 import types_pb2
 
 ORCHARD = str(Path(sys.executable).with_name("orchard"))
+# Open-ended prompts, so each answer runs to --max-tokens as throughput benchmarks fix output length (a batch
+# whose short answers end early measures the tail, not the batching). Both arms get the same prompts.
 PROMPTS = [
-    "What is the capital of France?",
-    "Write a Python function that adds two numbers.",
-    "Name three primary colors.",
-    "How do you say hello in Spanish?",
-    "At what temperature does water boil?",
-    "Give me two tips for better sleep.",
-    "What is 12 times 12?",
-    "Describe a cat in one sentence.",
-    "What is the largest planet in the solar system?",
-    "Why is the sky blue?",
-    "Name a famous painter.",
-    "What does a compiler do?",
-    "Suggest a name for a pet fish.",
-    "What is the opposite of cold?",
-    "How many legs does a spider have?",
-    "What is photosynthesis?",
+    "Write a short story about a robot who learns to paint.",
+    "Explain in detail how a bicycle works.",
+    "Describe a walk through a busy city market.",
+    "Write a letter to a friend about your summer holiday.",
+    "Explain how plants grow, step by step.",
+    "Describe the history of the printing press.",
+    "Write a poem about the ocean at night.",
+    "Explain how a computer runs a program.",
+    "Describe your ideal house and its garden.",
+    "Write a story about a dragon who is afraid of the dark.",
+    "Explain why exercise is good for health.",
+    "Describe how bread is made, from wheat to loaf.",
+    "Write a diary entry of a sailor on a long voyage.",
+    "Explain how rain forms and falls.",
+    "Describe a day in the life of a honeybee.",
+    "Write a speech for the opening of a new library.",
 ]
 
 
@@ -111,6 +113,7 @@ async def service_run(address: str, prompts: list[str], max_tokens: int) -> dict
         loaded = await asyncio.gather(*(first_token(p) for p in prompts))
     return {"tokens": tokens, "seconds": round(seconds, 3), "tokens_per_s": round(tokens / seconds, 2),
             "ttft_alone_ms": round(alone * 1e3, 1), "ttft_p50_concurrent_ms": round(statistics.median(loaded) * 1e3, 1),
+            "tokens_per_request": [r.usage.completion_tokens for r in replies],
             "sample": replies[0].choices[0].text[:80]}
 
 
