@@ -42,3 +42,12 @@ def test_experience_ingest_benchmark() -> None:
     """Needs only nats-server (installed with the package), not sandboxes; every event published is stored."""
     report = run_bench("experience_ingest.py", ["--events", "2000"], "stored_events_per_s")
     assert report["events"] == 2000 and report["stored_events_per_s"] > 0, report
+
+
+def test_inference_throughput_benchmark() -> None:
+    """The service and the in-process baseline generate the same number of tokens; the ratio is printed."""
+    report = run_bench("inference_throughput.py", ["--requests", "2", "--max-tokens", "4"], "ratio")
+    service, baseline = report["service"], report["sequential_generate"]
+    assert isinstance(service, dict) and isinstance(baseline, dict)
+    assert service["tokens"] == baseline["tokens"] == 8, report
+    assert float(report["ratio"]) > 0
