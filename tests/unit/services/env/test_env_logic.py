@@ -73,5 +73,5 @@ async def test_frames_round_trip() -> None:
 
 def test_unknown_backend_lists_valid_names() -> None:
     """Asking for a backend that does not exist names the valid ones."""
-    with pytest.raises(InvalidArgument, match="valid: docker, local"):
+    with pytest.raises(InvalidArgument, match="valid: docker, kubernetes, local"):
         load_backend_class("nope")
