@@ -88,7 +88,8 @@ def test_env_service_is_privileged_with_healthcheck_and_volumes(config: dict[str
 SETTINGS = {"env": "orchard.services.env.settings:EnvSettings",
             "inference": "orchard.services.inference.settings:InferenceSettings",
             "proxy": "orchard.services.proxy.settings:ProxySettings",
-            "experience": "orchard.services.experience.settings:ExperienceSettings"}
+            "experience": "orchard.services.experience.settings:ExperienceSettings",
+            "reward": "orchard.services.reward.settings:RewardSettings"}
 
 
 def test_every_orchard_service_is_built_from_its_target_with_real_settings(config: dict[str, Any]) -> None:
@@ -118,6 +119,15 @@ def test_inference_and_proxy_wiring(config: dict[str, Any]) -> None:
     assert proxy["depends_on"]["inference"]["condition"] == "service_healthy"
     assert {(v["source"], v["target"]) for v in proxy["volumes"]} == \
         {("proxy-records", proxy["environment"]["ORCHARD_PROXY_RECORDS_DIR"])}
+
+
+def test_reward_reaches_env_and_inference_by_service_name(config: dict[str, Any]) -> None:
+    """reward grades through env and judges/scores through inference, each by its compose service name and port."""
+    reward = config["services"]["reward"]["environment"]
+    env_port = config["services"]["env"]["environment"]["ORCHARD_ENV_PORT"]
+    inference_port = config["services"]["inference"]["environment"]["ORCHARD_INFERENCE_PORT"]
+    assert reward["ORCHARD_REWARD_ENV_ADDRESS"] == f"env:{env_port}"
+    assert reward["ORCHARD_REWARD_INFERENCE_ADDRESS"] == f"inference:{inference_port}"
 
 
 def test_nats_runs_jetstream_and_env_depends_on_it(config: dict[str, Any]) -> None:
@@ -167,7 +177,7 @@ def test_dockerfile_stages() -> None:
     no ML framework), inference (torch for CPU and the embedded model, non-root), agent (one static file)."""
     stages = _stages()
     assert ("ARG", "BASE=python:3.11-slim-bookworm") in stages[""]
-    assert {"core", "env", "inference", "experience", "proxy", "agent"} <= set(stages)
+    assert {"core", "env", "inference", "experience", "reward", "proxy", "agent"} <= set(stages)
     core, env, inference, agent = (stages[name] for name in ("core", "env", "inference", "agent"))
     assert core[0] == ("FROM", "${BASE} AS core")
     core_runs = " ".join(args for name, args in core if name == "RUN")

@@ -132,6 +132,7 @@ def test_env_requests_equal_limits(target: str) -> None:
     """env's, inference's and NATS's resource requests equal their limits (Guaranteed QoS)."""
     for workload, name in ((env_deployment(target), "env"), (inference_deployment(target), "inference"),
                            (find(target, "Deployment", "orchard-experience"), "experience"),
+                           (find(target, "Deployment", "orchard-reward"), "reward"),
                            (find(target, "StatefulSet", "nats"), "nats")):
         res = container(workload, name)["resources"]
         assert res["requests"] and res["requests"] == res["limits"], name
@@ -299,6 +300,28 @@ def test_experience_stores_on_a_claim_and_reads_nats(target: str) -> None:
     pvc = find(target, "PersistentVolumeClaim", data["persistentVolumeClaim"]["claimName"])
     assert pvc["spec"]["accessModes"] == ["ReadWriteOnce"]
     assert {"name": "data", "mountPath": "/data"} in c["volumeMounts"]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_reward_reaches_env_and_inference_through_their_services(target: str) -> None:
+    """reward runs `serve reward` with gRPC probes, reaches env and inference by their Service names and gRPC
+    ports, carries the client labels the prod network policies admit, and its settings are real."""
+    from orchard.services.reward.settings import RewardSettings
+
+    deployment = find(target, "Deployment", "orchard-reward")
+    c = container(deployment, "reward")
+    assert c["args"] == ["serve", "reward"] and c["image"].startswith("orchard-reward:")
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert c[probe]["grpc"]["port"] == 50053, probe
+    env = env_vars(c)
+    fields = {f.upper() for f in RewardSettings.model_fields}
+    assert {k.removeprefix("ORCHARD_REWARD_") for k in env if k.startswith("ORCHARD_REWARD_")} <= fields
+    for var, service in (("ORCHARD_REWARD_ENV_ADDRESS", "orchard-env"),
+                         ("ORCHARD_REWARD_INFERENCE_ADDRESS", "orchard-inference")):
+        grpc_port = {p["name"]: p["port"] for p in find(target, "Service", service)["spec"]["ports"]}["grpc"]
+        assert env[var] == f"{service}:{grpc_port}", var
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert labels["orchard.dev/env-client"] == labels["orchard.dev/inference-client"] == "true"
 
 
 def test_prod_is_bigger_than_dev() -> None:
