@@ -13,10 +13,11 @@ from typing import Any
 import grpc
 import pytest
 from google.protobuf.duration_pb2 import Duration
-
 from orchard.env.v1 import env_pb2 as pb
 from orchard.env.v1 import env_pb2_grpc
+from orchard.errors import FailedPrecondition
 from orchard.runtime import GrpcServer
+from orchard.services.env.images import ImageStore, default_images_dir
 from orchard.services.env.manager import SandboxManager
 from orchard.services.env.server import build
 from orchard.services.env.settings import EnvSettings
@@ -28,6 +29,21 @@ needs_sandboxes = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("bwrap") is None,
     reason="real sandboxes need root (overlayfs mounts) and bubblewrap (apt-get install bubblewrap)",
 )
+
+
+def image_built(name: str) -> bool:
+    """Whether the env service's local backend has image `name` built."""
+    try:
+        ImageStore(default_images_dir()).resolve(name)
+    except FailedPrecondition:
+        return False
+    return True
+
+
+def needs_image(name: str) -> pytest.MarkDecorator:
+    """Skip, saying which command builds it, unless sandbox image `name` is built."""
+    return pytest.mark.skipif(not image_built(name),
+                              reason=f"image {name} is not built: run `orchard image build {name}`")
 
 
 @dataclass

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from conftest import EnvServer, needs_sandboxes
+from conftest import EnvServer, needs_image, needs_sandboxes
 from experience_helpers import NatsServer, free_port
 from orchard import events
 from orchard.cli.eval import grade_from_trajectory, report_of, stored_run
@@ -32,7 +32,6 @@ from orchard.services.experience.server import build
 from orchard.services.experience.settings import ExperienceSettings
 from orchard.tasks import TaskInstance, load_instances, make_report
 from orchard.tasks.report import format_table
-from test_swe_grading import image_built
 
 TASKS = load_instances("toyrepair")
 ORCHARD = Path(sys.executable).with_name("orchard")
@@ -81,8 +80,7 @@ def half_fixer(tasks: list[TaskInstance]):  # type: ignore[no-untyped-def]
 @needs_sandboxes
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-@pytest.mark.skipif(not image_built(TASKS[0].image), reason=f"image {TASKS[0].image} is not built: run "
-                    f"`orchard image build {TASKS[0].image}`")
+@needs_image(TASKS[0].image)
 async def test_published_rollouts_read_back_as_the_same_report(env: EnvServer, nats_server: NatsServer,
                                                                experience: str, tmp_path: Path) -> None:
     """What `orchard rollout` publishes, `orchard eval --run` reads back: every rollout, the same report."""

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 import pytest_asyncio
-from conftest import EnvServer, needs_sandboxes
+from conftest import EnvServer, needs_image, needs_sandboxes
 from orchard.harness import (
     AgentLoop,
     InferenceModel,
@@ -24,12 +24,10 @@ from orchard.services.inference.server import build
 from orchard.services.inference.settings import InferenceSettings
 from orchard.tasks import load_instances
 from orchard.types.v1 import types_pb2 as tpb
-from test_swe_grading import image_built
 
 TASK = next(t for t in load_instances("toyrepair") if t.instance_id.startswith("toyrepair-trivial-"))
 
-pytestmark = [needs_sandboxes, pytest.mark.slow, pytest.mark.timeout(300), pytest.mark.skipif(
-    not image_built(TASK.image), reason=f"image {TASK.image} is not built: run `orchard image build {TASK.image}`")]
+pytestmark = [needs_sandboxes, pytest.mark.slow, pytest.mark.timeout(300), needs_image(TASK.image)]
 
 
 @pytest_asyncio.fixture

@@ -9,7 +9,7 @@ import time
 from collections.abc import AsyncIterator
 
 import pytest
-from conftest import EnvServer, needs_sandboxes
+from conftest import EnvServer, needs_image, needs_sandboxes
 from orchard.harness import (
     AgentLoop,
     Limits,
@@ -23,15 +23,12 @@ from orchard.harness import (
 from orchard.sdk import AsyncSandboxClient
 from orchard.tasks import TaskInstance, load_instances, make_report
 from orchard.types.v1 import types_pb2 as tpb
-from test_swe_grading import image_built
 
 TASKS = load_instances("toyrepair")
 WIDE = SamplingConfig(max_step_tokens=8192)
 """The scripted model's tokens are bytes: a reply that carries a whole patch needs room."""
 
-pytestmark = [needs_sandboxes, pytest.mark.timeout(180), pytest.mark.skipif(
-    not image_built(TASKS[0].image), reason=f"image {TASKS[0].image} is not built: run `orchard image build "
-    f"{TASKS[0].image}`")]
+pytestmark = [needs_sandboxes, pytest.mark.timeout(180), needs_image(TASKS[0].image)]
 
 
 def tool_call(name: str, **arguments: object) -> str:

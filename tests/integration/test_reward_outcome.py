@@ -9,13 +9,10 @@ from collections.abc import AsyncIterator
 
 import grpc
 import pytest
-from conftest import EnvServer, needs_sandboxes
-
-from orchard.errors import FailedPrecondition
+from conftest import EnvServer, needs_image, needs_sandboxes
 from orchard.reward.v1 import reward_pb2 as pb
 from orchard.reward.v1 import reward_pb2_grpc
 from orchard.sdk import AsyncSandboxClient
-from orchard.services.env.images import ImageStore, default_images_dir
 from orchard.services.reward.server import build
 from orchard.services.reward.settings import RewardSettings
 from orchard.tasks import SANDBOX_ENV, load_instances, setup_repo
@@ -25,17 +22,7 @@ TASKS = load_instances("toyrepair")
 LEAP = next(t for t in TASKS if t.instance_id == "toyrepair-leap-year-logic")
 
 
-def image_built(name: str) -> bool:
-    """Whether the env service's local backend has image `name` built."""
-    try:
-        ImageStore(default_images_dir()).resolve(name)
-    except FailedPrecondition:
-        return False
-    return True
-
-
-pytestmark = [needs_sandboxes, pytest.mark.timeout(180), pytest.mark.skipif(
-    not image_built(LEAP.image), reason=f"image {LEAP.image} is not built: run `orchard image build {LEAP.image}`")]
+pytestmark = [needs_sandboxes, pytest.mark.timeout(180), needs_image(LEAP.image)]
 
 
 @pytest.fixture

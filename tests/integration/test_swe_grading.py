@@ -9,28 +9,15 @@ import time
 from collections.abc import AsyncIterator
 
 import pytest
-from conftest import EnvServer, needs_sandboxes
-from orchard.errors import FailedPrecondition
+from conftest import EnvServer, needs_image, needs_sandboxes
 from orchard.sdk import AsyncSandboxClient
-from orchard.services.env.images import ImageStore, default_images_dir
 from orchard.tasks import grade, load_instances, make_report
 
 TASKS = load_instances("toyrepair")
 LEAP = next(t for t in TASKS if t.instance_id == "toyrepair-leap-year-logic")
 
 
-def image_built(name: str) -> bool:
-    """Whether the env service's local backend has image `name` built."""
-    try:
-        ImageStore(default_images_dir()).resolve(name)
-    except FailedPrecondition:
-        return False
-    return True
-
-
-pytestmark = [needs_sandboxes, pytest.mark.timeout(180), pytest.mark.skipif(
-    not image_built(TASKS[0].image), reason=f"image {TASKS[0].image} is not built: run `orchard image build "
-    f"{TASKS[0].image}`")]
+pytestmark = [needs_sandboxes, pytest.mark.timeout(180), needs_image(TASKS[0].image)]
 
 
 @pytest.fixture
