@@ -11,8 +11,6 @@ from collections.abc import AsyncIterator
 
 import pytest
 from conftest import EnvServer, needs_image, needs_sandboxes
-from prometheus_client import REGISTRY
-
 from orchard.harness import AgentLoop, Limits, SamplingConfig, ScriptedModel, SWEHarness
 from orchard.sdk import AsyncSandboxClient
 from orchard.tasks import TaskInstance, load_instances
@@ -20,6 +18,7 @@ from orchard.tasks.grading import patched_files
 from orchard.trainers.bar import BarConfig, Mode, Status, collect_batch
 from orchard.trainers.bar_source import HarnessRolloutSource
 from orchard.types.v1 import types_pb2 as tpb
+from prometheus_client import REGISTRY
 
 TASKS = {t.instance_id: t for t in load_instances("toyrepair")}
 NEVER, COIN, ALWAYS = "toyrepair-trivial-max-retries", "toyrepair-chunks-off-by-one", "toyrepair-leap-year-logic"

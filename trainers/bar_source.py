@@ -1,0 +1,69 @@
+"""BAR's rollouts from the harness (recipes §2.3): each one an agent-loop run of a SWE task instance in its own
+sandbox, graded in a fresh sandbox, returned as a BAR `Rollout` that carries its trajectory.
+
+Choices [I]:
+- Sample indices continue per instance across BAR's rounds (and across concurrent calls), so trajectory ids
+  `<run>-<instance>-<sample>` never repeat within a run; `run_rollouts` restarts them at 0 on every call.
+- A rollout whose grading failed (reward status ERROR) is backfill, like an aborted one: its -1 says nothing
+  about the policy.
+- The reward is added to the trajectory but not published; `trajectories` keeps every one, graded, for the
+  caller to publish or store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+from orchard.harness import AgentLoop
+from orchard.harness.runner import HarnessFactory, ungraded
+from orchard.sdk import AsyncSandboxClient
+from orchard.tasks.grading import grade
+from orchard.tasks.instance import TaskInstance
+from orchard.trainers.bar import Rollout, Status, rollout_from_trajectory
+from orchard.types.v1 import types_pb2 as tpb
+
+
+class HarnessRolloutSource:
+    """A `RolloutSource[TaskInstance]`: n graded agent-loop rollouts per call, at most `concurrency` at a time
+    over all calls (each holds a sandbox, then a grading sandbox)."""
+
+    def __init__(self, loop: AgentLoop, client: AsyncSandboxClient, make_harness: HarnessFactory, *,
+                 concurrency: int = 4, test_timeout_s: float = 600.0) -> None:
+        self.loop = loop
+        self.client = client
+        self.make_harness = make_harness
+        self.test_timeout_s = test_timeout_s
+        self.trajectories: list[tpb.Trajectory] = []
+        """Every finished trajectory, with its reward, in the order they finished."""
+        self._slots = asyncio.Semaphore(concurrency)
+        self._next_sample: dict[str, int] = {}
+
+    async def sample(self, prompt: TaskInstance, n: int) -> list[Rollout]:
+        """n fresh graded rollouts of `prompt`, with sample indices after the ones it already had."""
+        # Reserved before the first await, so concurrent calls for one instance get disjoint indices.
+        first = self._next_sample.get(prompt.instance_id, 0)
+        self._next_sample[prompt.instance_id] = first + n
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(self._one(prompt, first + i)) for i in range(n)]
+        return [t.result() for t in tasks]
+
+    async def _one(self, instance: TaskInstance, sample: int) -> Rollout:
+        run_id = self.loop.run_id
+        async with self._slots:
+            trajectory = await self.loop.run(self.make_harness(instance), sample_index=sample,
+                                             group_id=f"{run_id}/{instance.instance_id}",
+                                             trajectory_id=f"{run_id}-{instance.instance_id}-{sample}")
+            if trajectory.stop_reason == tpb.STOP_REASON_SUBMITTED:
+                result = await grade(self.client, instance, trajectory.final_patch, sample_index=sample,
+                                     test_timeout_s=self.test_timeout_s)
+                reward = result.to_reward()
+            else:
+                result, reward = ungraded(trajectory)
+        trajectory.rewards.append(reward)
+        trajectory.metadata["verify_status"] = "resolved" if result.resolved else "unresolved"
+        self.trajectories.append(trajectory)
+        rollout = rollout_from_trajectory(trajectory, reward.value)
+        if reward.outcome.status == tpb.OUTCOME_STATUS_ERROR:
+            rollout = dataclasses.replace(rollout, status=Status.ABORTED)
+        return rollout
