@@ -6,8 +6,8 @@ Choices [I]:
   `<run>-<instance>-<sample>` never repeat within a run; `run_rollouts` restarts them at 0 on every call.
 - A rollout whose grading failed (reward status ERROR) is backfill, like an aborted one: its -1 says nothing
   about the policy.
-- The reward is added to the trajectory but not published; `trajectories` keeps every one, graded, for the
-  caller to publish or store.
+- Each rollout runs through the harness's `run_one`, so its reward is added and published to the loop's event
+  sink like any rollout's; `trajectories` also keeps every one, graded, for the caller.
 """
 
 from __future__ import annotations
@@ -16,9 +16,8 @@ import asyncio
 import dataclasses
 
 from orchard.harness import AgentLoop
-from orchard.harness.runner import HarnessFactory, ungraded
+from orchard.harness.runner import HarnessFactory, run_one
 from orchard.sdk import AsyncSandboxClient
-from orchard.tasks.grading import grade
 from orchard.tasks.instance import TaskInstance
 from orchard.trainers.bar import Rollout, Status, rollout_from_trajectory
 from orchard.types.v1 import types_pb2 as tpb
@@ -49,20 +48,12 @@ class HarnessRolloutSource:
         return [t.result() for t in tasks]
 
     async def _one(self, instance: TaskInstance, sample: int) -> Rollout:
-        run_id = self.loop.run_id
         async with self._slots:
-            trajectory = await self.loop.run(self.make_harness(instance), sample_index=sample,
-                                             group_id=f"{run_id}/{instance.instance_id}",
-                                             trajectory_id=f"{run_id}-{instance.instance_id}-{sample}")
-            if trajectory.stop_reason == tpb.STOP_REASON_SUBMITTED:
-                result = await grade(self.client, instance, trajectory.final_patch, sample_index=sample,
-                                     test_timeout_s=self.test_timeout_s)
-                reward = result.to_reward()
-            else:
-                result, reward = ungraded(trajectory)
-        trajectory.rewards.append(reward)
-        trajectory.metadata["verify_status"] = "resolved" if result.resolved else "unresolved"
+            done = await run_one(self.loop, self.client, self.make_harness, instance, sample,
+                                 test_timeout_s=self.test_timeout_s)
+        trajectory = done.trajectory
         self.trajectories.append(trajectory)
+        reward = trajectory.rewards[-1]
         rollout = rollout_from_trajectory(trajectory, reward.value)
         if reward.outcome.status == tpb.OUTCOME_STATUS_ERROR:
             rollout = dataclasses.replace(rollout, status=Status.ABORTED)

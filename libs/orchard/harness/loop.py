@@ -97,10 +97,12 @@ class AgentLoop:
         traj.token_count = len(traj.prompt_tokens.token_ids) + sum(len(s.tokens.token_ids) for s in traj.steps)
         traj.end_time.GetCurrentTime()
         traj.duration.CopyFrom(_seconds(time.monotonic() - start))
-        await self._emit(events.finished(traj))
+        await self.emit(events.finished(traj))
         return traj
 
-    async def _emit(self, event: object) -> None:
+    async def emit(self, event: object) -> None:
+        """Publish a rollout event to the loop's sink; a failure is logged, never raised (a lost event must not
+        end the rollout)."""
         try:
             await self.sink.publish(event)  # type: ignore[arg-type]
         except Exception as err:  # noqa: BLE001 - a lost event must not end the rollout
@@ -129,7 +131,7 @@ class AgentLoop:
         close = await self._turn_close([m for m in messages if m.role == tpb.ROLE_SYSTEM][:1], tools)
         seq = list(prompt.token_ids)
         traj.policy.weights_version = ""
-        await self._emit(events.started(traj))
+        await self.emit(events.started(traj))
         format_errors = 0
         for index in range(limits.max_steps):
             room = limits.max_tokens - len(seq)
@@ -216,7 +218,7 @@ class AgentLoop:
             traj.messages.append(assistant)
             traj.messages.extend(observations)
             traj.steps.append(step)
-            await self._emit(events.step(traj.run_id, traj.trajectory_id, step))
+            await self.emit(events.step(traj.run_id, traj.trajectory_id, step))
 
             if submitted:
                 traj.final_patch, traj.final_answer = await harness.submission()

@@ -45,6 +45,28 @@ def ungraded(trajectory: tpb.Trajectory) -> tuple[GradeResult, tpb.Reward]:
     return result, reward
 
 
+async def run_one(loop: AgentLoop, client: AsyncSandboxClient, make_harness: HarnessFactory,
+                  instance: TaskInstance, sample: int, *, grade_patches: bool = True,
+                  test_timeout_s: float = 600.0) -> RolloutResult:
+    """One rollout of `instance` as sample `sample` (its trajectory id is `<run>-<instance>-<sample>`), graded in a
+    fresh sandbox unless grade_patches is off, with its outcome reward added to the trajectory and published."""
+    trajectory = await loop.run(make_harness(instance), sample_index=sample,
+                                group_id=f"{loop.run_id}/{instance.instance_id}",
+                                trajectory_id=f"{loop.run_id}-{instance.instance_id}-{sample}")
+    if not grade_patches:
+        return RolloutResult(trajectory, None)
+    if trajectory.stop_reason == tpb.STOP_REASON_SUBMITTED:
+        result = await grade(client, instance, trajectory.final_patch, sample_index=sample,
+                             test_timeout_s=test_timeout_s)
+        reward = result.to_reward()
+    else:
+        result, reward = ungraded(trajectory)
+    trajectory.rewards.append(reward)
+    trajectory.metadata["verify_status"] = "resolved" if result.resolved else "unresolved"
+    await loop.emit(events.reward(trajectory.run_id, trajectory.trajectory_id, reward, len(trajectory.rewards) - 1))
+    return RolloutResult(trajectory, result)
+
+
 async def run_rollouts(instances: list[TaskInstance], k: int, *, loop: AgentLoop, client: AsyncSandboxClient,
                        make_harness: HarnessFactory, concurrency: int = 4, grade_patches: bool = True,
                        on_result: OnResult | None = None, test_timeout_s: float = 600.0) -> list[RolloutResult]:
@@ -56,22 +78,8 @@ async def run_rollouts(instances: list[TaskInstance], k: int, *, loop: AgentLoop
 
     async def one(instance: TaskInstance, sample: int) -> RolloutResult:
         async with slots:
-            trajectory = await loop.run(make_harness(instance), sample_index=sample,
-                                        group_id=f"{loop.run_id}/{instance.instance_id}",
-                                        trajectory_id=f"{loop.run_id}-{instance.instance_id}-{sample}")
-            result: GradeResult | None = None
-            if grade_patches:
-                if trajectory.stop_reason == tpb.STOP_REASON_SUBMITTED:
-                    result = await grade(client, instance, trajectory.final_patch, sample_index=sample,
-                                         test_timeout_s=test_timeout_s)
-                    reward = result.to_reward()
-                else:
-                    result, reward = ungraded(trajectory)
-                trajectory.rewards.append(reward)
-                trajectory.metadata["verify_status"] = "resolved" if result.resolved else "unresolved"
-                await loop._emit(events.reward(trajectory.run_id, trajectory.trajectory_id, reward,
-                                               len(trajectory.rewards) - 1))
-        done = RolloutResult(trajectory, result)
+            done = await run_one(loop, client, make_harness, instance, sample, grade_patches=grade_patches,
+                                 test_timeout_s=test_timeout_s)
         if on_result is not None:
             maybe = on_result(done)
             if inspect.isawaitable(maybe):
