@@ -12,6 +12,7 @@ from typing import Any
 
 import grpc
 import pytest
+from experience_helpers import NatsServer
 from google.protobuf.duration_pb2 import Duration
 from orchard.env.v1 import env_pb2 as pb
 from orchard.env.v1 import env_pb2_grpc
@@ -29,6 +30,15 @@ needs_sandboxes = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("bwrap") is None,
     reason="real sandboxes need root (overlayfs mounts) and bubblewrap (apt-get install bubblewrap)",
 )
+
+
+@pytest.fixture
+async def nats_server(tmp_path: Path) -> AsyncIterator[NatsServer]:
+    """A real nats-server with JetStream in tmp_path, stopped after the test."""
+    server = NatsServer(tmp_path / "nats")
+    server.start()
+    yield server
+    server.stop()
 
 
 def image_built(name: str) -> bool:

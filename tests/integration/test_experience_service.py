@@ -26,14 +26,6 @@ Stub = experience_pb2_grpc.ExperienceServiceStub
 
 
 @pytest.fixture
-async def nats_server(tmp_path: Path) -> AsyncIterator[NatsServer]:
-    server = NatsServer(tmp_path / "nats")
-    server.start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
 async def stub(tmp_path: Path, nats_server: NatsServer) -> AsyncIterator[Stub]:
     """The service with eval set {task-eval}, fed one run of five rollouts and an unfinished one."""
     eval_file = tmp_path / "eval.txt"

@@ -38,14 +38,6 @@ ORCHARD = Path(sys.executable).with_name("orchard")
 
 
 @pytest.fixture
-async def nats_server(tmp_path: Path) -> AsyncIterator[NatsServer]:
-    server = NatsServer(tmp_path / "nats")
-    server.start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
 async def experience(tmp_path: Path, nats_server: NatsServer) -> AsyncIterator[str]:
     """The experience service consuming `nats_server` into SQLite; yields its address."""
     settings = ExperienceSettings(port=0, nats_url=nats_server.url, store_url=f"sqlite:///{tmp_path / 'e.db'}",
