@@ -36,7 +36,9 @@ IMAGE = "python:3.11-slim"
 BASE_REF = "localhost/orchard-base:py311"
 NATS_REF = "localhost/orchard-nats:test"
 TAG = "test"
-PROJECT = "orchard-compose-test"
+# Unique per run: podman keeps compose networks in the host-wide CNI config, outside the private storage, so a
+# network left by an interrupted run must not collide with this one.
+PROJECT = f"orchard-compose-test-{os.getpid()}"
 SERVICES = ("nats", "env", "experience")
 
 
