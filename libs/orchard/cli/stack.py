@@ -21,6 +21,7 @@ SERVICES: dict[str, str] = {
     "proxy": "orchard.services.proxy.server",
     "experience": "orchard.services.experience.server",
     "reward": "orchard.services.reward.server",
+    "trainer": "orchard.services.trainer.server",
 }
 
 

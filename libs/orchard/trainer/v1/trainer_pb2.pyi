@@ -161,12 +161,14 @@ class Hyperparameters(_message.Message):
     def __init__(self, learning_rate: _Optional[float] = ..., min_learning_rate: _Optional[float] = ..., lr_schedule: _Optional[_Union[LrSchedule, str]] = ..., warmup_ratio: _Optional[float] = ..., weight_decay: _Optional[float] = ..., adam_beta1: _Optional[float] = ..., adam_beta2: _Optional[float] = ..., max_grad_norm: _Optional[float] = ..., epochs: _Optional[int] = ..., max_steps: _Optional[int] = ..., global_batch_size: _Optional[int] = ..., micro_batch_size: _Optional[int] = ..., max_seq_len: _Optional[int] = ..., seed: _Optional[int] = ..., save_every_steps: _Optional[int] = ...) -> None: ...
 
 class Compute(_message.Message):
-    __slots__ = ("nodes", "gpus_per_node")
+    __slots__ = ("nodes", "gpus_per_node", "cpu_processes")
     NODES_FIELD_NUMBER: _ClassVar[int]
     GPUS_PER_NODE_FIELD_NUMBER: _ClassVar[int]
+    CPU_PROCESSES_FIELD_NUMBER: _ClassVar[int]
     nodes: int
     gpus_per_node: int
-    def __init__(self, nodes: _Optional[int] = ..., gpus_per_node: _Optional[int] = ...) -> None: ...
+    cpu_processes: int
+    def __init__(self, nodes: _Optional[int] = ..., gpus_per_node: _Optional[int] = ..., cpu_processes: _Optional[int] = ...) -> None: ...
 
 class DatasetSource(_message.Message):
     __slots__ = ("experience", "path", "limit", "distinct_patches", "eval_task_files")
