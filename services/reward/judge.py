@@ -1,6 +1,7 @@
 """The RPR judge (recipes §2.5): an LLM grades a whole trajectory's process on a weighted rubric; its JSON is
-parsed robustly, each score snapped to the 0.1 grid, and the reward is R' = R_bin + alpha * J. alpha = 0
-makes no call, and any judge failure falls back to the outcome reward, saying why."""
+parsed robustly, each score snapped to the 0.1 grid, the rubric's test-evidence guards applied (guards.py), and the
+reward is R' = R_bin + alpha * J. alpha = 0 makes no call, and any judge failure falls back to the outcome reward,
+saying why."""
 
 from __future__ import annotations
 
@@ -11,9 +12,12 @@ import logging
 import math
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from orchard.errors import OrchardError
+from orchard.services.reward import metrics
+from orchard.services.reward.guards import apply_guards
 from orchard.services.reward.models import Models
 from orchard.services.reward.render import Reference, render_trajectory, steps_of
 from orchard.services.reward.rubric import Rubric
@@ -30,7 +34,7 @@ Score each criterion on a 0.0 to 1.0 scale in steps of 0.1:
 
 Penalise the agent's response to evidence (ignoring failures, submitting without green checks), not the mere \
 appearance of tracebacks. When a reference solution is shown, use it only to ground the test-related criteria; \
-do not grade whether the edit matches it.
+do not grade whether the edit matches it.{evidence}
 
 Answer with one JSON object and nothing else:
 {{"reasoning": "<at most 3 sentences, citing step indices>", "scores": {{{schema}}}}}"""
@@ -66,18 +70,17 @@ class JudgeInput:
 def system_prompt(rubric: Rubric) -> str:
     criteria = "\n".join(f"- {c.id} {c.name} (weight {c.weight:g}): {c.description}" for c in rubric.criteria)
     schema = ", ".join(f'"{c.id}": <0.0-1.0>' for c in rubric.criteria)
-    return SYSTEM_PROMPT.format(criteria=criteria, schema=schema)
+    evidence = ""
+    if rubric.test_evidence is not None and rubric.evidence_ids:
+        # The guards clamp these scores unless a cited step ran a test, so the judge is told to cite such steps.
+        evidence = (f" Scores above {rubric.test_evidence.criterion_cap:g} for {', '.join(rubric.evidence_ids)} "
+                    "need a test that actually ran: cite the steps that ran it.")
+    return SYSTEM_PROMPT.format(criteria=criteria, schema=schema, evidence=evidence)
 
 
 def snap(score: float) -> float:
     """A score clamped to [0, 1] and snapped to the nearest 0.1, halves up (0.05 → 0.1, 0.35 → 0.4)."""
     return math.floor(min(1.0, max(0.0, score)) * 10 + 0.5 + 1e-9) / 10
-
-
-def aggregate(scores: dict[str, float], rubric: Rubric) -> float:
-    """J: the weighted mean of the (snapped) scores, clamped to [0, 1]."""
-    total = sum(c.weight * scores[c.id] for c in rubric.criteria)
-    return min(1.0, max(0.0, round(total, 9)))
 
 
 def _object_text(text: str) -> str:
@@ -179,8 +182,8 @@ class Judge:
             return _reward(r_bin, details, "alpha is 0: no judge call made")
         if item.outcome.outcome.status == tpb.OUTCOME_STATUS_ERROR:
             return _reward(r_bin, details, "the outcome is ERROR (grading failed; mask it): not judged")
-        user = render_trajectory(item.problem_statement, steps_of(item.trajectory), item.trajectory.final_patch,
-                                 item.reference)
+        steps = steps_of(item.trajectory)
+        user = render_trajectory(item.problem_statement, steps, item.trajectory.final_patch, item.reference)
         timeout = self.timeout_s if deadline_s is None else min(self.timeout_s, deadline_s)
         started = time.monotonic()
         try:
@@ -199,15 +202,39 @@ class Judge:
         except JudgeOutputError as err:
             tail = reply.text.strip()[-OUTPUT_TAIL_CHARS:]
             return _reward(r_bin, details, f"judge output unusable: {err}; the answer ended with: {tail!r}")
-        for c in item.rubric.criteria:
-            raw = parsed.raw_scores[c.id]
+        rubric = item.rubric
+        guarded = apply_guards({c.id: snap(parsed.raw_scores[c.id]) for c in rubric.criteria}, rubric, steps,
+                               parsed.reasoning)
+        for c in rubric.criteria:
             details.scores.append(tpb.CriterionScore(criterion_id=c.id, name=c.name, weight=c.weight,
-                                                     score=snap(raw), raw_score=raw))
-        details.judge_score = aggregate({s.criterion_id: s.score for s in details.scores}, item.rubric)
+                                                     score=guarded.scores[c.id], raw_score=parsed.raw_scores[c.id]))
+        details.judge_score = guarded.judge_score
+        details.adjustments.extend(note for _, note in guarded.adjustments)
         details.reasoning = parsed.reasoning
-        _log.debug("judged %s: J=%.2f in %.1fs", item.trajectory.trajectory_id, details.judge_score,
-                   time.monotonic() - started)
+        metrics.observe_judged(rubric.name, guarded)
+        _log.debug("judged %s: J=%.2f in %.1fs%s", item.trajectory.trajectory_id, details.judge_score,
+                   time.monotonic() - started, "".join(f"; {note}" for _, note in guarded.adjustments))
         return _reward(r_bin + item.alpha * details.judge_score, details, None)
+
+
+def log_batch(rewards: Sequence[tpb.Reward]) -> None:
+    """Log a batch's mean score per criterion (after the guards) and how many rewards the guards adjusted: agents
+    that run tests without checking anything show as few adjustments with low R4/R5 means."""
+    judged = [r.judge for r in rewards if not r.judge.fell_back]
+    if not judged:
+        _log.info("judged a batch of %d: all fell back", len(rewards))
+        return
+    by_id: dict[str, list[float]] = {}
+    for d in judged:
+        for s in d.scores:
+            by_id.setdefault(s.criterion_id, []).append(s.score)
+    means = {cid: round(sum(v) / len(v), 3) for cid, v in by_id.items()}
+    j = round(sum(d.judge_score for d in judged) / len(judged), 3)
+    guarded = sum(1 for d in judged if d.adjustments)
+    _log.info("judged a batch of %d (%d fell back): mean J %.3f; means %s; guards adjusted %d", len(rewards),
+              len(rewards) - len(judged), j, " ".join(f"{k}={v:.2f}" for k, v in means.items()), guarded,
+              extra={"judged": len(judged), "fell_back": len(rewards) - len(judged), "mean_judge_score": j,
+                     "criterion_means": means, "guarded": guarded})
 
 
 def _reward(value: float, details: tpb.JudgeDetails, fallback_reason: str | None) -> tpb.Reward:

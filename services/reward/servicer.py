@@ -15,7 +15,7 @@ from orchard.errors import InvalidArgument, OrchardError
 from orchard.reward.v1 import reward_pb2 as pb
 from orchard.reward.v1 import reward_pb2_grpc
 from orchard.services.reward import render
-from orchard.services.reward.judge import Judge, JudgeInput
+from orchard.services.reward.judge import Judge, JudgeInput, log_batch
 from orchard.services.reward.outcome import EvalSpec, OutcomeGrader, OutcomeInput, OutcomeValues, check_log_parser
 from orchard.services.reward.rubric import Criterion, Rubric, RubricError, build_rubric
 from orchard.services.reward.settings import RewardSettings
@@ -186,6 +186,7 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
         items = [self._prefixed(i, self._judge_input, r) for i, r in enumerate(request.requests)]
         deadline = deadline_of(context)
         rewards = await run_all([self.judge.judge(item, deadline) for item in items])
+        log_batch(rewards)
         return pb.BatchJudgeTrajectoriesResponse(rewards=rewards)
 
     # -- teacher ------------------------------------------------------------------------------------------------

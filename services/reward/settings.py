@@ -22,8 +22,8 @@ class RewardSettings(ServiceSettings):
     env_address: str = "127.0.0.1:50051"
     """host:port of the env service whose sandboxes grade outcome rewards."""
     rubric_file: Path = BUNDLED_RUBRIC
-    """The judge's default rubric, a YAML file of criteria (id, name, weight, description); the bundled
-    seven-criterion SWE rubric by default."""
+    """The judge's default rubric, a YAML file of criteria (id, name, weight, description, needs_test_evidence)
+    and its test-evidence guards; the bundled seven-criterion SWE rubric by default."""
     alpha: float = Field(default=0.5, ge=0)
     """Default weight alpha of the judge score in R' = R_bin + alpha * J; 0 makes no judge call."""
     judge_model: str = ""

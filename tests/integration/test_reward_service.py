@@ -1,9 +1,11 @@
 """The reward service over real gRPC, calling a real inference service with the embedded model (SmolLM2-135M on
 CPU, both loaded once for the module): OPD teacher log-probs, the RPR judge's contract with a real (tiny) judge,
-batches, deadlines and bad input. Outcome grading in real sandboxes is in test_reward_outcome.py."""
+batches, deadlines and bad input; and the judge's test-evidence guards with a scripted judge (the tiny model never
+writes usable rubric JSON). Outcome grading in real sandboxes is in test_reward_outcome.py."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -19,9 +21,11 @@ from orchard.reward.v1 import reward_pb2_grpc
 from orchard.runtime import GrpcServer
 from orchard.services.inference.server import build as build_inference
 from orchard.services.inference.settings import InferenceSettings
+from orchard.services.reward.models import ChatReply, Scores
 from orchard.services.reward.server import build as build_reward
 from orchard.services.reward.settings import RewardSettings
 from orchard.types.v1 import types_pb2 as tpb
+from prometheus_client import REGISTRY
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(120)]
 
@@ -206,3 +210,67 @@ async def test_judge_bad_input(stack: Stack) -> None:
                                                   timeout=10)
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "requests[1]: outcome is required" in (caught.value.details() or "")
+
+
+class ScriptedJudge:
+    """FAKE judge model: always answers with the same rubric JSON. Used because the embedded model cannot write
+    rubric JSON and the guards need exact scores; everything else (gRPC, servicer, judge, guards) is real."""
+
+    def __init__(self, answer: str) -> None:
+        self.answer = answer
+
+    async def chat(self, model: str, system: str, user: str, *, temperature: float, max_tokens: int,
+                   timeout: float) -> ChatReply:
+        return ChatReply(text=self.answer, model="scripted-judge")
+
+    async def score(self, model: str, context_ids: list[int], continuation_ids: list[int], *,
+                    timeout: float) -> Scores:
+        raise AssertionError("the scripted judge scores no tokens")
+
+    async def context_length(self, model: str, *, timeout: float) -> int:
+        raise AssertionError("the scripted judge has no context length")
+
+
+GUARD_SCORES = {"R1": 0.8, "R2": 1.0, "R3": 0.5, "R4": 0.7, "R5": 0.6, "R6": 0.0, "R7": 0.9}
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def scripted_reward() -> AsyncIterator[reward_pb2_grpc.RewardServiceStub]:
+    """A reward service whose judge is the scripted fake; it cites step 0 and scores R2 = 1.0, R4 = 0.7."""
+    answer = json.dumps({"reasoning": "Step 0 checks the fix thoroughly.", "scores": GUARD_SCORES})
+    server = build_reward(RewardSettings(port=0, log_format="text", grace_period_s=1.0, env_address="127.0.0.1:9",
+                                         inference_address="127.0.0.1:9"), models=ScriptedJudge(answer))
+    port = await server.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    yield reward_pb2_grpc.RewardServiceStub(channel)
+    await channel.close()
+    await server.stop()
+
+
+async def test_judge_guards_cap_a_trajectory_that_ran_no_test(
+        scripted_reward: reward_pb2_grpc.RewardServiceStub) -> None:
+    """A mini-swe-agent-style trajectory that only reads and edits gets R2 and R4 clamped to 0.5 and J capped at 0.3,
+    reported in `adjustments`; one whose cited step 0 ran pytest keeps the judge's scores."""
+    untested = judge_request()
+    untested.trajectory.ClearField("steps")
+    untested.trajectory.messages.extend([
+        tpb.Message(role=tpb.ROLE_ASSISTANT, content="Read it.\n```bash\ncat m.py\n```"),
+        tpb.Message(role=tpb.ROLE_USER, content="<returncode>0</returncode>\n<output>\ndef add(a, b):\n</output>"),
+        tpb.Message(role=tpb.ROLE_ASSISTANT, content="Fix it.\n```bash\nsed -i 's/a - b/a + b/' m.py\n```")])
+    capped_before = REGISTRY.get_sample_value("orchard_reward_judge_guard_adjustments_total",
+                                              {"rubric": "swe", "criterion": "J"}) or 0.0
+    reply = await scripted_reward.BatchJudgeTrajectories(pb.BatchJudgeTrajectoriesRequest(
+        requests=[untested, judge_request()]), timeout=10)
+    capped, kept = reply.rewards
+    assert_judge_contract(capped)
+    assert not capped.judge.fell_back and capped.judge.judge_score == 0.3
+    assert capped.value == pytest.approx(1.0 + 0.5 * 0.3)
+    assert list(capped.judge.adjustments) == ["R2 capped at 0.5 (judge gave 1): no step ran a test",
+                                              "R4 capped at 0.5 (judge gave 0.7): no step ran a test",
+                                              "J capped at 0.3 (was 0.555): no step ran a test"]
+    assert {s.criterion_id: s.score for s in capped.judge.scores if s.criterion_id in ("R2", "R4")} == {
+        "R2": 0.5, "R4": 0.5}
+    assert_judge_contract(kept)
+    assert kept.judge.judge_score == pytest.approx(0.675) and not kept.judge.adjustments
+    assert REGISTRY.get_sample_value("orchard_reward_judge_guard_adjustments_total",
+                                     {"rubric": "swe", "criterion": "J"}) == capped_before + 1

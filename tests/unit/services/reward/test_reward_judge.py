@@ -13,12 +13,11 @@ from orchard.services.reward.judge import (
     Judge,
     JudgeInput,
     JudgeOutputError,
-    aggregate,
     parse_judge_output,
     snap,
     system_prompt,
 )
-from orchard.services.reward.rubric import BUNDLED_RUBRIC, load_rubric
+from orchard.services.reward.rubric import BUNDLED_RUBRIC, aggregate, load_rubric
 from orchard.types.v1 import types_pb2 as tpb
 from scripted_models import ScriptedModels
 
