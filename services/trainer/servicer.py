@@ -15,6 +15,7 @@ import grpc
 from orchard.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, Unimplemented
 from orchard.services.inference.engines.model_files import check_checkpoint
 from orchard.services.trainer.jobs import JobManager
+from orchard.tasks.instance import resolve_source
 from orchard.trainer.v1 import trainer_pb2 as pb
 from orchard.trainer.v1 import trainer_pb2_grpc
 
@@ -57,9 +58,8 @@ def validate(config: pb.JobConfig) -> None:
         raise NotFound(f"dataset file {config.dataset.path} not found", field="config.dataset.path")
     if config.dataset.limit < 0:
         raise InvalidArgument("dataset.limit must be >= 0 (0 is all)", field="config.dataset.limit")
-    for path in config.dataset.eval_task_files:
-        if not Path(path).exists():
-            raise NotFound(f"evaluation task file {path} not found", field="config.dataset.eval_task_files")
+    for source in config.dataset.eval_task_files:
+        resolve_source(source)  # NotFound naming the bundled sets
     h = config.hyperparameters
     for name in ("learning_rate", "warmup_ratio", "max_grad_norm", "adam_beta1", "adam_beta2", "epochs",
                  "max_steps", "global_batch_size", "micro_batch_size", "max_seq_len", "save_every_steps"):
