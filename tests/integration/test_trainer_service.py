@@ -236,3 +236,30 @@ async def test_wait_job_returns_when_its_timeout_passes(tiny: Path, data: Path, 
         assert not response.done and response.job.state in (pb.JOB_STATE_QUEUED, pb.JOB_STATE_RUNNING)
         assert asyncio.get_running_loop().time() - started < 5
         await stub.CancelJob(pb.CancelJobRequest(job_id="slow"))
+
+
+async def test_two_cpu_processes_train_the_same_as_one(tiny: Path, data: Path, tmp_path: Path) -> None:
+    """torchrun + FSDP2 on gloo through a real job: the same losses and final weights as one process."""
+    jobs = tmp_path / "jobs"
+    async with trainer_service(jobs, max_running_jobs=2) as stub:
+        for job_id, processes in [("one", 1), ("two", 2)]:
+            config = sft_config(tiny, data, epochs=2, max_steps=3, global_batch_size=4, micro_batch_size=2)
+            config.compute.cpu_processes = processes
+            await stub.CreateJob(pb.CreateJobRequest(config=config, job_id=job_id))
+        one, two = await wait_done(stub, "one", 240), await wait_done(stub, "two", 240)
+        assert one.state == two.state == pb.JOB_STATE_SUCCEEDED, (one.error, two.error)
+
+    def losses(job_id: str) -> list[float]:
+        events = [json.loads(line) for line in (jobs / job_id / "events.jsonl").read_text().splitlines()]
+        return [e["loss"] for e in events if e["kind"] == "progress"]
+
+    assert len(losses("two")) == 3
+    assert losses("two") == pytest.approx(losses("one"), rel=1e-5)
+    import torch
+    from safetensors.torch import load_file
+
+    a = load_file(str(Path(one.latest_checkpoint.path) / "model.safetensors"))
+    b = load_file(str(Path(two.latest_checkpoint.path) / "model.safetensors"))
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(a[key], b[key])
