@@ -45,7 +45,9 @@ RECIPE_DEFAULTS: dict[int, dict[str, Any]] = {
 }
 DEFAULT_GLOBAL_BATCH = 8
 """Samples per optimiser step when unset [I]: the paper's 128 is a GPU-cluster figure; 8 fits one CPU."""
-DEFAULT_MICRO_BATCH = 4
+DEFAULT_MICRO_BATCH = 1
+"""Samples per forward/backward when unset: the float32 logits of a 49k vocabulary cost ~200 KB per token (and
+as much again for their log-softmax), so one sample per pass keeps a 2k-token SmolLM2 step near 2 GB."""
 DEFAULT_MAX_SEQ_LEN = 2048
 
 
