@@ -51,3 +51,15 @@ def test_inference_throughput_benchmark() -> None:
     assert isinstance(service, dict) and isinstance(baseline, dict)
     assert service["tokens"] == baseline["tokens"] == 8, report
     assert float(report["ratio"]) > 0
+
+
+def test_learning_proofs_benchmark() -> None:
+    """CPU only, one seed at tiny sizes: every recipe's figure comes with its baseline from the same run."""
+    report = run_bench("learning_proofs.py", ["--seeds", "1", "--env-steps", "3000", "--sft-samples", "10",
+                                              "--opd-steps", "2", "--rpr-groups", "8"], "bar_grpo")
+    bar, ca_sft, opd, rpr = report["bar_grpo"], report["ca_sft"], report["opd"], report["rpr"]
+    assert isinstance(bar, dict) and isinstance(ca_sft, dict) and isinstance(opd, dict) and isinstance(rpr, dict)
+    assert bar["env_step_budget"] == 3000 and isinstance(bar["baseline_fixed_n"], dict), report
+    assert 0 <= ca_sft["baseline_resolved_only"] <= 1 and ca_sft["ratio"] > 0, report
+    assert opd["steps"] == 2 and opd["kl_before"] > 0, report
+    assert rpr["groups"] == 8 and rpr["baseline_outcome_only_all_failed_spread_fraction"] in (0, None), report

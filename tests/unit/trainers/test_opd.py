@@ -1,5 +1,5 @@
 """On-policy distillation losses (recipes §2.4): closed forms, gradients, masking, the combination with GRPO,
-and a toy distillation of a tiny student towards a fixed bigram teacher."""
+and a toy distillation of a tiny student towards a fixed bigram teacher (shared with the learning bench)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ import torch
 
 from orchard.trainers.opd import OpdLoss, estimate, opd_loss, token_loss, total_loss
 from orchard.trainers.rl import policy_loss
-from orchard.trainers.sft import token_logprobs
-from trainer_helpers import tiny_lm
+from orchard.trainers.toy import distill_bigram
 
 LOG = math.log
 
@@ -79,43 +78,11 @@ def test_opd_only_ignores_the_task_advantage_and_zero_coef_is_plain_grpo() -> No
     assert combined.item() == pytest.approx(grpo.item() + 2.0 * opd_loss(lp, teacher, mask).item())
 
 
-VOCAB, SEQ, BATCH = 16, 8, 16
-
-
-def _kl_to_teacher(model: torch.nn.Module, teacher: torch.Tensor, prefixes: torch.Tensor) -> float:
-    """Exact full-vocabulary KL(pi_s || pi_t) at every position of the held-out prefixes."""
-    with torch.no_grad():
-        log_s = torch.log_softmax(model(input_ids=prefixes).logits, -1)
-    log_t = teacher[prefixes]
-    return float((log_s.exp() * (log_s - log_t)).sum(-1).mean())
-
-
 @pytest.mark.slow
 def test_opd_reduces_full_kl_to_a_bigram_teacher() -> None:
     """200 steps of js_skew OPD (the default) on the student's own samples cut the exact KL by at least half."""
-    kind = OpdLoss.JS_SKEW
-    gen = torch.Generator().manual_seed(0)
-    teacher = torch.log_softmax(2.0 * torch.randn(VOCAB, VOCAB, generator=gen), -1)  # a fixed bigram table
-    held_out = torch.randint(0, VOCAB, (64, 8), generator=gen)
-    student = tiny_lm(vocab=VOCAB, seed=1)
-    optimizer = torch.optim.Adam(student.parameters(), lr=3e-3)
-    before = _kl_to_teacher(student, teacher, held_out)
     began = time.monotonic()
-    for _ in range(200):
-        seqs = torch.randint(0, VOCAB, (BATCH, 1), generator=gen)
-        with torch.no_grad():  # the student samples its own continuations
-            for _ in range(SEQ - 1):
-                logits = student(input_ids=seqs).logits[:, -1]
-                seqs = torch.cat([seqs, torch.multinomial(torch.softmax(logits, -1), 1, generator=gen)], 1)
-        ls = token_logprobs(student(input_ids=seqs).logits, seqs)
-        lt = torch.nn.functional.pad(teacher[seqs[:, :-1], seqs[:, 1:]], (1, 0))
-        mask = torch.ones_like(ls)
-        mask[:, 0] = 0  # the first token is a given prefix, not sampled
-        loss = opd_loss(ls, lt, mask, kind)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    after = _kl_to_teacher(student, teacher, held_out)
-    print(f"{kind}: KL {before:.3f} -> {after:.3f} ({1 - after / before:.0%} lower) in "
+    before, after = distill_bigram(seed=0, steps=200, kind=OpdLoss.JS_SKEW)
+    print(f"js_skew: KL {before:.3f} -> {after:.3f} ({1 - after / before:.0%} lower) in "
           f"{time.monotonic() - began:.1f}s")
     assert after <= 0.5 * before
