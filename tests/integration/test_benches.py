@@ -63,3 +63,12 @@ def test_learning_proofs_benchmark() -> None:
     assert 0 <= ca_sft["baseline_resolved_only"] <= 1 and ca_sft["ratio"] > 0, report
     assert opd["steps"] == 2 and opd["kl_before"] > 0, report
     assert rpr["groups"] == 8 and rpr["baseline_outcome_only_all_failed_spread_fraction"] in (0, None), report
+
+
+def test_trainer_step_benchmark() -> None:
+    """A real trainer job and the bare loop train the same tiny model on the same batches; the ratio is printed."""
+    report = run_bench("trainer_step.py", ["--tiny", "--steps", "2", "--samples", "4", "--tokens", "32"], "ratio")
+    job, bare = report["job"], report["bare_loop"]
+    assert isinstance(job, dict) and isinstance(bare, dict)
+    assert job["steps"] == bare["steps"] == 2, report
+    assert float(report["ratio"]) > 0 and job["wall_s"] > 0
