@@ -49,9 +49,9 @@ def make_samples(renderer: TemplateRenderer, data: Dataset, cfg: pb.SftConfig, m
     left out. Without it every trajectory trains every step."""
     samples: list[Sample] = []
     for traj in data.trajectories:
-        steps = trained[traj.trajectory_id] if trained is not None else None
         if trained is not None and traj.trajectory_id not in trained:
             continue
+        steps = trained[traj.trajectory_id] if trained is not None else None
         if cfg.sample_mode == pb.SFT_SAMPLE_MODE_PER_TURN:
             for turn in (steps if steps is not None else range(len(traj.steps))):
                 samples.append(_cut(trajectory_sample(renderer, traj, {turn})))
@@ -94,7 +94,7 @@ async def ca_trained_steps(ctx: JobContext, data: Dataset) -> tuple[dict[str, se
                 continue
             if not traj.steps:
                 continue
-            annotator = ca_sft.InferenceAnnotator(stub, cfg.annotator_model or traj.policy.model_id)
+            annotator = ca_sft.InferenceAnnotator(stub, cfg.annotator_model or traj.policy.model)
             try:
                 values = await ca_sft.annotate_values(traj, False, annotator)
             except (ValueError, grpc.aio.AioRpcError) as err:
