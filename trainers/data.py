@@ -6,7 +6,8 @@ Choices [I]:
   are the acting policy's tokenizer's, which need not be the base model's (a teacher, a scripted policy, a proxy
   record). Tools are rendered the way the inference service renders them (`orchard.services.inference.chat`),
   so the trained text is what the policy sees when it serves.
-- The loss mask covers an assistant turn's whole rendered reply, end-of-turn token included; found by rendering
+- The loss mask covers an assistant turn's whole rendered reply, end-of-turn token included (the whitespace a
+  template adds after it is not trained: the model stops at the end token); found by rendering
   each turn's prefix and end and mapping the character span onto tokens with the tokenizer's offsets.
 - A record whose task id is in a declared evaluation set fails the job before training (decontamination).
 """
@@ -61,8 +62,9 @@ def render_sample(renderer: TemplateRenderer, messages: list[dict[str, Any]], to
         if trained_turns is not None and turn not in trained_turns:
             continue
         start = len(render(renderer, messages[:i], tools, add_generation_prompt=True)) if i else 0
-        end = len(render(renderer, messages[:i + 1], tools, add_generation_prompt=False))
-        if not full.startswith(render(renderer, messages[:i + 1], tools, add_generation_prompt=False)):
+        through = render(renderer, messages[:i + 1], tools, add_generation_prompt=False)
+        end = len(through.rstrip())  # the newline a template puts after the end token is not the model's output
+        if not full.startswith(through):
             raise InvalidArgument(f"the chat template does not render turn {turn} as a prefix of the conversation; "
                                   "it cannot be trained turn by turn")
         spans.append((start, end))
