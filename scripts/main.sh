@@ -3,6 +3,8 @@
 # real repository with a failing test (pytest fails, a patch fixes it, pytest passes), then run the embedded
 # model on the bundled ToyRepair tasks (k = 2 samples each), store every rollout in the experience service,
 # print the SWE-bench-style report, and read the run back from the experience service into the same report.
+# Then one short SFT round on those stored rollouts (the trainer service), the new weights pushed to the
+# inference service, the same rollouts again on them, and the report of both runs before/after.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
@@ -29,3 +31,12 @@ run="main-$(date +%s)"
   --env-address "127.0.0.1:$port" --nats-url "nats://127.0.0.1:$nats_port" --run-id "$run" --out .state/runs
 echo "main: run $run as stored in the experience service:"
 .venv/bin/orchard eval --run "$run" --tasks toyrepair
+
+# One short SFT step on the stored rollouts (4 of them, their last 512 tokens: a minute or two on 2 cores for
+# the 135M model), its checkpoint pushed to the inference service, which then serves the trained weights.
+.venv/bin/orchard train --run "$run" --epochs 1 --max-steps 1 --batch 4 --max-seq-len 512 --lr 1e-5 --push
+# The same rollouts on the trained weights, and both runs side by side.
+.venv/bin/orchard rollout --tasks toyrepair -n 2 --max-steps 2 --max-step-tokens 64 --concurrency 16 \
+  --env-address "127.0.0.1:$port" --nats-url "nats://127.0.0.1:$nats_port" --run-id "$run-after" --out .state/runs
+echo "main: run $run-after (trained weights) against run $run:"
+.venv/bin/orchard eval --run "$run-after" --tasks toyrepair --compare "$run"

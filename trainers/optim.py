@@ -126,9 +126,9 @@ def save(ctx: JobContext, model: Any, tokenizer: Any, opt: torch.optim.Optimizer
     staging = ctx.staging_dir(step)
     distributed.barrier(ctx.dist)
     distributed.save_pretrained(model, tokenizer, staging, ctx.dist)
-    if ctx.dist.world_size == 1:
+    if ctx.dist.world_size == 1 and not is_final:  # a final checkpoint is never resumed: no Adam moments (2x weights)
         torch.save({"step": step, "optimizer": opt.state_dict(), "extra": extra or {}}, staging / STATE_FILE)
-    elif ctx.dist.is_main:  # sharded optimizer state is not gathered: a resumed multi-process job restarts Adam
+    elif ctx.dist.is_main:  # sharded state is not gathered (a resumed multi-process job restarts Adam); final: none
         torch.save({"step": step, "optimizer": None, "extra": extra or {}}, staging / STATE_FILE)
     path = ctx.commit_checkpoint(step, staging, metrics, is_final)
     distributed.barrier(ctx.dist)

@@ -56,8 +56,7 @@ def make_samples(renderer: TemplateRenderer, data: Dataset, cfg: pb.SftConfig, m
             for turn in (steps if steps is not None else range(len(traj.steps))):
                 samples.append(_cut(trajectory_sample(renderer, traj, {turn})))
         else:
-            sample = trajectory_sample(renderer, traj, steps)
-            samples.append(_cut(sample) if steps is not None else sample)
+            samples.append(_cut(trajectory_sample(renderer, traj, steps)))
     samples += [openai_sample(renderer, record) for record in data.openai_samples]
     kept, dropped = [], 0
     for s in samples:
@@ -73,7 +72,7 @@ def make_samples(renderer: TemplateRenderer, data: Dataset, cfg: pb.SftConfig, m
 
 
 def _cut(sample: Sample) -> Sample:
-    """The sample up to its last trained token (later history is never trained on)."""
+    """The sample up to its last trained token (the observations after it are never trained on: no compute)."""
     if not any(sample.loss_mask):
         return sample
     end = max(i for i, m in enumerate(sample.loss_mask) if m) + 1

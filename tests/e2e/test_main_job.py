@@ -1,12 +1,15 @@
 """The main job end to end (scripts/main.sh, step by step): `orchard up` starts the real stack (nats-server and
-the env, experience and inference services), the quick start runs verbatim against it on a real repository
-(pytest fails, the patch fixes it, pytest passes), `orchard rollout` runs the embedded model on the bundled
-ToyRepair tasks (k = 2) and prints the SWE-bench-style report, `orchard eval --run` reads every rollout back
-from the experience service into the same report, and Ctrl-C (SIGINT) stops everything cleanly."""
+the env, experience, inference and trainer services), the quick start runs verbatim against it on a real
+repository (pytest fails, the patch fixes it, pytest passes), `orchard rollout` runs the embedded model on the
+bundled ToyRepair tasks (k = 2) and prints the SWE-bench-style report, `orchard eval --run` reads every rollout
+back from the experience service into the same report, `orchard train --push` runs one SFT step on those
+rollouts and loads the checkpoint into the inference service, a second `orchard rollout` runs on the trained
+weights, `orchard eval --compare` sets both runs side by side, and Ctrl-C (SIGINT) stops everything cleanly."""
 
 import asyncio
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -24,6 +27,8 @@ TASKS = [t.instance_id for t in load_instances("toyrepair")]
 K = 2
 ROLLOUT = ["--tasks", "toyrepair", "-n", str(K), "--max-steps", "2", "--max-step-tokens", "64", "--concurrency", "16"]
 """scripts/main.sh's `orchard rollout` budgets."""
+TRAIN = ["--epochs", "1", "--max-steps", "1", "--batch", "4", "--max-seq-len", "512", "--lr", "1e-5"]
+"""scripts/main.sh's `orchard train` settings: one optimiser step."""
 
 
 def _free_port() -> int:
@@ -60,19 +65,49 @@ def _children(pid: int) -> list[int]:
     return found
 
 
+def _rollout(run_id: str, env_port: int, nats_port: int, inference_port: int, out: Path) -> tuple[str, list[str]]:
+    """`orchard rollout` with main.sh's budgets; checks its report and files, and returns its stdout and table."""
+    rollout = subprocess.run(
+        [str(ORCHARD), "rollout", *ROLLOUT, "--env-address", f"127.0.0.1:{env_port}",
+         "--nats-url", f"nats://127.0.0.1:{nats_port}", "--inference-address", f"127.0.0.1:{inference_port}",
+         "--run-id", run_id, "--out", str(out)],
+        check=False, capture_output=True, text=True, timeout=900)
+    assert rollout.returncode == 0, rollout.stdout + rollout.stderr
+    table = _report_lines(rollout.stdout)
+    assert table[0].split() == ["TASK", "RESOLVED", "PASS@1", f"PASS@{K}"]
+    assert [row.split()[0] for row in table[1:-1]] == TASKS
+    assert all(row.split()[1].endswith(f"/{K}") for row in table[1:-1])
+    assert table[-1].startswith("pass@1 ") and f" pass@{K} " in table[-1]
+    resolved = sum(int(row.split()[1].split("/")[0]) for row in table[1:-1])
+    assert f"resolved {resolved}/{len(TASKS) * K}" in table[-1]
+    assert f"{len(TASKS)}/{len(TASKS) * K} rollouts" in rollout.stderr  # the progress bar's last state
+    assert f"stored {len(TASKS) * K} rollouts" in rollout.stdout and "published " in rollout.stdout
+    report = json.loads((out / run_id / "report.json").read_text())
+    assert (report["total_instances"], report["submitted_instances"], report["schema_version"]) == (
+        len(TASKS), len(TASKS) * K, 2)
+    return rollout.stdout, table
+
+
+def _weights(trajectories: Path) -> set[str]:
+    """The policy weights versions of a run's stored rollouts."""
+    return {json.loads(line)["policy"]["weightsVersion"] for line in trajectories.read_text().splitlines()}
+
+
 @pytest.mark.slow
-@pytest.mark.timeout(1200)
+@pytest.mark.timeout(1800)
 def test_main_job(tmp_path: Path) -> None:
     """The README's main job: stack up, quick start prints a failing then a passing pytest run, k rollouts of every
-    bundled task give a report, the experience service gives the same report from all of them, stack down."""
+    bundled task give a report, the experience service gives the same report from all of them, one SFT step on
+    them is pushed to the inference service, k rollouts on the new weights are compared with the first, stack
+    down."""
     asyncio.run(ImageStore(default_images_dir()).build("python:3.11-slim"))  # at once when cached
     env_port, nats_port, inference_port, openai_port = _free_port(), _free_port(), _free_port(), _free_port()
-    experience_port = _free_port()
+    experience_port, trainer_port = _free_port(), _free_port()
     with open(tmp_path / "up.log", "w+b") as log:
         stack = subprocess.Popen(
             [str(ORCHARD), "up", "--env-port", str(env_port), "--nats-port", str(nats_port),
              "--inference-port", str(inference_port), "--inference-http-port", str(openai_port),
-             "--experience-port", str(experience_port),
+             "--experience-port", str(experience_port), "--trainer-port", str(trainer_port),
              "--state-dir", str(tmp_path / "state")], stdout=log, stderr=subprocess.STDOUT)
         try:
             deadline = time.monotonic() + 120  # the inference service loads the embedded model (a few seconds)
@@ -81,15 +116,17 @@ def test_main_job(tmp_path: Path) -> None:
                 assert time.monotonic() < deadline, "orchard up did not become ready in 120 s"
                 time.sleep(0.1)
             services = _children(stack.pid)
-            assert len(services) == 4  # nats-server, the env, experience and inference services
+            assert len(services) == 5  # nats-server, the env, experience, inference and trainer services
             addresses = ["--env-address", f"127.0.0.1:{env_port}", "--nats-address", f"127.0.0.1:{nats_port}",
                          "--inference-address", f"127.0.0.1:{inference_port}",
-                         "--experience-address", f"127.0.0.1:{experience_port}"]
+                         "--experience-address", f"127.0.0.1:{experience_port}",
+                         "--trainer-address", f"127.0.0.1:{trainer_port}"]
             status = subprocess.run([str(ORCHARD), "status", *addresses], check=False, capture_output=True, text=True)
             assert status.returncode == 0, status.stdout + status.stderr
-            assert "SERVING, sandboxes: none" in status.stdout and status.stdout.count(" up ") == 4
+            assert "SERVING, sandboxes: none" in status.stdout and status.stdout.count(" up ") == 5
             assert "SmolLM2-135M-Instruct (transformers" in status.stdout
             assert "SERVING, trajectories: 0 (0 finished)" in status.stdout
+            assert "SERVING, jobs: 0 (0 running)" in status.stdout
 
             run = subprocess.run([sys.executable, str(ROOT / "examples" / "quickstart.py")],
                                  env={**os.environ, "ORCHARD_ENV_ADDRESS": f"127.0.0.1:{env_port}"}, check=False,
@@ -100,24 +137,7 @@ def test_main_job(tmp_path: Path) -> None:
             assert "1 failed, 3 passed" in first and "\n 1\n" in first  # print(result.stdout, result.exit_code)
             assert "4 passed" in second and second.rstrip().endswith("\n 0")
 
-            rollout = subprocess.run(
-                [str(ORCHARD), "rollout", *ROLLOUT, "--env-address", f"127.0.0.1:{env_port}",
-                 "--nats-url", f"nats://127.0.0.1:{nats_port}", "--inference-address", f"127.0.0.1:{inference_port}",
-                 "--run-id", "main-e2e", "--out", str(tmp_path / "runs")],
-                check=False, capture_output=True, text=True, timeout=900)
-            assert rollout.returncode == 0, rollout.stdout + rollout.stderr
-            table = _report_lines(rollout.stdout)
-            assert table[0].split() == ["TASK", "RESOLVED", "PASS@1", f"PASS@{K}"]
-            assert [row.split()[0] for row in table[1:-1]] == TASKS
-            assert all(row.split()[1].endswith(f"/{K}") for row in table[1:-1])
-            assert table[-1].startswith("pass@1 ") and f" pass@{K} " in table[-1]
-            resolved = sum(int(row.split()[1].split("/")[0]) for row in table[1:-1])
-            assert f"resolved {resolved}/{len(TASKS) * K}" in table[-1]
-            assert f"{len(TASKS)}/{len(TASKS) * K} rollouts" in rollout.stderr  # the progress bar's last state
-            assert f"stored {len(TASKS) * K} rollouts" in rollout.stdout and "published " in rollout.stdout
-            report = json.loads((tmp_path / "runs" / "main-e2e" / "report.json").read_text())
-            assert (report["total_instances"], report["submitted_instances"], report["schema_version"]) == (
-                len(TASKS), len(TASKS) * K, 2)
+            _, table = _rollout("main-e2e", env_port, nats_port, inference_port, tmp_path / "runs")
             stored = (tmp_path / "runs" / "main-e2e" / "trajectories.jsonl").read_text().splitlines()
             assert len(stored) == len(TASKS) * K
 
@@ -130,12 +150,51 @@ def test_main_job(tmp_path: Path) -> None:
             assert f"read {len(TASKS) * K} rollouts of run main-e2e back from the experience" in evaluated.stdout
             status = subprocess.run([str(ORCHARD), "status", *addresses], check=False, capture_output=True, text=True)
             assert f"trajectories: {len(TASKS) * K} ({len(TASKS) * K} finished)" in status.stdout
+            base = _weights(tmp_path / "runs" / "main-e2e" / "trajectories.jsonl")
+            assert base == {"SmolLM2-135M-Instruct"}  # the base model's id, before any update
+
+            # One SFT step on the stored rollouts; its checkpoint is what the inference service serves next.
+            train = subprocess.run([str(ORCHARD), "train", "--run", "main-e2e", *TRAIN, "--push",
+                                    "--trainer-address", f"127.0.0.1:{trainer_port}",
+                                    "--inference-address", f"127.0.0.1:{inference_port}"],
+                                   check=False, capture_output=True, text=True, timeout=900)
+            assert train.returncode == 0, train.stdout + train.stderr
+            done = re.search(rf"^job (\S+) SUCCEEDED in \d+s: 1 step on {len(TASKS) * K} samples, final loss "
+                             r"\d+\.\d+$", train.stdout, re.MULTILINE)
+            assert done is not None, train.stdout
+            version = f"{done.group(1)}-step-1"
+            assert f"checkpoint {version} at {tmp_path / 'state' / 'trainer' / done.group(1)}" in train.stdout
+            assert f"served weights version: {version}\n" in train.stdout
+            assert "step 1/1  loss " in train.stderr and " tokens/s " in train.stderr
+            status = subprocess.run([str(ORCHARD), "status", *addresses], check=False, capture_output=True, text=True)
+            assert f"(transformers, weights {version})" in status.stdout
+            assert "SERVING, jobs: 1 (0 running)" in status.stdout
+
+            # The same rollouts on the trained weights, then both runs side by side.
+            _, after = _rollout("main-e2e-after", env_port, nats_port, inference_port, tmp_path / "runs")
+            assert _weights(tmp_path / "runs" / "main-e2e-after" / "trajectories.jsonl") == {version}
+            compared = subprocess.run([str(ORCHARD), "eval", "--run", "main-e2e-after", "--tasks", "toyrepair",
+                                       "--compare", "main-e2e", "--experience-address",
+                                       f"127.0.0.1:{experience_port}"],
+                                      check=False, capture_output=True, text=True, timeout=120)
+            assert compared.returncode == 0, compared.stdout + compared.stderr
+            assert _report_lines(compared.stdout) == after
+            block = compared.stdout[compared.stdout.index("before/after:"):].splitlines()
+            print("\n".join(block))  # the figures, for whoever runs this
+            before_line, after_line = table[-1].split(), after[-1].split()
+            assert [line.split()[:2] for line in block] == [
+                ["before/after:", "run"], ["resolved", before_line[before_line.index("resolved") + 1]],
+                ["pass@1", before_line[1]], [f"pass@{K}", before_line[3]], ["mean", "reward"], ["weights", "SmolLM2-135M-Instruct"]]
+            assert block[0] == "before/after: run main-e2e -> run main-e2e-after"
+            assert block[1].endswith(f"-> {after_line[after_line.index('resolved') + 1]}")
+            assert block[2].endswith(f"-> {after_line[1]}") and block[3].endswith(f"-> {after_line[3]}")
+            assert block[5].endswith(f"-> {version}")
 
             stack.send_signal(signal.SIGINT)
             assert stack.wait(timeout=60) == 0
             assert not [pid for pid in services if _alive(pid)]
             down = subprocess.run([str(ORCHARD), "status", *addresses], check=False, capture_output=True, text=True)
-            assert down.returncode == 1 and down.stdout.count("DOWN") == 4
+            assert down.returncode == 1 and down.stdout.count("DOWN") == 5
         finally:
             if stack.poll() is None:  # a failed assertion: stop the stack the way a user would, so nothing leaks
                 stack.send_signal(signal.SIGINT)

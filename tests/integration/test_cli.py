@@ -1,16 +1,20 @@
-"""The `orchard` command against a real env service started with `orchard serve env`."""
+"""The `orchard` command against a real env service started with `orchard serve env`, and `orchard train` and
+`orchard eval --compare` against real experience, trainer and inference services."""
 
+import asyncio
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import grpc
 import pytest
+from experience_helpers import NatsServer
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 ORCHARD = str(Path(sys.executable).with_name("orchard"))
@@ -26,7 +30,7 @@ def orchard(*args: str, address: str | None = None, timeout: float = 60) -> subp
     env = dict(os.environ)
     if address:
         env["ORCHARD_ENV_ADDRESS"] = address
-    return subprocess.run([ORCHARD, *args], capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.run([ORCHARD, *args], check=False, capture_output=True, text=True, timeout=timeout, env=env)
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +113,7 @@ def test_sigterm_drains_and_removes_sandboxes(service: tuple[str, subprocess.Pop
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 0
     assert list((state / "sandboxes").iterdir()) == []
-    leftovers = subprocess.run(["pgrep", "-f", f"ORCHARD_SANDBOX_ID {sandbox_id}"], capture_output=True)
+    leftovers = subprocess.run(["pgrep", "-f", f"ORCHARD_SANDBOX_ID {sandbox_id}"], check=False, capture_output=True)
     assert leftovers.returncode == 1
 
 
@@ -118,7 +122,6 @@ def test_sigterm_drains_and_removes_sandboxes(service: tuple[str, subprocess.Pop
 def test_serve_inference_grpc_and_openai() -> None:
     """`orchard serve inference --http-port` serves the embedded model over gRPC and to the real openai client."""
     import openai
-
     from orchard.inference.v1 import inference_pb2, inference_pb2_grpc
     from orchard.types.v1 import types_pb2
 
@@ -152,3 +155,168 @@ def test_serve_inference_grpc_and_openai() -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def _task_file(path: Path, ids: list[str]) -> Path:
+    """A task set naming `ids` (enough for reports over stored rollouts; nothing here runs them)."""
+    path.write_text("".join(json.dumps({"instance_id": i, "repo": "o/r", "problem_statement": "p",
+                                        "FAIL_TO_PASS": ["t::a"]}) + "\n" for i in ids))
+    return path
+
+
+@pytest.fixture
+async def experience(tmp_path: Path, nats_server: NatsServer) -> AsyncIterator[str]:
+    """A real experience service holding run "before" (task-a resolved once of 2, task-b never; weights v1) and run
+    "after" (both tasks resolved once of 2; weights v2); yields its address."""
+    from experience_helpers import rollout
+    from orchard import events
+    from orchard.services.experience.server import build
+    from orchard.services.experience.settings import ExperienceSettings
+    from orchard.types.v1 import types_pb2 as tpb
+
+    settings = ExperienceSettings(port=0, nats_url=nats_server.url, store_url=f"sqlite:///{tmp_path / 'e.db'}",
+                                  log_format="text", grace_period_s=1)
+    server, store = await build(settings)
+    port = await server.start()
+    yes, no = tpb.OUTCOME_STATUS_RESOLVED, tpb.OUTCOME_STATUS_UNRESOLVED
+    published = []
+    for run, version, statuses in [("before", "v1", [yes, no, no, no]), ("after", "v2", [yes, no, yes, no])]:
+        for i, status in enumerate(statuses):
+            published += rollout(run, f"{run}-{i}", ["task-a", "task-b"][i // 2], status=status,
+                                 weights_version=version)
+    async with events.EventPublisher.connect(nats_server.url) as publisher:
+        for event in published:
+            await publisher.publish(event)
+    async with asyncio.timeout(20):
+        while await store.count_events() < len(published):
+            await asyncio.sleep(0.05)
+    yield f"127.0.0.1:{port}"
+    await server.stop()
+
+
+async def orchard_async(*args: str, timeout: float = 120) -> tuple[int, str, str]:
+    """The CLI in a subprocess while this test's event loop keeps serving the in-process services."""
+    proc = await asyncio.create_subprocess_exec(ORCHARD, *args, stdout=asyncio.subprocess.PIPE,
+                                                stderr=asyncio.subprocess.PIPE)
+    async with asyncio.timeout(timeout):
+        out, err = await proc.communicate()
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+async def test_eval_compare_sets_two_runs_side_by_side(experience: str, tmp_path: Path) -> None:
+    """`orchard eval --run after --compare before`: the usual report, then each figure of both runs."""
+    tasks = _task_file(tmp_path / "tasks.jsonl", ["task-a", "task-b"])
+    code, out, err = await orchard_async("eval", "--run", "after", "--compare", "before", "--tasks", str(tasks),
+                                         "--experience-address", experience)
+    assert code == 0, out + err
+    block = out[out.index("before/after:"):].splitlines()
+    assert [line.split() for line in block] == [
+        ["before/after:", "run", "before", "->", "run", "after"],
+        ["resolved", "1/4", "->", "2/4"],
+        ["pass@1", "0.250", "->", "0.500"],
+        ["pass@2", "0.500", "->", "1.000"],
+        ["mean", "reward", "-0.500", "->", "0.000"],
+        ["weights", "v1", "->", "v2"],
+    ]
+    assert out.index("resolved 2/4") < out.index("before/after:")  # after the after-run's own report
+    code, out, err = await orchard_async("eval", "--run", "after", "--compare", "nope", "--tasks", str(tasks),
+                                         "--experience-address", experience, "--wait", "0")
+    assert code == 1 and "run 'nope' has no rollouts" in err
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+async def test_train_follows_the_job_and_pushes_its_checkpoint(experience: str, tmp_path: Path) -> None:
+    """`orchard train --push` against real experience, trainer and inference services (a tiny model, so steps take
+    milliseconds): progress per step, the result, the new weights served; a failed job exits 1 with its error;
+    Ctrl-C cancels the job."""
+    from orchard.inference.v1 import inference_pb2, inference_pb2_grpc
+    from orchard.services.inference import server as inference_server
+    from orchard.services.inference.settings import InferenceSettings
+    from orchard.services.trainer import server as trainer_server
+    from orchard.services.trainer.settings import TrainerSettings
+    from orchard.trainer.v1 import trainer_pb2 as pb
+    from orchard.trainer.v1 import trainer_pb2_grpc
+    from trainer_helpers import tiny_model
+
+    tiny = tiny_model(tmp_path / "tiny")
+    inference, _ = await inference_server.build(InferenceSettings(port=0, model=str(tiny), log_format="text",
+                                                                  grace_period_s=1))
+    inference_address = f"127.0.0.1:{await inference.start()}"
+    trainer, _ = await trainer_server.build(TrainerSettings(
+        port=0, jobs_dir=tmp_path / "jobs", log_format="text", grace_period_s=1, experience_address=experience,
+        inference_address=inference_address))
+    trainer_address = f"127.0.0.1:{await trainer.start()}"
+    try:
+        async with grpc.aio.insecure_channel(trainer_address) as channel:
+            stub = trainer_pb2_grpc.TrainerServiceStub(channel)
+            addresses = ["--trainer-address", trainer_address, "--inference-address", inference_address,
+                         "--base-model", str(tiny)]
+            code, out, err = await orchard_async("train", "--run", "before", "--epochs", "2", "--batch", "2",
+                                                 "--lr", "1e-3", "--job-id", "cli-sft", "--push", *addresses)
+            assert code == 0, out + err
+            assert "job cli-sft: sft of" in err and "rollouts of run before" in err
+            assert [line.split()[1] for line in err.splitlines() if line.startswith("[")] == ["step"] * 4
+            assert "step 4/4  loss " in err and "tokens/s" in err and "job cli-sft SUCCEEDED" in err
+            assert "job cli-sft SUCCEEDED in " in out and "4 steps on 4 samples, final loss " in out
+            assert "checkpoint cli-sft-step-4 at " in out
+            assert "served weights version: cli-sft-step-4" in out
+            async with grpc.aio.insecure_channel(inference_address) as channel:
+                models = await inference_pb2_grpc.InferenceServiceStub(channel).ListModels(
+                    inference_pb2.ListModelsRequest(), timeout=10)
+            assert [m.weights_version for m in models.models] == ["cli-sft-step-4"]
+            status = await orchard_async("status", "--env-address", f"127.0.0.1:{_free_port()}",
+                                         "--trainer-address", trainer_address)
+            assert "SERVING, jobs: 1 (0 running)" in status[1]
+
+            # A job that fails: non-zero exit with the job's error.
+            code, out, err = await orchard_async("train", "--run", "no-such-run", "--job-id", "cli-empty", *addresses)
+            assert code == 1 and "job cli-empty FAILED" in err and "selects no records" in err
+
+            # Ctrl-C while it trains: the job is cancelled before the command exits.
+            proc = await asyncio.create_subprocess_exec(
+                ORCHARD, "train", "--run", "before", "--epochs", "100000", "--batch", "2", "--job-id", "cli-long",
+                *addresses, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            assert proc.stderr is not None
+            async with asyncio.timeout(120):
+                while b"step " not in await proc.stderr.readline():
+                    pass
+            proc.send_signal(signal.SIGINT)
+            async with asyncio.timeout(60):
+                _, err_b = await proc.communicate()
+            assert proc.returncode == 130, err_b.decode()
+            assert "cancelling job cli-long" in err_b.decode() and "job cli-long CANCELLED at step" in err_b.decode()
+            job = (await stub.GetJob(pb.GetJobRequest(job_id="cli-long"))).job
+            assert job.state == pb.JOB_STATE_CANCELLED and 0 < job.progress.step < 200000
+    finally:
+        await trainer.stop()
+        await inference.stop()
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["train"], "the following arguments are required: --run"),
+    (["train", "--run", "r", "--epochs", "0"], "--epochs: must be at least 1, got 0"),
+    (["train", "--run", "r", "--lr=-1"], "--lr: must be above 0"),
+    (["train", "--run", "r", "--batch", "two"], "--batch: 'two' is not a whole number"),
+    (["train", "--run", "r", "--kind", "rl"], "invalid choice: 'rl'"),
+])
+def test_train_refuses_bad_arguments(args: list[str], words: str) -> None:
+    bad = orchard(*args)
+    assert bad.returncode == 2 and words in bad.stderr, bad.stderr
+
+
+def test_train_and_eval_say_what_is_wrong() -> None:
+    """An unreachable trainer or inference service, and --compare without --run: one clear line each, quickly."""
+    start = time.monotonic()
+    port = _free_port()
+    down = orchard("train", "--run", "r", "--trainer-address", f"127.0.0.1:{port}")
+    assert down.returncode == 1 and f"cannot reach the trainer service at 127.0.0.1:{port}" in down.stderr
+    assert "orchard up" in down.stderr and "Traceback" not in down.stderr
+    no_push = orchard("train", "--run", "r", "--push", "--inference-address", f"127.0.0.1:{port}")
+    assert no_push.returncode == 1 and f"cannot reach the inference service at 127.0.0.1:{port}" in no_push.stderr
+    assert time.monotonic() - start < 30
+    compare = orchard("eval", "rollouts.jsonl", "--compare", "before")
+    assert compare.returncode == 1 and "give the later one with --run" in compare.stderr

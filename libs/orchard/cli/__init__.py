@@ -34,7 +34,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     return asyncio.run(up(args.host, args.nats_port, args.env_port, Path(args.state_dir), args.log_format,
                           inference_port=None if args.no_inference else args.inference_port,
                           inference_http_port=args.inference_http_port,
-                          experience_port=None if args.no_experience else args.experience_port))
+                          experience_port=None if args.no_experience else args.experience_port,
+                          trainer_port=None if args.no_trainer else args.trainer_port))
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -48,7 +49,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     from orchard.cli.status import print_rows, status
 
     rows = asyncio.run(status(args.env_address, args.nats_address, args.token, args.inference_address or None,
-                              args.experience_address or None))
+                              args.experience_address or None, args.trainer_address or None))
     print_rows(rows)
     return 0 if all(row.ok for row in rows) else 1
 
@@ -143,6 +144,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--experience-port", type=int, default=50055,
                    help="gRPC port of the experience service (rollout events -> SQLite under --state-dir)")
     p.add_argument("--no-experience", action="store_true", help="do not start the experience service")
+    p.add_argument("--trainer-port", type=int, default=50056,
+                   help="gRPC port of the trainer service (jobs under --state-dir/trainer; it starts only with the "
+                   "inference and experience services)")
+    p.add_argument("--no-trainer", action="store_true", help="do not start the trainer service")
     p.set_defaults(func=cmd_up)
 
     p = sub.add_parser("serve", help="run one service (flags after the name go to the service; --help lists them)")
@@ -157,6 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also check the inference service there (orchard up serves it on 127.0.0.1:50052)")
     p.add_argument("--experience-address", default="",
                    help="also check the experience service there (orchard up serves it on 127.0.0.1:50055)")
+    p.add_argument("--trainer-address", default="",
+                   help="also check the trainer service there (orchard up serves it on 127.0.0.1:50056)")
     p.add_argument("--token", default=None, help="bearer token, when the services require one")
     p.set_defaults(func=cmd_status)
 
@@ -193,12 +200,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = isub.add_parser("ls", help="list images")
     p.set_defaults(func=cmd_image_ls)
 
-    # These two import their heavy parts only when run.
+    # These import their heavy parts only when run.
     from orchard.cli import eval as eval_cli
     from orchard.cli import rollout as rollout_cli
+    from orchard.cli import train as train_cli
 
     rollout_cli.add_parser(sub)
     eval_cli.add_parser(sub)
+    train_cli.add_parser(sub)
     return parser
 
 

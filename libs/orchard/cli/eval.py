@@ -1,6 +1,7 @@
 """`orchard eval`: the report of stored rollouts (pass@1, pass@k, the resolved list and a per-task table), from
 their outcome rewards or regraded in fresh sandboxes. The rollouts come from a trajectories.jsonl or, with
-`--run`, from the experience service; `--gold` grades a task set's own gold patches instead."""
+`--run`, from the experience service; `--gold` grades a task set's own gold patches instead. `--compare` sets
+two runs side by side (before and after training)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--experience-address", default="127.0.0.1:50055", help="the experience service (with --run)")
     p.add_argument("--wait", type=float, default=60, help="with --run: seconds to wait for the service to store "
                    "every rollout of the run (finished, with its grade)")
+    p.add_argument("--compare", default=None, metavar="BEFORE_RUN", help="with --run: then compare the run with "
+                   "this earlier one (resolved, pass@1, pass@k, mean outcome reward, policy weights)")
     p.add_argument("--tasks", default="toyrepair", help="the task set the rollouts ran on (bundled name or file)")
     p.add_argument("--regrade", action="store_true", help="grade the final patches again in fresh sandboxes")
     p.add_argument("--gold", action="store_true", help="grade every task's gold patch (validates a task set)")
@@ -119,6 +122,32 @@ async def stored_run(address: str, run_id: str, *, wait_s: float, graded: bool =
             await asyncio.sleep(POLL_S)
 
 
+def mean_outcome_reward(trajectories: list[tpb.Trajectory]) -> float | None:
+    """The mean of the rollouts' latest outcome rewards; None when none has one."""
+    from orchard.types.v1 import types_pb2 as tpb
+
+    values = [[r.value for r in t.rewards if r.kind == tpb.REWARD_KIND_OUTCOME] for t in trajectories]
+    latest = [v[-1] for v in values if v]
+    return sum(latest) / len(latest) if latest else None
+
+
+def format_comparison(before: dict[str, object], after: dict[str, object], before_rollouts: list[tpb.Trajectory],
+                      after_rollouts: list[tpb.Trajectory], k: int) -> str:
+    """Two runs' reports side by side: resolved, pass@1, pass@k, mean outcome reward and the policy's weights."""
+    def figures(report: dict[str, object], rollouts: list[tpb.Trajectory]) -> list[str]:
+        at_k, reward = report.get(f"pass@{k}"), mean_outcome_reward(rollouts)
+        weights = sorted({t.policy.weights_version or "(none)" for t in rollouts})
+        return [f"{report['resolved_instances']}/{report['submitted_instances']}", f"{report['pass@1']:.3f}",
+                "-" if at_k is None else f"{at_k:.3f}", "-" if reward is None else f"{reward:.3f}",
+                ", ".join(weights)]
+
+    names = ["resolved", "pass@1", f"pass@{k}", "mean reward", "weights"]
+    old, new = figures(before, before_rollouts), figures(after, after_rollouts)
+    lines = [f"before/after: run {before['run_id']} -> run {after['run_id']}"]
+    lines += [f"  {name:<12} {a} -> {b}" for name, a, b in zip(names, old, new, strict=True)]
+    return "\n".join(lines)
+
+
 def report_of(trajectories: list[tpb.Trajectory], grades: list[GradeResult], instances: dict[str, TaskInstance],
               k: int | None = None) -> dict[str, object]:
     """The report of graded rollouts, over the tasks they ran on in the task set's order (as `orchard rollout`)."""
@@ -142,33 +171,43 @@ async def evaluate(args: argparse.Namespace) -> int:
     if sum(bool(x) for x in (args.rollouts, args.run, args.gold)) != 1:
         raise InvalidArgument("give exactly one of a trajectories.jsonl (from `orchard rollout`), "
                               "--run RUN_ID (from the experience service) or --gold")
+    if args.compare and not args.run:
+        raise InvalidArgument("--compare BEFORE_RUN compares two runs of the experience service: give the later "
+                              "one with --run")
     instances = {i.instance_id: i for i in load_instances(args.tasks)}
-    if args.gold:
-        pairs = [(i, i.patch, 0) for i in instances.values()]
-        stored = []
-    else:
-        if args.run:
-            stored = await stored_run(args.experience_address, args.run, wait_s=args.wait, graded=not args.regrade)
-        else:
-            stored = [json_format.Parse(line, tpb.Trajectory())
-                      for line in Path(args.rollouts).read_text().splitlines() if line.strip()]
+
+    def checked(stored: list[tpb.Trajectory]) -> list[tpb.Trajectory]:
         unknown = sorted({t.task_id for t in stored} - set(instances))
         if unknown:
             raise InvalidArgument(f"tasks {unknown} are not in {args.tasks}; pass the task set with "
                                   "--tasks")
-        pairs = [(instances[t.task_id], t.final_patch, t.sample_index) for t in stored]
-    if args.gold or args.regrade:
+        return stored
+
+    async def grades(stored: list[tpb.Trajectory]) -> list[GradeResult]:
+        """The rollouts' grades: stored with them, or new ones from fresh sandboxes (--gold, --regrade)."""
+        if not (args.gold or args.regrade):
+            graded = [grade_from_trajectory(t) for t in stored]
+            if None in graded:
+                raise FailedPrecondition("some rollouts carry no outcome reward; rerun with --regrade")
+            return [g for g in graded if g is not None]
+        pairs = ([(i, i.patch, 0) for i in instances.values()] if args.gold
+                 else [(instances[t.task_id], t.final_patch, t.sample_index) for t in stored])
         slots = asyncio.Semaphore(args.concurrency)
         async with AsyncSandboxClient(args.env_address) as client:
             async def one(instance, patch, sample):  # type: ignore[no-untyped-def]
                 async with slots:
                     return await grade(client, instance, patch, sample_index=sample)
-            results = list(await asyncio.gather(*(one(*p) for p in pairs)))
+            return list(await asyncio.gather(*(one(*p) for p in pairs)))
+
+    if args.gold:
+        stored = []
+    elif args.run:
+        stored = checked(await stored_run(args.experience_address, args.run, wait_s=args.wait,
+                                          graded=not args.regrade))
     else:
-        graded = [grade_from_trajectory(t) for t in stored]
-        if None in graded:
-            raise FailedPrecondition("some rollouts carry no outcome reward; rerun with --regrade")
-        results = [g for g in graded if g is not None]
+        stored = checked([json_format.Parse(line, tpb.Trajectory())
+                          for line in Path(args.rollouts).read_text().splitlines() if line.strip()])
+    results = await grades(stored)
     report = report_of(stored, results, instances, k=args.k)
     print(format_table(report))
     print(f"resolved: {', '.join(report['resolved_ids']) or '(none)'}")  # type: ignore[arg-type]
@@ -180,6 +219,11 @@ async def evaluate(args: argparse.Namespace) -> int:
     if target is not None:
         target.write_text(json.dumps(report, indent=2) + "\n")
         print(f"report written to {target}")
+    if args.compare:
+        before = checked(await stored_run(args.experience_address, args.compare, wait_s=args.wait,
+                                          graded=not args.regrade))
+        k = args.k or int(report["samples_per_instance"])  # type: ignore[call-overload]
+        print(format_comparison(report_of(before, await grades(before), instances, k=k), report, before, stored, k))
     return 0
 
 

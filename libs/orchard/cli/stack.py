@@ -82,11 +82,13 @@ async def _wait_ready(child: Child, check: object, deadline_s: float) -> None:
 
 async def up(host: str, nats_port: int, env_port: int, state_dir: Path, log_format: str, *,
              inference_port: int | None = None, inference_http_port: int | None = None,
-             experience_port: int | None = None) -> int:
+             experience_port: int | None = None, trainer_port: int | None = None) -> int:
     """Start nats-server (JetStream) and every service; stop them all on Ctrl-C/SIGTERM or if one dies.
 
     inference_port None skips the inference service (it serves the embedded model, converted once on first use);
-    experience_port None skips the experience service (rollout events then wait in the stream until one runs).
+    experience_port None skips the experience service (rollout events then wait in the stream until one runs);
+    trainer_port None skips the trainer service, which starts only with both of them (it trains on the
+    experience service's rollouts and pushes weights to the inference service).
     """
     state_dir.mkdir(parents=True, exist_ok=True)
     children: list[Child] = []
@@ -122,6 +124,14 @@ async def up(host: str, nats_port: int, env_port: int, state_dir: Path, log_form
             children.append(Child("inference", f"{host}:{inference_port}", inference))
             # The first start converts the embedded GGUF once (~25 s); later starts load in a few seconds.
             await _wait_ready(children[-1], lambda: _grpc_ready(f"{host}:{inference_port}"), 300)
+        if trainer_port is not None and inference_port is not None and experience_port is not None:
+            trainer = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", SERVICES["trainer"], "--host", host, "--port", str(trainer_port),
+                "--jobs-dir", str(state_dir / "trainer"), "--inference-address", f"{host}:{inference_port}",
+                "--experience-address", f"{host}:{experience_port}", "--env-address", f"{host}:{env_port}",
+                "--log-format", log_format, start_new_session=True)
+            children.append(Child("trainer", f"{host}:{trainer_port}", trainer))
+            await _wait_ready(children[-1], lambda: _grpc_ready(f"{host}:{trainer_port}"), 60)
         print("orchard up: the local stack is ready (Ctrl-C stops it)", file=sys.stderr)
         for child in children:
             print(f"  {child.name:<10} {child.address}", file=sys.stderr)

@@ -12,6 +12,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from orchard.env.v1 import env_pb2, env_pb2_grpc
 from orchard.experience.v1 import experience_pb2, experience_pb2_grpc
 from orchard.inference.v1 import inference_pb2, inference_pb2_grpc
+from orchard.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 
 
 @dataclass(frozen=True)
@@ -96,14 +97,40 @@ async def experience_row(address: str, token: str | None) -> Row:
                f"({stats.total.finished_count} finished)")
 
 
+async def trainer_row(address: str, token: str | None) -> Row:
+    metadata = (("authorization", f"Bearer {token}"),) if token else ()
+    jobs: list[trainer_pb2.Job] = []
+    async with grpc.aio.insecure_channel(address) as channel:
+        try:
+            health = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=2)
+            if health.status != health_pb2.HealthCheckResponse.SERVING:
+                return Row("trainer", address, False,
+                           health_pb2.HealthCheckResponse.ServingStatus.Name(health.status))
+            stub = trainer_pb2_grpc.TrainerServiceStub(channel)  # type: ignore[no-untyped-call]
+            request = trainer_pb2.ListJobsRequest(page_size=1000)
+            while True:
+                page = await stub.ListJobs(request, timeout=5, metadata=metadata)
+                jobs += page.jobs
+                request.page_token = page.next_page_token
+                if not request.page_token:
+                    break
+        except grpc.aio.AioRpcError as err:
+            return Row("trainer", address, False, f"{err.code().name}: {err.details()}")
+    running = sum(job.state == trainer_pb2.JOB_STATE_RUNNING for job in jobs)
+    return Row("trainer", address, True, f"SERVING, jobs: {len(jobs)} ({running} running)")
+
+
 async def status(env_address: str, nats_address: str, token: str | None,
-                 inference_address: str | None = None, experience_address: str | None = None) -> list[Row]:
-    """Rows for NATS, env and, when their addresses are given, inference and experience."""
+                 inference_address: str | None = None, experience_address: str | None = None,
+                 trainer_address: str | None = None) -> list[Row]:
+    """Rows for NATS, env and, when their addresses are given, inference, experience and trainer."""
     checks = [nats_row(nats_address), env_row(env_address, token)]
     if inference_address:
         checks.append(inference_row(inference_address, token))
     if experience_address:
         checks.append(experience_row(experience_address, token))
+    if trainer_address:
+        checks.append(trainer_row(trainer_address, token))
     return list(await asyncio.gather(*checks))
 
 

@@ -1,0 +1,264 @@
+"""`orchard train`: one training job of the trainer service (SFT or credit-assignment SFT) on a run's rollouts as
+the experience service stores them, with a live progress line; `--push` then loads the job's final checkpoint into
+the inference service, so the next `orchard rollout` samples from the trained weights."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the CLI imports this module at start: gRPC stubs are imported when the command runs
+    import grpc
+
+    from orchard.errors import OrchardError
+    from orchard.inference.v1 import inference_pb2
+    from orchard.trainer.v1 import trainer_pb2 as pb
+    from orchard.trainer.v1 import trainer_pb2_grpc
+
+KINDS = {"sft": "JOB_KIND_SFT", "ca-sft": "JOB_KIND_CREDIT_ASSIGNMENT_SFT"}
+"""--kind -> the job kind it creates."""
+STREAM_S = 300.0
+"""Deadline of one StreamJobEvents call; a longer job is followed by asking again (the stream restarts with the
+job as it is)."""
+CALL_S = 30.0
+"""Deadline of the short calls (create, get, cancel, list models)."""
+PUSH_S = 300.0
+"""Deadline of UpdateWeights: the swap waits for the requests in flight to finish."""
+
+
+def _count(least: int):  # type: ignore[no-untyped-def]
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
+        return value
+    return parse
+
+
+def _rate(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
+    return value
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("train", help="train the model on a run's stored rollouts (a trainer-service job), "
+                       "optionally pushing the new weights to the inference service")
+    p.add_argument("--run", required=True, help="train on this run's rollouts, as the experience service stores them")
+    p.add_argument("--kind", choices=sorted(KINDS), default="sft",
+                   help="sft: every rollout's assistant turns; ca-sft: resolved rollouts plus the steps of "
+                   "unresolved ones that raised the estimated chance of success (default: sft)")
+    p.add_argument("--resolved-only", action="store_true", help="only the run's resolved rollouts")
+    p.add_argument("--epochs", type=_count(1), default=1, help="passes over the rollouts (default: 1)")
+    p.add_argument("--max-steps", type=_count(0), default=0, help="stop after this many optimiser steps "
+                   "(default: 0, all epochs)")
+    p.add_argument("--lr", type=_rate, default=None, help="peak learning rate (default: the recipe's, 1e-5)")
+    p.add_argument("--batch", type=_count(1), default=None, help="rollouts per optimiser step (default: the "
+                   "trainer's, 8)")
+    p.add_argument("--max-seq-len", type=_count(1), default=None, help="longest training sequence in tokens; longer "
+                   "rollouts lose their oldest tokens (default: the trainer's, 2048)")
+    p.add_argument("--base-model", default="", help="the model to start from: a Hugging Face folder, a .gguf file "
+                   "or another job's checkpoint (default: the embedded model, as the inference service serves it)")
+    p.add_argument("--push", action="store_true", help="load the final checkpoint into the inference service's "
+                   "default model (UpdateWeights) and print the weights version it serves")
+    p.add_argument("--job-id", default="", help="the job's id (default: one the trainer service picks)")
+    p.add_argument("--trainer-address", default="127.0.0.1:50056", help="the trainer service (orchard up starts it)")
+    p.add_argument("--inference-address", default="127.0.0.1:50052", help="the inference service (with --push)")
+    p.set_defaults(func=cmd_train)
+
+
+def _rpc_error(err: grpc.aio.AioRpcError, service: str, address: str, flag: str) -> OrchardError:
+    import grpc
+
+    from orchard.errors import Unavailable, from_rpc_error
+
+    if err.code() == grpc.StatusCode.UNAVAILABLE:
+        return Unavailable(f"cannot reach the {service} service at {address} ({err.details()}); start the stack "
+                           f"with `orchard up` or pass {flag}")
+    return from_rpc_error(err)
+
+
+class Progress:
+    """The job's progress on stderr: one updating line on a terminal, one line per step in a log."""
+
+    def __init__(self) -> None:
+        self.tty = sys.stderr.isatty()
+        self.dangling = False
+        self.started = time.monotonic()
+
+    def step(self, p: pb.JobProgress) -> None:
+        width = 30
+        filled = width * p.step // p.total_steps if p.total_steps else 0
+        speed = p.metrics.get("tokens_per_second")
+        text = (f"[{'#' * filled}{'.' * (width - filled)}] step {p.step}/{p.total_steps or '?'}  loss {p.loss:.4f}"
+                f"  {'-' if speed is None else f'{speed:,.0f}'} tokens/s  epoch {p.epoch:.2f}  "
+                f"{time.monotonic() - self.started:.0f}s")
+        if self.tty:
+            print(f"\r{text}", end="", file=sys.stderr, flush=True)
+            self.dangling = True
+        else:
+            print(text, file=sys.stderr, flush=True)
+
+    def line(self, text: str) -> None:
+        if self.dangling:
+            print(file=sys.stderr)
+            self.dangling = False
+        print(text, file=sys.stderr, flush=True)
+
+
+async def follow(stub: trainer_pb2_grpc.TrainerServiceStub, job_id: str, progress: Progress,
+                 address: str) -> pb.Job:
+    """The job once it has ended, showing its state changes, steps and checkpoints as they come."""
+    import grpc
+
+    from orchard.trainer.v1 import trainer_pb2 as pb
+
+    done = (pb.JOB_STATE_SUCCEEDED, pb.JOB_STATE_FAILED, pb.JOB_STATE_CANCELLED)
+    state = pb.JOB_STATE_UNSPECIFIED
+    while True:
+        job = None
+        try:
+            async for event in stub.StreamJobEvents(pb.StreamJobEventsRequest(job_id=job_id), timeout=STREAM_S):
+                which = event.WhichOneof("event")
+                if which == "job":
+                    job = event.job
+                    if job.state != state:
+                        state = job.state
+                        progress.line(f"job {job_id} {pb.JobState.Name(state).removeprefix('JOB_STATE_')}")
+                elif which == "progress":
+                    progress.step(event.progress)
+                elif which == "checkpoint":
+                    progress.line(f"checkpoint {event.checkpoint.version} at {event.checkpoint.path}")
+        except grpc.aio.AioRpcError as err:
+            if err.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise _rpc_error(err, "trainer", address, "--trainer-address") from None
+        if job is not None and job.state in done:
+            return job
+        # The stream ended before the job (its deadline, or the service cut off a slow reader): follow it again.
+
+
+async def cancel(stub: trainer_pb2_grpc.TrainerServiceStub, job_id: str, progress: Progress) -> None:
+    """Cancel the job (Ctrl-C), saying where it stopped."""
+    import grpc
+
+    from orchard.trainer.v1 import trainer_pb2 as pb
+
+    progress.line(f"cancelling job {job_id} ...")
+    try:
+        job = (await stub.CancelJob(pb.CancelJobRequest(job_id=job_id), timeout=CALL_S)).job
+    except grpc.aio.AioRpcError as err:
+        progress.line(f"orchard train: could not cancel job {job_id}: {err.code().name}: {err.details()}")
+        return
+    kept = f"; its checkpoints are kept (latest {job.latest_checkpoint.version})" if job.latest_checkpoint.version else ""
+    progress.line(f"job {job_id} {pb.JobState.Name(job.state).removeprefix('JOB_STATE_')} at step "
+                  f"{job.progress.step}{kept}")
+
+
+async def served_model(address: str) -> inference_pb2.Model:
+    """The inference service's default model; Unavailable naming the fix when the service is down."""
+    import grpc
+
+    from orchard.errors import FailedPrecondition
+    from orchard.inference.v1 import inference_pb2, inference_pb2_grpc
+
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = inference_pb2_grpc.InferenceServiceStub(channel)  # type: ignore[no-untyped-call]
+        try:
+            models = (await stub.ListModels(inference_pb2.ListModelsRequest(), timeout=CALL_S)).models
+        except grpc.aio.AioRpcError as err:
+            raise _rpc_error(err, "inference", address, "--inference-address (or drop --push)") from None
+    default = [m for m in models if m.is_default] or list(models)
+    if not default:
+        raise FailedPrecondition(f"the inference service at {address} serves no model to push the weights to")
+    return default[0]
+
+
+async def push(address: str, checkpoint: pb.Checkpoint) -> inference_pb2.UpdateWeightsResponse:
+    """Load the checkpoint into the inference service's default model."""
+    import grpc
+
+    from orchard.inference.v1 import inference_pb2, inference_pb2_grpc
+
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = inference_pb2_grpc.InferenceServiceStub(channel)  # type: ignore[no-untyped-call]
+        try:
+            return await stub.UpdateWeights(inference_pb2.UpdateWeightsRequest(
+                checkpoint_path=checkpoint.path, weights_version=checkpoint.version), timeout=PUSH_S)
+        except grpc.aio.AioRpcError as err:
+            raise _rpc_error(err, "inference", address, "--inference-address") from None
+
+
+async def train(args: argparse.Namespace) -> int:
+    import grpc
+
+    from orchard.errors import FailedPrecondition
+    from orchard.experience.v1 import experience_pb2 as epb
+    from orchard.trainer.v1 import trainer_pb2 as pb
+    from orchard.trainer.v1 import trainer_pb2_grpc
+    from orchard.types.v1 import types_pb2 as tpb
+
+    # 1. What the job needs, checked before it starts: the model to push to.
+    if args.push:
+        await served_model(args.inference_address)
+    rollouts = epb.TrajectoryFilter(run_ids=[args.run])
+    if args.resolved_only:
+        rollouts.outcome_status = tpb.OUTCOME_STATUS_RESOLVED
+    config = pb.JobConfig(
+        kind=pb.JobKind.Value(KINDS[args.kind]), base_model=args.base_model,
+        dataset=pb.DatasetSource(experience=rollouts),
+        hyperparameters=pb.Hyperparameters(learning_rate=args.lr or 0, epochs=args.epochs, max_steps=args.max_steps,
+                                           global_batch_size=args.batch or 0, max_seq_len=args.max_seq_len or 0))
+    progress = Progress()
+    async with grpc.aio.insecure_channel(args.trainer_address) as channel:
+        stub = trainer_pb2_grpc.TrainerServiceStub(channel)  # type: ignore[no-untyped-call]
+        # 2. The job, followed until it ends; Ctrl-C cancels it.
+        try:
+            job = (await stub.CreateJob(pb.CreateJobRequest(
+                config=config, job_id=args.job_id, display_name=f"{args.kind} on run {args.run}"),
+                timeout=CALL_S)).job
+        except grpc.aio.AioRpcError as err:
+            raise _rpc_error(err, "trainer", args.trainer_address, "--trainer-address") from None
+        progress.line(f"job {job.job_id}: {args.kind} of {args.base_model or 'the embedded model'} on the "
+                      f"{'resolved ' if args.resolved_only else ''}rollouts of run {args.run} ({args.trainer_address})")
+        try:
+            job = await follow(stub, job.job_id, progress, args.trainer_address)
+        except asyncio.CancelledError:  # Ctrl-C: the job must not train on unattended
+            await cancel(stub, job.job_id, progress)
+            raise
+    # 3. The result, and the new weights served.
+    state = pb.JobState.Name(job.state).removeprefix("JOB_STATE_")
+    if job.state != pb.JOB_STATE_SUCCEEDED:
+        why = f": {job.error}" if job.error else ""
+        print(f"orchard train: job {job.job_id} {state} at step {job.progress.step}{why}", file=sys.stderr)
+        return 1
+    metrics = job.progress.metrics
+    took = (job.end_time.ToNanoseconds() - job.start_time.ToNanoseconds()) / 1e9
+    samples = f" on {metrics['samples']:.0f} samples" if "samples" in metrics else ""
+    steps = job.progress.step
+    print(f"job {job.job_id} {state} in {took:.0f}s: {steps} step{'' if steps == 1 else 's'}{samples}, final loss "
+          f"{job.progress.loss:.4f}")
+    checkpoint = job.latest_checkpoint
+    if not checkpoint.version:
+        raise FailedPrecondition(f"job {job.job_id} succeeded but reported no checkpoint; see its log under the "
+                                 "trainer's jobs folder")
+    print(f"checkpoint {checkpoint.version} at {checkpoint.path}")
+    if args.push:
+        pushed = await push(args.inference_address, checkpoint)
+        print(f"pushed {checkpoint.version} to {pushed.model.model_id} at {args.inference_address} (weights were "
+              f"{pushed.previous_weights_version}, loaded in {pushed.load_duration.ToNanoseconds() / 1e9:.1f}s)")
+        print(f"served weights version: {pushed.model.weights_version}")
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    return asyncio.run(train(args))
