@@ -98,3 +98,16 @@ def rollout(run_id: str, trajectory_id: str, task_id: str, *, steps: int = 2, st
         final.rewards.append(outcome(status, 1.0 if status == tpb.OUTCOME_STATUS_RESOLVED else -1.0))
         out.append(events.finished(final))
     return out
+
+
+async def publish_and_store(nats_url: str, published: list[pb.RolloutEvent], store: object,
+                            timeout_s: float = 20) -> None:
+    """Publish `published` to the bus and wait until the experience store holds every event."""
+    import asyncio
+
+    async with events.EventPublisher.connect(nats_url) as publisher:
+        for event in published:
+            await publisher.publish(event)
+    async with asyncio.timeout(timeout_s):
+        while await store.count_events() < len(published):  # type: ignore[attr-defined]
+            await asyncio.sleep(0.05)

@@ -168,8 +168,7 @@ def _task_file(path: Path, ids: list[str]) -> Path:
 async def experience(tmp_path: Path, nats_server: NatsServer) -> AsyncIterator[str]:
     """A real experience service holding run "before" (task-a resolved once of 2, task-b never; weights v1) and run
     "after" (both tasks resolved once of 2; weights v2); yields its address."""
-    from experience_helpers import rollout
-    from orchard import events
+    from experience_helpers import publish_and_store, rollout
     from orchard.services.experience.server import build
     from orchard.services.experience.settings import ExperienceSettings
     from orchard.types.v1 import types_pb2 as tpb
@@ -184,12 +183,7 @@ async def experience(tmp_path: Path, nats_server: NatsServer) -> AsyncIterator[s
         for i, status in enumerate(statuses):
             published += rollout(run, f"{run}-{i}", ["task-a", "task-b"][i // 2], status=status,
                                  weights_version=version)
-    async with events.EventPublisher.connect(nats_server.url) as publisher:
-        for event in published:
-            await publisher.publish(event)
-    async with asyncio.timeout(20):
-        while await store.count_events() < len(published):
-            await asyncio.sleep(0.05)
+    await publish_and_store(nats_server.url, published, store)
     yield f"127.0.0.1:{port}"
     await server.stop()
 

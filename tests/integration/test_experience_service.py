@@ -13,7 +13,7 @@ from pathlib import Path
 import grpc
 import pyarrow.parquet as pq
 import pytest
-from experience_helpers import NatsServer, outcome, rollout, stamp
+from experience_helpers import NatsServer, outcome, publish_and_store, rollout, stamp
 from orchard import events
 from orchard.experience.v1 import experience_pb2 as pb
 from orchard.experience.v1 import experience_pb2_grpc
@@ -43,12 +43,7 @@ async def stub(tmp_path: Path, nats_server: NatsServer) -> AsyncIterator[Stub]:
         *rollout("run-b", "t5", "task-a", finish=False),
         events.reward("run-a", "t0", tpb.Reward(kind=tpb.REWARD_KIND_RPR, value=1.3), 0),
     ]
-    async with events.EventPublisher.connect(nats_server.url) as publisher:
-        for event in published:
-            await publisher.publish(event)
-    async with asyncio.timeout(20):
-        while await store.count_events() < len(published):
-            await asyncio.sleep(0.05)
+    await publish_and_store(nats_server.url, published, store)
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
         yield Stub(channel)
     await server.stop()
