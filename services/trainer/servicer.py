@@ -51,6 +51,7 @@ def validate(config: pb.JobConfig) -> None:
         if source != "path":
             raise InvalidArgument("an RL job needs dataset.path: its task source (a task file, a folder, or a "
                                   "bundled task set such as 'toyrepair')", field="config.dataset.path")
+        resolve_source(config.dataset.path)  # NotFound naming the bundled sets
     elif source is None:
         raise InvalidArgument("the job has no data; set dataset.experience (a trajectory filter) or dataset.path "
                               "(a JSONL file)", field="config.dataset")
@@ -81,6 +82,13 @@ def validate(config: pb.JobConfig) -> None:
             raise FailedPrecondition(f"compute.gpus_per_node is {compute.gpus_per_node} but this machine has "
                                      f"{torch.cuda.device_count()} GPU(s); use cpu_processes on a CPU machine",
                                      field="config.compute.gpus_per_node")
+    if config.kind == pb.JOB_KIND_RL:
+        from orchard.trainers import optim, rl_job
+
+        rl_job.settings(config, optim.resolve(h, config.kind))  # refuses what the RL recipe cannot run, at create
+        if compute.cpu_processes > 1:
+            raise Unimplemented("RL jobs run in one process; set compute.cpu_processes to 0 or 1",
+                                field="config.compute.cpu_processes")
     if config.extra_args:
         raise InvalidArgument(f"extra_args {sorted(config.extra_args)} are not settings any recipe knows; use the "
                               "typed recipe fields", field="config.extra_args")

@@ -181,6 +181,19 @@ async def test_bad_requests_get_clear_statuses(tiny: Path, data: Path, tmp_path:
         extra.extra_args["magic"] = "1"
         assert (await code(extra))[0] == grpc.StatusCode.INVALID_ARGUMENT
         assert (await code(good, job_id="Bad_Id"))[0] == grpc.StatusCode.INVALID_ARGUMENT
+        rl = pb.JobConfig(kind=pb.JOB_KIND_RL, dataset=pb.DatasetSource(path="toyrepair"))
+        rl.rl.algorithm = pb.RL_ALGORITHM_GSPO
+        assert (await code(rl))[0] == grpc.StatusCode.UNIMPLEMENTED
+        rl.rl.algorithm = pb.RL_ALGORITHM_GRPO
+        rl.rl.max_staleness = 3
+        c, msg = await code(rl)
+        assert c == grpc.StatusCode.INVALID_ARGUMENT and "max_staleness" in msg
+        rl.rl.max_staleness = 0
+        rl.compute.cpu_processes = 2
+        assert (await code(rl))[0] == grpc.StatusCode.UNIMPLEMENTED
+        rl.compute.cpu_processes = 0
+        rl.dataset.path = "no-such-task-set"
+        assert (await code(rl))[0] == grpc.StatusCode.NOT_FOUND
         eval_unknown = sft_config(tiny, data)
         eval_unknown.dataset.eval_task_files.append("no-such-set")
         assert (await code(eval_unknown))[0] == grpc.StatusCode.NOT_FOUND

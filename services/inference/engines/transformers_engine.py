@@ -212,14 +212,16 @@ class TransformersEngine(Engine):
         try:
             await self._in_worker(self._batch.load_weights, path)
         except Exception as err:
-            future.set_exception(err if isinstance(err, InvalidArgument) else
-                                 InvalidArgument(f"cannot load checkpoint {path}: {err}", field="checkpoint_path"))
+            if not future.done():  # the caller may have gone away while the weights loaded
+                future.set_exception(err if isinstance(err, InvalidArgument) else
+                                     InvalidArgument(f"cannot load checkpoint {path}: {err}", field="checkpoint_path"))
             return
         self._info = ModelInfo(
             model_id=self.info.model_id, engine="transformers", checkpoint_path=str(path), weights_version=version,
             max_context_tokens=self.info.max_context_tokens, vocab_size=self.info.vocab_size, load_time=time.time())
         _log.info("now serving weights %s from %s", version, path)
-        future.set_result(self._info)
+        if not future.done():  # a caller that went away mid-load must not kill the scheduler (InvalidStateError)
+            future.set_result(self._info)
 
 
 def _load(path: Path, settings: InferenceSettings) -> Any:
