@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "integration"))  # the tiny-model helper and in-process service
 
 from orchard.trainer.v1 import trainer_pb2 as pb  # noqa: E402
-from trainer_helpers import tiny_model, trainer_service  # noqa: E402
+from trainer_service_helpers import tiny_model, trainer_service  # noqa: E402
 
 
 def dataset(path: Path, n: int, tokens: int) -> Path:

@@ -28,7 +28,7 @@ class HarnessRolloutSource:
     over all calls (each holds a sandbox, then a grading sandbox)."""
 
     def __init__(self, loop: AgentLoop, client: AsyncSandboxClient, make_harness: HarnessFactory, *,
-                 concurrency: int = 4, test_timeout_s: float = 600.0) -> None:
+                 concurrency: int = 4, test_timeout_s: float = 600.0, first_sample: int = 0) -> None:
         self.loop = loop
         self.client = client
         self.make_harness = make_harness
@@ -36,12 +36,14 @@ class HarnessRolloutSource:
         self.trajectories: list[tpb.Trajectory] = []
         """Every finished trajectory, with its reward, in the order they finished."""
         self._slots = asyncio.Semaphore(concurrency)
+        self.first_sample = first_sample
+        """Where every instance's sample indices start (a resumed RL job starts past the ones it already used)."""
         self._next_sample: dict[str, int] = {}
 
     async def sample(self, prompt: TaskInstance, n: int) -> list[Rollout]:
         """n fresh graded rollouts of `prompt`, with sample indices after the ones it already had."""
         # Reserved before the first await, so concurrent calls for one instance get disjoint indices.
-        first = self._next_sample.get(prompt.instance_id, 0)
+        first = self._next_sample.get(prompt.instance_id, self.first_sample)
         self._next_sample[prompt.instance_id] = first + n
         async with asyncio.TaskGroup() as group:
             tasks = [group.create_task(self._one(prompt, first + i)) for i in range(n)]

@@ -6,8 +6,8 @@ job runs and nothing is lost:
 
 - `job.json`      the job as the service created it (the service owns it);
 - `runtime.json`  the addresses of the other services (written by the service);
-- `events.jsonl`  one JSON object per line, appended by the main rank: {"kind": "progress" | "checkpoint" |
-                  "succeeded" | "failed" | "cancelled", "time": ..., ...};
+- `events.jsonl`  one JSON object per line, appended by the main rank: {"kind": "started" | "progress" |
+                  "checkpoint" | "succeeded" | "failed" | "cancelled", "time": ..., ...};
 - checkpoints     `<output_dir>/checkpoints/step-<N>/`: Hugging Face weights (config.json, model.safetensors,
                   tokenizer), `trainer_state.pt` (optimizer, scheduler, step, RNG) and `manifest.json`, written
                   last: a folder without a manifest is a half-written checkpoint and is ignored.
@@ -46,6 +46,8 @@ class Runtime:
     experience_address: str = "127.0.0.1:50055"
     env_address: str = "127.0.0.1:50051"
     reward_address: str = "127.0.0.1:50053"
+    nats_url: str = ""
+    """Where RL jobs publish their rollouts' events (to the experience store); empty publishes nothing."""
     model_cache_dir: str = ""
     """Where the embedded GGUF model is converted to a Hugging Face folder (the inference service's default)."""
 
@@ -69,6 +71,8 @@ class JobContext:
     job_dir: Path
     runtime: Runtime
     dist: Dist
+    attempt: int = 0
+    """How many workers ran this job before this one (0 on the first run; a resume after a crash is 1, ...)."""
     _stop: bool = field(default=False, repr=False)
     _last_progress: float = field(default=0.0, repr=False)
 
@@ -77,8 +81,11 @@ class JobContext:
         job = json_format.Parse((job_dir / JOB_FILE).read_text(), pb.Job())
         runtime_path = job_dir / RUNTIME_FILE
         runtime = Runtime(**json.loads(runtime_path.read_text())) if runtime_path.exists() else Runtime()
-        ctx = cls(job, job_dir, runtime, dist)
+        events = job_dir / EVENTS_FILE
+        attempt = sum('"kind": "started"' in line for line in events.read_text().splitlines()) if events.exists() else 0
+        ctx = cls(job, job_dir, runtime, dist, attempt)
         signal.signal(signal.SIGTERM, ctx._on_sigterm)
+        ctx.emit("started", attempt=attempt)
         return ctx
 
     @property

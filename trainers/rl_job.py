@@ -33,6 +33,7 @@ Choices [I]:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import math
@@ -47,6 +48,7 @@ import grpc
 import torch
 
 from orchard.errors import FailedPrecondition, InvalidArgument, Unimplemented, from_rpc_error
+from orchard.events import EventPublisher
 from orchard.harness import AgentLoop, EventSink, InferenceModel, Limits, NullSink, SamplingConfig, SWEHarness
 from orchard.inference.v1 import inference_pb2 as ipb
 from orchard.inference.v1 import inference_pb2_grpc
@@ -342,12 +344,14 @@ def update(model: Any, opt: torch.optim.Optimizer, rows: list[Row], s: Settings,
 
 
 def run(ctx: JobContext) -> None:
-    """The RL job, from its latest checkpoint when there is one; rollout events are not published."""
-    train(ctx, NullSink())
+    """The RL job, from its latest checkpoint when there is one; rollout events go to the runtime's NATS (none
+    when it has no nats_url)."""
+    train(ctx, None)
 
 
-def train(ctx: JobContext, sink: EventSink) -> None:
-    """The RL job, publishing every rollout's events to `sink` under run id = job id."""
+def train(ctx: JobContext, sink: EventSink | None) -> None:
+    """The RL job, publishing every rollout's events to `sink` under run id = job id (None: to the runtime's
+    NATS, when it names one)."""
     config = ctx.config
     if ctx.dist.world_size > 1:
         raise Unimplemented("RL jobs run in one process; set compute.cpu_processes to 1",
@@ -386,7 +390,7 @@ class RlRun:
     """Set by `run`, which owns the channels."""
 
     def __init__(self, ctx: JobContext, s: Settings, o: optim.Optim, instances: list[TaskInstance], task_set: str,
-                 model: Any, tokenizer: Any, opt: torch.optim.Optimizer, sink: EventSink) -> None:
+                 model: Any, tokenizer: Any, opt: torch.optim.Optimizer, sink: EventSink | None) -> None:
         self.ctx, self.s, self.o, self.instances, self.task_set = ctx, s, o, instances, task_set
         self.model, self.tokenizer, self.opt, self.sink = model, tokenizer, opt, sink
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -405,13 +409,23 @@ class RlRun:
             self.inference = inference_pb2_grpc.InferenceServiceStub(inference_channel)
             self.reward = reward_pb2_grpc.RewardServiceStub(reward_channel)
             pending: asyncio.Task[Collected] | None = None
+            events = contextlib.AsyncExitStack()
             try:
+                sink = self.sink
+                if sink is None:
+                    sink = (await events.enter_async_context(EventPublisher.connect(ctx.runtime.nats_url))
+                            if ctx.runtime.nats_url else NullSink())
                 await policy.connect()
                 if resume is not None:  # the service may serve older weights (it restarted, or a push was lost)
                     await self.push(resume.path, resume.version)
-                loop = AgentLoop(policy, s.limits, s.sampling, sink=self.sink, run_id=ctx.job_id)
+                loop = AgentLoop(policy, s.limits, s.sampling, sink=sink, run_id=ctx.job_id)
+                # Sample indices (and so trajectory ids) never repeat across the workers of one job: a step samples an
+                # instance at most once, so worker a (ctx.attempt) owns the range [a*T*P, (a+1)*T*P) per instance
+                # and a resumed worker never reuses the ids of the one it replaces (even its unfinished rollouts).
+                per_step = s.bar.n_max if s.bar else s.group_size
                 self.source = HarnessRolloutSource(
-                    loop, client, lambda t: SWEHarness(t, client, task_set=self.task_set), concurrency=s.concurrency)
+                    loop, client, lambda t: SWEHarness(t, client, task_set=self.task_set), concurrency=s.concurrency,
+                    first_sample=(ctx.attempt * total + start) * per_step)
                 for step in range(start, total):
                     ctx.check_cancelled()
                     collected = await (pending or asyncio.create_task(self.collect(step)))
@@ -424,6 +438,7 @@ class RlRun:
                     pending.cancel()
                     await asyncio.gather(pending, return_exceptions=True)
                 await policy.close()
+                await events.aclose()  # flushes the rollouts' events
 
     async def collect(self, step: int) -> Collected:
         """The step's groups (BAR, or fixed N), one per prompt, and every trajectory generated for them."""

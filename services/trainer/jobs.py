@@ -149,7 +149,7 @@ class JobManager:
         self.entries[job.job_id] = entry
         s = self.settings
         runtime = {"inference_address": s.inference_address, "experience_address": s.experience_address,
-                   "env_address": s.env_address, "reward_address": s.reward_address,
+                   "env_address": s.env_address, "reward_address": s.reward_address, "nats_url": s.nats_url,
                    "model_cache_dir": str(s.model_cache_dir or "")}
         (job_dir / RUNTIME_FILE).write_text(json.dumps(runtime, indent=2))
         self._save(entry)

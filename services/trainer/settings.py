@@ -38,6 +38,9 @@ class TrainerSettings(ServiceSettings):
     """host:port of the env service (RL rollouts and grading sandboxes)."""
     reward_address: str = "127.0.0.1:50053"
     """host:port of the reward service (RPR judge, OPD teacher)."""
+    nats_url: str = "nats://127.0.0.1:4222"
+    """NATS (JetStream) where RL jobs publish their rollouts' events, so the experience store keeps them under
+    run id = job id; empty publishes nothing."""
     model_cache_dir: Path | None = None
     """Where the embedded GGUF model is converted once to a Hugging Face folder; ~/.cache/orchard/models when
     unset (shared with the inference service)."""

@@ -234,7 +234,7 @@ async def test_train_follows_the_job_and_pushes_its_checkpoint(experience: str, 
     from orchard.services.trainer.settings import TrainerSettings
     from orchard.trainer.v1 import trainer_pb2 as pb
     from orchard.trainer.v1 import trainer_pb2_grpc
-    from trainer_helpers import tiny_model
+    from trainer_service_helpers import tiny_model
 
     tiny = tiny_model(tmp_path / "tiny")
     inference, _ = await inference_server.build(InferenceSettings(port=0, model=str(tiny), log_format="text",

@@ -18,7 +18,7 @@ from orchard.inference.v1 import inference_pb2 as ipb
 from orchard.inference.v1 import inference_pb2_grpc
 from orchard.trainer.v1 import trainer_pb2 as pb
 from orchard.types.v1 import types_pb2 as tpb
-from trainer_helpers import tiny_model, trainer_service
+from trainer_service_helpers import tiny_model, trainer_service
 
 pytestmark = pytest.mark.slow
 

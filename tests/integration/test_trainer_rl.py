@@ -1,11 +1,12 @@
 """RL jobs (trainers/rl_job.py) through the real trainer gRPC API, with real env, inference and reward services
-and real sandboxes: a tiny random-init model (trainer_helpers.tiny_model, SmolLM2's tokenizer) is both the
+and real sandboxes: a tiny random-init model (trainer_service_helpers.tiny_model, SmolLM2's tokenizer) is both the
 inference service's policy and the job's base model, a step is one or two short ToyRepair groups. The tiny model
 never solves a task (every reward is -1), so the tests that need the weights to move use weight decay or an OPD
 teacher (a second tiny model) for a gradient; the pure helpers of the recipe are tested first, without I/O."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -18,6 +19,7 @@ import pytest
 import pytest_asyncio
 import torch
 from conftest import EnvServer, needs_image, needs_sandboxes
+from experience_helpers import NatsServer
 from google.protobuf.duration_pb2 import Duration
 from orchard.errors import InvalidArgument, Unimplemented
 from orchard.inference.v1 import inference_pb2 as ipb
@@ -32,7 +34,7 @@ from orchard.tasks import load_instances
 from orchard.trainer.v1 import trainer_pb2 as pb
 from orchard.trainers import bar, optim, rl_job
 from orchard.types.v1 import types_pb2 as tpb
-from trainer_helpers import tiny_model, trainer_service
+from trainer_service_helpers import tiny_model, trainer_service
 
 TASKS = load_instances("toyrepair")
 
@@ -256,10 +258,22 @@ async def test_rl_job_with_bar_judge_teacher_and_staleness(env: EnvServer, polic
 @needs_sandboxes
 @needs_image(TASKS[0].image)
 async def test_a_killed_rl_worker_resumes_from_its_checkpoint(env: EnvServer, policy: Inference, tiny: Path,
-                                                              tmp_path: Path) -> None:
+                                                              tmp_path: Path, nats_server: NatsServer) -> None:
+    """...and every rollout of both workers reaches the experience store through NATS under run id = job id,
+    each with its own trajectory id (the resumed worker never reuses its predecessor's)."""
+    from orchard.experience.v1 import experience_pb2 as epb
+    from orchard.experience.v1 import experience_pb2_grpc
+    from orchard.services.experience.server import build as build_experience
+    from orchard.services.experience.settings import ExperienceSettings
+
+    experience, store = await build_experience(ExperienceSettings(
+        port=0, nats_url=nats_server.url, store_url=f"sqlite:///{tmp_path / 'e.db'}", log_format="text",
+        grace_period_s=1))
+    experience_port = await experience.start()
     jobs = tmp_path / "jobs"
     env_address = f"127.0.0.1:{env.server.port}"
-    async with trainer_service(jobs, inference_address=policy.address, env_address=env_address) as stub:
+    async with trainer_service(jobs, inference_address=policy.address, env_address=env_address,
+                               nats_url=nats_server.url) as stub:
         await stub.CreateJob(pb.CreateJobRequest(config=rl_config(tiny, steps=2), job_id="rl-crash"))
         async for event in stub.StreamJobEvents(pb.StreamJobEventsRequest(job_id="rl-crash"), timeout=120):
             if event.WhichOneof("event") == "progress":  # step 1 pushed; the worker now samples step 2
@@ -276,3 +290,21 @@ async def test_a_killed_rl_worker_resumes_from_its_checkpoint(env: EnvServer, po
     assert progress[-1]["metrics"]["logprob_diff_max"] < 1e-3
     served = (await policy.stub.ListModels(ipb.ListModelsRequest(), timeout=10)).models[0]
     assert served.weights_version == "rl-crash-step-2"
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{experience_port}") as channel:
+            stub = experience_pb2_grpc.ExperienceServiceStub(channel)
+            request = epb.ListTrajectoriesRequest(filter=epb.TrajectoryFilter(run_ids=["rl-crash"]),
+                                                  view=epb.TRAJECTORY_VIEW_BASIC)
+            for _ in range(100):  # the store takes the events a moment after they were published
+                finished = (await stub.ListTrajectories(request, timeout=10)).trajectories
+                if len(finished) >= 4:
+                    break
+                await asyncio.sleep(0.1)
+    finally:
+        await experience.stop()
+    # Steps 1 and 2 of the trained run: 2 rollouts each, all finished and graded; the killed worker's unfinished
+    # step-2 rollouts (if it got that far) keep their own ids and are not among the finished ones.
+    assert len(finished) == 4 and len({t.trajectory_id for t in finished}) == 4
+    assert all(t.rewards for t in finished)
+    resumed = [t for t in finished if t.sample_index >= 2 * 2]  # attempt 1 starts at (1 * T + 1) * P = 6
+    assert len(resumed) == 2 and min(t.sample_index for t in resumed) >= 6

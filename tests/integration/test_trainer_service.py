@@ -15,7 +15,7 @@ import grpc
 import pytest
 from google.protobuf.duration_pb2 import Duration
 from orchard.trainer.v1 import trainer_pb2 as pb
-from trainer_helpers import chat_dataset, sft_config, tiny_model, trainer_service
+from trainer_service_helpers import chat_dataset, sft_config, tiny_model, trainer_service
 
 pytestmark = pytest.mark.slow
 DONE = {pb.JOB_STATE_SUCCEEDED, pb.JOB_STATE_FAILED, pb.JOB_STATE_CANCELLED}

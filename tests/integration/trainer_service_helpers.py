@@ -49,6 +49,7 @@ def chat_dataset(path: Path, n: int = 8) -> Path:
 
 @asynccontextmanager
 async def trainer_service(jobs_dir: Path, **overrides: object) -> AsyncIterator[trainer_pb2_grpc.TrainerServiceStub]:
+    overrides.setdefault("nats_url", "")  # no bus unless a test brings one
     settings = TrainerSettings(port=0, jobs_dir=jobs_dir, log_format="text", **overrides)
     server, _ = await build(settings)
     port = await server.start()
