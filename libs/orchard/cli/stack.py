@@ -129,7 +129,7 @@ async def up(host: str, nats_port: int, env_port: int, state_dir: Path, log_form
                 sys.executable, "-m", SERVICES["trainer"], "--host", host, "--port", str(trainer_port),
                 "--jobs-dir", str(state_dir / "trainer"), "--inference-address", f"{host}:{inference_port}",
                 "--experience-address", f"{host}:{experience_port}", "--env-address", f"{host}:{env_port}",
-                "--log-format", log_format, start_new_session=True)
+                "--nats-url", f"nats://{host}:{nats_port}", "--log-format", log_format, start_new_session=True)
             children.append(Child("trainer", f"{host}:{trainer_port}", trainer))
             await _wait_ready(children[-1], lambda: _grpc_ready(f"{host}:{trainer_port}"), 60)
         print("orchard up: the local stack is ready (Ctrl-C stops it)", file=sys.stderr)
