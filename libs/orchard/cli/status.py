@@ -64,14 +64,20 @@ async def env_row(address: str, token: str | None) -> Row:
     return Row("env", address, True, f"SERVING, sandboxes: {counts}")
 
 
+async def not_serving(channel: grpc.aio.Channel, name: str, address: str) -> Row | None:
+    """The row of a service whose health check answers but is not SERVING; None when it serves."""
+    health = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=2)
+    if health.status != health_pb2.HealthCheckResponse.SERVING:
+        return Row(name, address, False, health_pb2.HealthCheckResponse.ServingStatus.Name(health.status))
+    return None
+
+
 async def inference_row(address: str, token: str | None) -> Row:
     metadata = (("authorization", f"Bearer {token}"),) if token else ()
     async with grpc.aio.insecure_channel(address) as channel:
         try:
-            health = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=2)
-            if health.status != health_pb2.HealthCheckResponse.SERVING:
-                return Row("inference", address, False,
-                           health_pb2.HealthCheckResponse.ServingStatus.Name(health.status))
+            if (down := await not_serving(channel, "inference", address)) is not None:
+                return down
             stub = inference_pb2_grpc.InferenceServiceStub(channel)  # type: ignore[no-untyped-call]
             models = await stub.ListModels(inference_pb2.ListModelsRequest(), timeout=5, metadata=metadata)
         except grpc.aio.AioRpcError as err:
@@ -84,10 +90,8 @@ async def experience_row(address: str, token: str | None) -> Row:
     metadata = (("authorization", f"Bearer {token}"),) if token else ()
     async with grpc.aio.insecure_channel(address) as channel:
         try:
-            health = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=2)
-            if health.status != health_pb2.HealthCheckResponse.SERVING:
-                return Row("experience", address, False,
-                           health_pb2.HealthCheckResponse.ServingStatus.Name(health.status))
+            if (down := await not_serving(channel, "experience", address)) is not None:
+                return down
             stub = experience_pb2_grpc.ExperienceServiceStub(channel)  # type: ignore[no-untyped-call]
             stats = await stub.QueryStats(experience_pb2.QueryStatsRequest(
                 filter=experience_pb2.TrajectoryFilter(include_unfinished=True)), timeout=5, metadata=metadata)
@@ -102,10 +106,8 @@ async def trainer_row(address: str, token: str | None) -> Row:
     jobs: list[trainer_pb2.Job] = []
     async with grpc.aio.insecure_channel(address) as channel:
         try:
-            health = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=2)
-            if health.status != health_pb2.HealthCheckResponse.SERVING:
-                return Row("trainer", address, False,
-                           health_pb2.HealthCheckResponse.ServingStatus.Name(health.status))
+            if (down := await not_serving(channel, "trainer", address)) is not None:
+                return down
             stub = trainer_pb2_grpc.TrainerServiceStub(channel)  # type: ignore[no-untyped-call]
             request = trainer_pb2.ListJobsRequest(page_size=1000)
             while True:
