@@ -11,7 +11,6 @@ from typing import Any
 
 import torch
 
-from orchard.errors import InvalidArgument
 from orchard.trainer.v1 import trainer_pb2 as pb
 from orchard.trainers import distributed
 from orchard.trainers.job import STATE_FILE, JobContext
@@ -52,18 +51,9 @@ DEFAULT_MAX_SEQ_LEN = 2048
 
 
 def resolve(h: pb.Hyperparameters, kind: int, *, opd_only: bool = False) -> Optim:
-    """The job's hyperparameters with defaults filled in; pure OPD defaults to a constant LR (recipes §2.4)."""
+    """The job's hyperparameters with defaults filled in; pure OPD defaults to a constant LR (recipes §2.4).
+    Their ranges were checked when the job was created (services/trainer/servicer.py `validate`)."""
     d = RECIPE_DEFAULTS[kind]
-    for name in ("learning_rate", "warmup_ratio", "max_grad_norm"):
-        if getattr(h, name) < 0:
-            raise InvalidArgument(f"hyperparameters.{name} is {getattr(h, name)}; it must be >= 0",
-                                  field=f"config.hyperparameters.{name}")
-    if h.warmup_ratio >= 1:
-        raise InvalidArgument("hyperparameters.warmup_ratio must be below 1", field="config.hyperparameters")
-    for name in ("epochs", "max_steps", "global_batch_size", "micro_batch_size", "max_seq_len", "save_every_steps"):
-        if getattr(h, name) < 0:
-            raise InvalidArgument(f"hyperparameters.{name} is {getattr(h, name)}; it must be >= 0",
-                                  field=f"config.hyperparameters.{name}")
     lr = h.learning_rate or d["lr"]
     return Optim(
         learning_rate=lr,
@@ -96,7 +86,7 @@ def lr_at(o: Optim, step: int, total: int) -> float:
     return o.min_learning_rate + 0.5 * (o.learning_rate - o.min_learning_rate) * (1 + math.cos(math.pi * frac))
 
 
-def load_model(ctx: JobContext, path: Path) -> tuple[Any, Any]:
+def load_model(path: Path) -> tuple[Any, Any]:
     """Model (float32, train mode) and tokenizer from a Hugging Face folder."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -368,7 +368,7 @@ def train(ctx: JobContext, sink: EventSink | None) -> None:
             raise FailedPrecondition(f"{len(leaked)} task(s) of the pool are in the evaluation set {path}: "
                                      f"{leaked[:5]}; training on them would contaminate the evaluation. Drop them "
                                      "from the pool or the file", field="config.dataset.eval_task_files")
-    model, tokenizer = optim.load_model(ctx, resume.path if resume else optim.base_model_path(ctx))
+    model, tokenizer = optim.load_model(resume.path if resume else optim.base_model_path(ctx))
     torch.manual_seed(o.seed)
     opt = optim.optimizer(model, o)
     start = int(state["step"])

@@ -30,7 +30,7 @@ from orchard.trainer.v1 import trainer_pb2 as pb
 from orchard.trainers import ca_sft, distributed, optim
 from orchard.trainers.data import Dataset, TemplateRenderer, load_dataset, openai_sample, resolved, trajectory_sample
 from orchard.trainers.job import JobContext
-from orchard.trainers.sft import Sample, pack, sft_loss, token_logprobs, truncate_left
+from orchard.trainers.sft import Sample, pack, token_logprobs, truncate_left
 
 log = logging.getLogger("orchard.trainer.sft")
 
@@ -131,7 +131,7 @@ def run(ctx: JobContext) -> None:
     data = asyncio.run(load_dataset(config.dataset, ctx.runtime.experience_address))
     resume = ctx.latest_checkpoint()
     model_path = resume.path if resume else optim.base_model_path(ctx)
-    model, tokenizer = optim.load_model(ctx, model_path)
+    model, tokenizer = optim.load_model(model_path)
     renderer = TemplateRenderer(tokenizer)
     cfg = sft_config(config)
     extra_metrics: dict[str, float] = {}
