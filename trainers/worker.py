@@ -24,6 +24,7 @@ RECIPES: dict[int, str] = {
     pb.JOB_KIND_SFT: "orchard.trainers.sft_job:run",
     pb.JOB_KIND_CREDIT_ASSIGNMENT_SFT: "orchard.trainers.sft_job:run",
     pb.JOB_KIND_RL: "orchard.trainers.rl_job:run",
+    pb.JOB_KIND_VALUE: "orchard.trainers.value_job:run",
 }
 """Job kind -> "module:function" of its recipe run, imported lazily (torch and transformers load slowly)."""
 

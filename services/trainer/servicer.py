@@ -29,17 +29,16 @@ T = TypeVar("T")
 def validate(config: pb.JobConfig) -> None:
     """Refuse a job that cannot run, before it is queued, naming the field."""
     if config.kind not in RECIPE_FIELD:
-        raise InvalidArgument("config.kind is unset; choose JOB_KIND_SFT, JOB_KIND_CREDIT_ASSIGNMENT_SFT or "
-                              "JOB_KIND_RL", field="config.kind")
-    if config.kind == pb.JOB_KIND_VALUE:
-        raise Unimplemented("value-model jobs (JOB_KIND_VALUE) are not available in this version; SFT, "
-                            "credit-assignment SFT and RL jobs are", field="config.kind")
+        raise InvalidArgument("config.kind is unset; choose JOB_KIND_SFT, JOB_KIND_CREDIT_ASSIGNMENT_SFT, "
+                              "JOB_KIND_RL or JOB_KIND_VALUE", field="config.kind")
     recipe = config.WhichOneof("recipe")
     if recipe is not None and recipe != RECIPE_FIELD[config.kind]:
         raise InvalidArgument(f"config.{recipe} does not match kind {pb.JobKind.Name(config.kind)}; set "
                               f"config.{RECIPE_FIELD[config.kind]} or leave the recipe unset for its defaults",
                               field=f"config.{recipe}")
-    if config.base_model:
+    if config.kind == pb.JOB_KIND_VALUE:
+        validate_value(config)
+    elif config.base_model:
         path = Path(config.base_model).expanduser()
         if path.suffix == ".gguf":
             if not path.is_file():
@@ -92,6 +91,32 @@ def validate(config: pb.JobConfig) -> None:
     if config.extra_args:
         raise InvalidArgument(f"extra_args {sorted(config.extra_args)} are not settings any recipe knows; use the "
                               "typed recipe fields", field="config.extra_args")
+
+
+def validate_value(config: pb.JobConfig) -> None:
+    """The value recipe's own checks: its backbone, head and settings."""
+    from orchard.value.model import resolve_backbone
+
+    if config.base_model:
+        resolve_backbone(config.base_model)  # "" / the embedded name, or a Hugging Face folder
+    cfg = config.value
+    if cfg.head == pb.VALUE_HEAD_YES_TOKEN:
+        raise Unimplemented("the YES-token head is not available; use VALUE_HEAD_SCALAR (the default)",
+                            field="config.value.head")
+    if cfg.HasField("pairwise_weight") and cfg.pairwise_weight < 0:
+        raise InvalidArgument("value.pairwise_weight must be >= 0 (0 trains on BCE alone)",
+                              field="config.value.pairwise_weight")
+    if cfg.HasField("eval_fraction") and not 0 <= cfg.eval_fraction < 1:
+        raise InvalidArgument("value.eval_fraction must be in [0, 1) (0 holds out no task)",
+                              field="config.value.eval_fraction")
+    if cfg.max_context_tokens < 0:
+        raise InvalidArgument("value.max_context_tokens must be >= 0 (0 takes max_seq_len)",
+                              field="config.value.max_context_tokens")
+    if any(n < 1 for n in cfg.best_at_n):
+        raise InvalidArgument("value.best_at_n sizes must be >= 1", field="config.value.best_at_n")
+    if config.compute.cpu_processes > 1:
+        raise Unimplemented("value jobs run in one process; set compute.cpu_processes to 0 or 1",
+                            field="config.compute.cpu_processes")
 
 
 def page(items: Sequence[T], keys: Sequence[str], size: int, token: str) -> tuple[list[T], str]:

@@ -161,8 +161,17 @@ async def test_bad_requests_get_clear_statuses(tiny: Path, data: Path, tmp_path:
         good = sft_config(tiny, data)
         no_kind = pb.JobConfig(dataset=good.dataset)
         assert (await code(no_kind))[0] == grpc.StatusCode.INVALID_ARGUMENT
-        value = pb.JobConfig(kind=pb.JOB_KIND_VALUE, dataset=good.dataset)
+        value = pb.JobConfig(kind=pb.JOB_KIND_VALUE, dataset=good.dataset,
+                             value=pb.ValueConfig(head=pb.VALUE_HEAD_YES_TOKEN))
         assert (await code(value))[0] == grpc.StatusCode.UNIMPLEMENTED
+        value.value.head = pb.VALUE_HEAD_SCALAR
+        value.value.eval_fraction = 1.0
+        c, msg = await code(value)
+        assert c == grpc.StatusCode.INVALID_ARGUMENT and "eval_fraction" in msg
+        value.value.eval_fraction = 0.2
+        value.base_model = str(tmp_path / "no-backbone")
+        c, msg = await code(value)
+        assert c == grpc.StatusCode.INVALID_ARGUMENT and "base_model" in msg
         mismatch = pb.JobConfig(kind=pb.JOB_KIND_SFT, dataset=good.dataset, rl=pb.RlConfig())
         c, msg = await code(mismatch)
         assert c == grpc.StatusCode.INVALID_ARGUMENT and "config.rl" in msg

@@ -1,0 +1,161 @@
+"""Best-of-N figures of a value model (recipes §2.6): AUC, ECE, pass@1, random@N, best@N, pass@N, and the
+patch clusters that break score ties. Pure Python, shared by the value job, the value service, `orchard eval
+--best-of` and the toy proofs, so every one of them computes the same numbers."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+_INDEX_LINE = re.compile(r"^index [0-9a-f]+\.\.[0-9a-f]+( \d+)?$")
+_HUNK_HEADER = re.compile(r"^@@ -\d+(,\d+)? \+\d+(,\d+)? @@.*$")
+
+
+def normalise_patch(patch: str) -> str:
+    """A patch reduced to what it changes: index lines, hunk line numbers, trailing spaces and blank lines go, so
+    two candidates making the same edit from different sandboxes compare equal."""
+    kept = []
+    for line in patch.replace("\r\n", "\n").splitlines():
+        line = line.rstrip()
+        if not line or _INDEX_LINE.match(line):
+            continue
+        kept.append("@@" if _HUNK_HEADER.match(line) else line)
+    return "\n".join(kept)
+
+
+def cluster_id(patch: str) -> str:
+    """The id of a patch's cluster: a short hash of its normalised form ("" for an empty patch)."""
+    norm = normalise_patch(patch)
+    return hashlib.sha256(norm.encode()).hexdigest()[:12] if norm else ""
+
+
+@dataclass(frozen=True)
+class Ranked:
+    """A candidate's place in a best-of-N ranking."""
+
+    index: int
+    """Its position in the input."""
+    score: float
+    cluster: str
+    cluster_size: int
+    excluded: bool
+
+
+def rank(scores: Sequence[float], patches: Sequence[str], excluded: Sequence[bool] | None = None) -> list[Ranked]:
+    """The candidates best first: excluded ones (and empty patches) last, then higher score, then larger patch
+    cluster (a majority vote over normalised patches), then input order."""
+    clusters = [cluster_id(p) for p in patches]
+    sizes = Counter(c for c in clusters if c)
+    out = excluded if excluded is not None else [False] * len(scores)
+    ranked = [Ranked(i, float(s), c, sizes[c] if c else 1, bool(x) or not c)
+              for i, (s, c, x) in enumerate(zip(scores, clusters, out, strict=True))]
+    return sorted(ranked, key=lambda r: (r.excluded, -r.score, -r.cluster_size, r.index))
+
+
+def auc(scores: Sequence[float], labels: Sequence[bool]) -> float | None:
+    """The ROC AUC (ties count half); None when the labels hold only one class."""
+    pos = [s for s, y in zip(scores, labels, strict=True) if y]
+    neg = [s for s, y in zip(scores, labels, strict=True) if not y]
+    if not pos or not neg:
+        return None
+    wins = sum((p > n) + 0.5 * (p == n) for p in pos for n in neg)
+    return wins / (len(pos) * len(neg))
+
+
+def ece(probabilities: Sequence[float], labels: Sequence[bool], bins: int = 10) -> float | None:
+    """The expected calibration error over `bins` equal-width probability bins; None without samples."""
+    if not probabilities:
+        return None
+    total, err = len(probabilities), 0.0
+    for b in range(bins):
+        lo, hi = b / bins, (b + 1) / bins
+        members = [(p, y) for p, y in zip(probabilities, labels, strict=True)
+                   if lo <= p < hi or (b == bins - 1 and p == 1.0)]
+        if members:
+            confidence = sum(p for p, _ in members) / len(members)
+            accuracy = sum(bool(y) for _, y in members) / len(members)
+            err += len(members) / total * abs(confidence - accuracy)
+    return err
+
+
+def sigmoid(x: float) -> float:
+    return 1 / (1 + math.exp(-x)) if x >= 0 else math.exp(x) / (1 + math.exp(x))
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One graded candidate of a task, with the value model's score."""
+
+    task_id: str
+    score: float
+    resolved: bool
+    patch: str = ""
+    excluded: bool = False
+
+
+def _by_task(candidates: Sequence[Candidate]) -> dict[str, list[Candidate]]:
+    tasks: dict[str, list[Candidate]] = {}
+    for c in candidates:
+        tasks.setdefault(c.task_id, []).append(c)
+    return tasks
+
+
+def best_of(group: Sequence[Candidate]) -> Candidate:
+    """The candidate the reranker picks from `group`."""
+    top = rank([c.score for c in group], [c.patch or f"<{i}>" for i, c in enumerate(group)],
+               [c.excluded for c in group])[0]
+    return group[top.index]
+
+
+def best_at_n(candidates: Sequence[Candidate], n: int) -> float:
+    """The fraction of tasks whose reranked pick among their first `n` candidates resolves."""
+    tasks = _by_task(candidates)
+    return sum(best_of(group[:n]).resolved for group in tasks.values()) / max(len(tasks), 1)
+
+
+def random_at_n(candidates: Sequence[Candidate], n: int) -> float:
+    """The expected resolve rate of a uniform pick among each task's first `n` candidates."""
+    tasks = _by_task(candidates)
+    return sum(sum(c.resolved for c in g[:n]) / len(g[:n]) for g in tasks.values()) / max(len(tasks), 1)
+
+
+def pass_at_n(candidates: Sequence[Candidate], n: int) -> float:
+    """The oracle: the fraction of tasks with a resolving candidate among their first `n`."""
+    tasks = _by_task(candidates)
+    return sum(any(c.resolved for c in g[:n]) for g in tasks.values()) / max(len(tasks), 1)
+
+
+def pass_at_1(candidates: Sequence[Candidate]) -> float:
+    """The resolve rate of every candidate (the unbiased pass@1 of all samples)."""
+    return sum(c.resolved for c in candidates) / max(len(candidates), 1)
+
+
+def best_of_n_report(candidates: Sequence[Candidate], ns: Sequence[int] = (1, 2, 4, 8)) -> dict[str, object]:
+    """pass@1, and for each N: random@N, best@N and pass@N; AUC and ECE of the scores (as probabilities)."""
+    tasks = _by_task(candidates)
+    most = max((len(g) for g in tasks.values()), default=0)
+    scores = [c.score for c in candidates]
+    labels = [c.resolved for c in candidates]
+    curve = [{"n": n, "random": random_at_n(candidates, n), "best": best_at_n(candidates, n),
+              "pass": pass_at_n(candidates, n)} for n in ns if n <= most]
+    return {"tasks": len(tasks), "candidates": len(candidates), "samples_per_task": most,
+            "pass@1": pass_at_1(candidates), "auc": auc(scores, labels), "ece": ece(scores, labels),
+            "curve": curve}
+
+
+def format_best_of_n(report: dict[str, object]) -> str:
+    """The report as a table: one row per N."""
+    def pct(x: object) -> str:
+        return "-" if x is None else f"{100 * float(x):5.1f}%"  # type: ignore[arg-type]
+
+    lines = [f"best-of-N over {report['tasks']} tasks x up to {report['samples_per_task']} candidates: "
+             f"pass@1 {pct(report['pass@1'])}  AUC {'-' if report['auc'] is None else format(report['auc'], '.3f')}"
+             f"  ECE {'-' if report['ece'] is None else format(report['ece'], '.3f')}",
+             f"{'N':>3}  {'random@N':>9}  {'best@N':>9}  {'pass@N':>9}"]
+    for row in report["curve"]:  # type: ignore[attr-defined]
+        lines.append(f"{row['n']:>3}  {pct(row['random']):>9}  {pct(row['best']):>9}  {pct(row['pass']):>9}")
+    return "\n".join(lines)

@@ -1,0 +1,147 @@
+"""The value-model recipe as a trainer job (recipes §2.6): graded candidates from the experience store → a
+backbone with a scalar head trained on BCE + within-task pairwise ranking → held-out AUC, ECE and the best@N
+curve → a versioned checkpoint the value service loads.
+
+Choices [I]:
+- The embedded default backbone is all-MiniLM-L6-v2 (mean-pooled); `base_model` may name another Hugging Face
+  folder (a causal LM is pooled at its last token). A fresh head starts at zero (every score 0.5) and learns
+  HEAD_LR_SCALE times faster than the pretrained backbone.
+- Batches keep a task's candidates together, so the pairwise term sees the within-task pairs.
+- The held-out figures are computed on tasks the model never trained on, each task's candidates in a seeded
+  random order (best@N takes the first N).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from orchard.errors import FailedPrecondition
+from orchard.trainer.v1 import trainer_pb2 as pb
+from orchard.trainers import optim, value_data
+from orchard.trainers.data import load_dataset
+from orchard.trainers.job import STATE_FILE, JobContext
+from orchard.trainers.value_loss import value_loss
+from orchard.value import metrics as vm
+from orchard.value.model import ValueModel, resolve_backbone
+
+log = logging.getLogger("orchard.trainer.value")
+
+HEAD_LR_SCALE = 100.0
+DEFAULT_PAIRWISE_WEIGHT = 1.0
+DEFAULT_EVAL_FRACTION = 0.1
+DEFAULT_BEST_AT_N = (1, 2, 4, 8, 16)
+REPORT_FILE = "best_of_n.json"
+"""The held-out best-of-N report, written into the final checkpoint."""
+
+
+def settings(cfg: pb.ValueConfig) -> tuple[float, float, tuple[int, ...]]:
+    """(pairwise weight, eval fraction, best@N sizes) with defaults filled in."""
+    return (cfg.pairwise_weight if cfg.HasField("pairwise_weight") else DEFAULT_PAIRWISE_WEIGHT,
+            cfg.eval_fraction if cfg.HasField("eval_fraction") else DEFAULT_EVAL_FRACTION,
+            tuple(sorted(set(cfg.best_at_n))) or DEFAULT_BEST_AT_N)
+
+
+def held_out_report(model: ValueModel, examples: Sequence[value_data.Example], ns: Sequence[int],
+                    seed: int) -> dict[str, Any]:
+    """AUC, ECE and the best@N curve of the model on held-out candidates (each task's in a seeded order)."""
+    if not examples:
+        return {}
+    probabilities = [vm.sigmoid(x) for x in model.score([e.text for e in examples])]
+    candidates = [vm.Candidate(e.task_id, p, e.resolved, e.patch) for e, p in zip(examples, probabilities,
+                                                                                 strict=True)]
+    random.Random(seed).shuffle(candidates)
+    return vm.best_of_n_report(candidates, ns)
+
+
+def report_metrics(report: dict[str, Any]) -> dict[str, float]:
+    """The report's figures as flat checkpoint metrics ("auc", "best_at_8", ...)."""
+    out = {k: float(report[k]) for k in ("auc", "ece", "pass@1") if report.get(k) is not None}
+    out = {k.replace("@", "_at_"): v for k, v in out.items()}
+    for row in report.get("curve", []):
+        for name in ("random", "best", "pass"):
+            out[f"{name}_at_{row['n']}"] = float(row[name])
+    return out
+
+
+def _save(ctx: JobContext, model: ValueModel, opt: torch.optim.Optimizer | None, step: int,
+          metrics: dict[str, float], is_final: bool, report: dict[str, Any] | None = None) -> None:
+    import json
+
+    staging = ctx.staging_dir(step)
+    model.config.version = ctx.version(step)
+    model.config.job = f"jobs/{ctx.job_id}"
+    model.config.metrics = dict(metrics)
+    model.save(staging)
+    torch.save({"step": step, "optimizer": None if is_final or opt is None else opt.state_dict()},
+               staging / STATE_FILE)
+    if report:
+        (staging / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n")
+    ctx.commit_checkpoint(step, staging, metrics, is_final)
+
+
+def run(ctx: JobContext) -> None:
+    """The value job, from its latest checkpoint when there is one."""
+    config = ctx.config
+    pairwise_weight, eval_fraction, ns = settings(config.value)
+    o = optim.resolve(config.hyperparameters, config.kind)
+    data = asyncio.run(load_dataset(config.dataset, ctx.runtime.experience_address))
+    if data.openai_samples:
+        raise FailedPrecondition(f"the dataset holds {len(data.openai_samples)} OpenAI-format samples; the value "
+                                 "recipe trains on graded trajectories (an experience-store filter, or a JSONL of "
+                                 "trajectories with outcome rewards)")
+    vd = value_data.build(data.trajectories, eval_fraction=eval_fraction, seed=o.seed)
+    log.info("value data: %s", vd.stats)
+    resume = ctx.latest_checkpoint()
+    backbone, name = resolve_backbone(config.base_model)
+    model = ValueModel.load(resume.path if resume else backbone, base_model=name,
+                            max_context_tokens=config.value.max_context_tokens or o.max_seq_len)
+    torch.manual_seed(o.seed)
+    plan = [b for epoch in range(o.epochs)
+            for b in value_data.batches(value_data.epoch_sample(vd, epoch, o.seed), o.global_batch_size)]
+    total = min(len(plan), o.max_steps) if o.max_steps else len(plan)
+    head_params = list(model.head.parameters())
+    opt = torch.optim.AdamW([{"params": list(model.backbone.parameters()), "scale": 1.0},
+                             {"params": head_params, "scale": HEAD_LR_SCALE}],
+                            lr=o.learning_rate, betas=o.betas, weight_decay=o.weight_decay, foreach=False)
+    start = 0
+    if resume is not None:
+        state = torch.load(resume.path / STATE_FILE, weights_only=False)
+        start = int(state["step"])
+        if state.get("optimizer") is not None:
+            opt.load_state_dict(state["optimizer"])
+        log.info("resuming %s from step %d (%s)", ctx.job_id, start, resume.path)
+    model.train(True)
+    loss_value, step_metrics = 0.0, {}
+    for step in range(start, total):
+        ctx.check_cancelled()
+        batch = plan[step]
+        lr = optim.lr_at(o, step, total)
+        for group in opt.param_groups:
+            group["lr"] = lr * group["scale"]
+        started = time.perf_counter()
+        logits = model.logits([e.text for e in batch])
+        loss, parts = value_loss(logits, [e.resolved for e in batch], [e.task_id for e in batch], pairwise_weight)
+        loss.backward()
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), o.max_grad_norm))
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        loss_value = float(loss.detach())
+        step_metrics = {"learning_rate": lr, "grad_norm": grad_norm, **parts,
+                        "candidates_per_second": len(batch) / (time.perf_counter() - started)}
+        ctx.progress(step + 1, total, loss_value, epoch=(step + 1) * o.epochs / max(len(plan), 1), **step_metrics)
+        if o.save_every_steps and (step + 1) % o.save_every_steps == 0 and step + 1 < total:
+            _save(ctx, model, opt, step + 1, {"loss": loss_value}, is_final=False)
+    report = held_out_report(model, vd.held_out, ns, o.seed)
+    if report:
+        report["held_out_tasks"] = sorted({e.task_id for e in vd.held_out})
+        log.info("held-out best-of-N:\n%s", vm.format_best_of_n(report))
+    final = {**step_metrics, **vd.stats, **report_metrics(report)}
+    ctx.progress(total, total, loss_value, epoch=float(o.epochs), **final)
+    _save(ctx, model, None, total, {"loss": loss_value, **final}, is_final=True, report=report or None)
