@@ -29,7 +29,7 @@ from orchard.experience.v1 import experience_pb2_grpc
 from orchard.services.experience.openai_format import from_openai, to_openai
 from orchard.services.inference.chat import render
 from orchard.services.inference.servicer import tool_dict
-from orchard.tasks.instance import load_instances
+from orchard.tasks.instance import load_instances, resolve_source
 from orchard.trainer.v1 import trainer_pb2 as pb
 from orchard.trainers.sft import Sample
 from orchard.types.v1 import types_pb2 as tpb
@@ -119,10 +119,19 @@ async def load_dataset(source: pb.DatasetSource, experience_address: str, *,
     return data
 
 
+def eval_task_ids(source: str) -> set[str]:
+    """The task ids of an evaluation set: a task file (or bundled set), or a .txt list of ids, one per line, "#"
+    starting a comment (the experience service's format)."""
+    if source.endswith(".txt"):
+        lines = resolve_source(source).read_text(encoding="utf-8").splitlines()
+        return {task for line in lines if (task := line.split("#", 1)[0].strip())}
+    return {i.instance_id for i in load_instances(source)}
+
+
 def decontaminate(data: Dataset, eval_task_files: list[str]) -> None:
     """Raise FailedPrecondition when a record's task is in one of the evaluation sets."""
     for path in eval_task_files:
-        eval_ids = {i.instance_id for i in load_instances(path)}
+        eval_ids = eval_task_ids(path)
         leaked = sorted({t.task_id for t in data.trajectories if t.task_id in eval_ids} |
                         {str(s.get("instance_id") or s.get("task_id")) for s in data.openai_samples
                          if (s.get("instance_id") or s.get("task_id")) in eval_ids})

@@ -1,7 +1,8 @@
 """`orchard eval`: the report of stored rollouts (pass@1, pass@k, the resolved list and a per-task table), from
 their outcome rewards or regraded in fresh sandboxes. The rollouts come from a trajectories.jsonl or, with
 `--run`, from the experience service; `--gold` grades a task set's own gold patches instead. `--compare` sets
-two runs side by side (before and after training)."""
+two runs side by side (before and after training). `--best-of N` reranks N candidates per task with the value
+service (best_of_n.py)."""
 
 from __future__ import annotations
 
@@ -39,6 +40,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--env-address", default=None)
     p.add_argument("--report", default=None, help="write the JSON report here (default: report.json next to "
                    "the rollouts file; not written for --run unless given)")
+    from orchard.cli import best_of_n
+
+    best_of_n.add_arguments(p)
     p.set_defaults(func=cmd_eval)
 
 
@@ -168,6 +172,10 @@ async def evaluate(args: argparse.Namespace) -> int:
     from orchard.tasks.report import format_table
     from orchard.types.v1 import types_pb2 as tpb
 
+    if args.best_of is not None:
+        from orchard.cli import best_of_n
+
+        return await best_of_n.evaluate(args)
     if sum(bool(x) for x in (args.rollouts, args.run, args.gold)) != 1:
         raise InvalidArgument("give exactly one of a trajectories.jsonl (from `orchard rollout`), "
                               "--run RUN_ID (from the experience service) or --gold")

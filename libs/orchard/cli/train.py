@@ -1,6 +1,7 @@
-"""`orchard train`: one training job of the trainer service (SFT or credit-assignment SFT) on a run's rollouts as
-the experience service stores them, with a live progress line; `--push` then loads the job's final checkpoint into
-the inference service, so the next `orchard rollout` samples from the trained weights."""
+"""`orchard train`: one training job of the trainer service (SFT, credit-assignment SFT or the value model) on
+runs' rollouts as the experience service stores them, with a live progress line; `--push` then loads the job's
+final checkpoint into the inference service (a policy: the next `orchard rollout` samples from the trained
+weights) or into the value service (a value model: `orchard eval --best-of` reranks with it)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import argparse
 import asyncio
 import sys
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the CLI imports this module at start: gRPC stubs are imported when the command runs
@@ -17,8 +19,9 @@ if TYPE_CHECKING:  # the CLI imports this module at start: gRPC stubs are import
     from orchard.inference.v1 import inference_pb2
     from orchard.trainer.v1 import trainer_pb2 as pb
     from orchard.trainer.v1 import trainer_pb2_grpc
+    from orchard.value.v1 import value_pb2
 
-KINDS = {"sft": "JOB_KIND_SFT", "ca-sft": "JOB_KIND_CREDIT_ASSIGNMENT_SFT"}
+KINDS = {"sft": "JOB_KIND_SFT", "ca-sft": "JOB_KIND_CREDIT_ASSIGNMENT_SFT", "value": "JOB_KIND_VALUE"}
 """--kind -> the job kind it creates."""
 STREAM_S = 300.0
 """Deadline of one StreamJobEvents call; a longer job is followed by asking again (the stream restarts with the
@@ -52,28 +55,36 @@ def _rate(text: str) -> float:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("train", help="train the model on a run's stored rollouts (a trainer-service job), "
-                       "optionally pushing the new weights to the inference service")
-    p.add_argument("--run", required=True, help="train on this run's rollouts, as the experience service stores them")
+    p = sub.add_parser("train", help="train the model (or a value model) on runs' stored rollouts (a trainer-service "
+                       "job), optionally pushing the new weights to the inference (or value) service")
+    p.add_argument("--run", required=True, action="append", help="train on this run's rollouts, as the experience "
+                   "service stores them; repeat it to train on several runs")
     p.add_argument("--kind", choices=sorted(KINDS), default="sft",
                    help="sft: every rollout's assistant turns; ca-sft: resolved rollouts plus the steps of "
-                   "unresolved ones that raised the estimated chance of success (default: sft)")
+                   "unresolved ones that raised the estimated chance of success; value: a value model scoring "
+                   "candidates for best-of-N reranking, from graded rollouts of several runs (default: sft)")
+    p.add_argument("--eval-tasks", action="append", default=[], metavar="FILE", help="an evaluation set (a task "
+                   "file, a bundled set, or a .txt of task ids): the job fails if the runs hold any of its tasks "
+                   "(decontamination); repeatable")
     p.add_argument("--resolved-only", action="store_true", help="only the run's resolved rollouts")
-    p.add_argument("--epochs", type=_count(1), default=1, help="passes over the rollouts (default: 1)")
+    p.add_argument("--epochs", type=_count(1), default=1, help="passes over the rollouts (default: the recipe's: 1; value: 4)")
     p.add_argument("--max-steps", type=_count(0), default=0, help="stop after this many optimiser steps "
                    "(default: 0, all epochs)")
-    p.add_argument("--lr", type=_rate, default=None, help="peak learning rate (default: the recipe's, 1e-5)")
+    p.add_argument("--lr", type=_rate, default=None, help="peak learning rate (default: the recipe's: 1e-5; value: 3e-5)")
     p.add_argument("--batch", type=_count(1), default=None, help="rollouts per optimiser step (default: the "
-                   "trainer's, 8)")
+                   "recipe's: 8; value: 16)")
     p.add_argument("--max-seq-len", type=_count(1), default=None, help="longest training sequence in tokens; longer "
-                   "rollouts lose their oldest tokens (default: the trainer's, 2048)")
+                   "rollouts lose their oldest tokens (value: keep head and tail) (default: 2048; value: 512)")
     p.add_argument("--base-model", default="", help="the model to start from: a Hugging Face folder, a .gguf file "
-                   "or another job's checkpoint (default: the embedded model, as the inference service serves it)")
+                   "or another job's checkpoint (default: the embedded model, as the inference service serves it; value: "
+                   "the embedded all-MiniLM-L6-v2)")
     p.add_argument("--push", action="store_true", help="load the final checkpoint into the inference service's "
-                   "default model (UpdateWeights) and print the weights version it serves")
+                   "default model (UpdateWeights; --kind value: into the value service, LoadModel) and print the "
+                   "version it serves")
     p.add_argument("--job-id", default="", help="the job's id (default: one the trainer service picks)")
     p.add_argument("--trainer-address", default="127.0.0.1:50056", help="the trainer service (orchard up starts it)")
     p.add_argument("--inference-address", default="127.0.0.1:50052", help="the inference service (with --push)")
+    p.add_argument("--value-address", default="127.0.0.1:50057", help="the value service (--kind value --push)")
     p.set_defaults(func=cmd_train)
 
 
@@ -183,6 +194,47 @@ async def served_model(address: str) -> inference_pb2.Model:
     return default[0]
 
 
+def held_out_summary(metrics: Mapping[str, float]) -> str:
+    """The value job's held-out figures in a line (or why there are none)."""
+    if "auc" not in metrics and "best_at_1" not in metrics:
+        return ("held-out: none (fewer than 2 tasks with both outcomes, or eval_fraction 0); judge the model with "
+                "`orchard eval --best-of N`")
+    curve = sorted({int(k.rsplit("_", 1)[1]) for k in metrics if k.startswith("best_at_")})
+    parts = [f"best@{n} {metrics[f'best_at_{n}']:.2f} (random {metrics[f'random_at_{n}']:.2f})" for n in curve]
+    auc = f"AUC {metrics['auc']:.3f}, " if "auc" in metrics else ""
+    return (f"held-out ({metrics.get('tasks_held_out', 0):.0f} tasks, {metrics.get('held_out_candidates', 0):.0f} "
+            f"candidates): {auc}{', '.join(parts)}")
+
+
+async def value_model(address: str) -> value_pb2.GetModelResponse:
+    """What the value service serves; Unavailable naming the fix when it is down."""
+    import grpc
+
+    from orchard.value.v1 import value_pb2, value_pb2_grpc
+
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = value_pb2_grpc.ValueServiceStub(channel)  # type: ignore[no-untyped-call]
+        try:
+            return await stub.GetModel(value_pb2.GetModelRequest(), timeout=CALL_S)
+        except grpc.aio.AioRpcError as err:
+            raise _rpc_error(err, "value", address, "--value-address (or drop --push)") from None
+
+
+async def load_value_model(address: str, checkpoint: pb.Checkpoint) -> value_pb2.LoadModelResponse:
+    """Switch the value service to the checkpoint."""
+    import grpc
+
+    from orchard.value.v1 import value_pb2, value_pb2_grpc
+
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = value_pb2_grpc.ValueServiceStub(channel)  # type: ignore[no-untyped-call]
+        try:
+            return await stub.LoadModel(value_pb2.LoadModelRequest(checkpoint_path=checkpoint.path,
+                                                                    version=checkpoint.version), timeout=PUSH_S)
+        except grpc.aio.AioRpcError as err:
+            raise _rpc_error(err, "value", address, "--value-address") from None
+
+
 async def push(address: str, checkpoint: pb.Checkpoint) -> inference_pb2.UpdateWeightsResponse:
     """Load the checkpoint into the inference service's default model."""
     import grpc
@@ -201,21 +253,26 @@ async def push(address: str, checkpoint: pb.Checkpoint) -> inference_pb2.UpdateW
 async def train(args: argparse.Namespace) -> int:
     import grpc
 
-    from orchard.errors import FailedPrecondition
+    from orchard.errors import FailedPrecondition, InvalidArgument
     from orchard.experience.v1 import experience_pb2 as epb
     from orchard.trainer.v1 import trainer_pb2 as pb
     from orchard.trainer.v1 import trainer_pb2_grpc
     from orchard.types.v1 import types_pb2 as tpb
 
-    # 1. What the job needs, checked before it starts: the model to push to.
+    value = args.kind == "value"
+    if value and args.resolved_only:
+        raise InvalidArgument("--resolved-only leaves a value model nothing to rank: it learns from resolved and "
+                              "unresolved rollouts")
+    # 1. What the job needs, checked before it starts: the service to push to.
     if args.push:
-        await served_model(args.inference_address)
-    rollouts = epb.TrajectoryFilter(run_ids=[args.run])
+        await (value_model(args.value_address) if value else served_model(args.inference_address))
+    runs = ", ".join(args.run)
+    rollouts = epb.TrajectoryFilter(run_ids=args.run)
     if args.resolved_only:
         rollouts.outcome_status = tpb.OUTCOME_STATUS_RESOLVED
     config = pb.JobConfig(
         kind=pb.JobKind.Value(KINDS[args.kind]), base_model=args.base_model,
-        dataset=pb.DatasetSource(experience=rollouts),
+        dataset=pb.DatasetSource(experience=rollouts, eval_task_files=args.eval_tasks),
         hyperparameters=pb.Hyperparameters(learning_rate=args.lr or 0, epochs=args.epochs, max_steps=args.max_steps,
                                            global_batch_size=args.batch or 0, max_seq_len=args.max_seq_len or 0))
     progress = Progress()
@@ -224,12 +281,13 @@ async def train(args: argparse.Namespace) -> int:
         # 2. The job, followed until it ends; Ctrl-C cancels it.
         try:
             job = (await stub.CreateJob(pb.CreateJobRequest(
-                config=config, job_id=args.job_id, display_name=f"{args.kind} on run {args.run}"),
+                config=config, job_id=args.job_id, display_name=f"{args.kind} on runs {runs}"[:200]),
                 timeout=CALL_S)).job
         except grpc.aio.AioRpcError as err:
             raise _rpc_error(err, "trainer", args.trainer_address, "--trainer-address") from None
-        progress.line(f"job {job.job_id}: {args.kind} of {args.base_model or 'the embedded model'} on the "
-                      f"{'resolved ' if args.resolved_only else ''}rollouts of run {args.run} ({args.trainer_address})")
+        base = args.base_model or ("the embedded all-MiniLM-L6-v2" if value else "the embedded model")
+        progress.line(f"job {job.job_id}: {args.kind} of {base} on the {'resolved ' if args.resolved_only else ''}"
+                      f"rollouts of run{'s' if len(args.run) > 1 else ''} {runs} ({args.trainer_address})")
         try:
             job = await follow(stub, job.job_id, progress, args.trainer_address)
         except asyncio.CancelledError:  # Ctrl-C: the job must not train on unattended
@@ -252,7 +310,13 @@ async def train(args: argparse.Namespace) -> int:
         raise FailedPrecondition(f"job {job.job_id} succeeded but reported no checkpoint; see its log under the "
                                  "trainer's jobs folder")
     print(f"checkpoint {checkpoint.version} at {checkpoint.path}")
-    if args.push:
+    if value:
+        print(held_out_summary(metrics))
+    if args.push and value:
+        loaded = await load_value_model(args.value_address, checkpoint)
+        print(f"pushed {checkpoint.version} to the value service at {args.value_address} (it served "
+              f"{loaded.previous_version or 'no model'} before)")
+    elif args.push:
         pushed = await push(args.inference_address, checkpoint)
         print(f"pushed {checkpoint.version} to {pushed.model.model_id} at {args.inference_address} (weights were "
               f"{pushed.previous_weights_version}, loaded in {pushed.load_duration.ToNanoseconds() / 1e9:.1f}s)")
