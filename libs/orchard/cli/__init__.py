@@ -35,7 +35,9 @@ def cmd_up(args: argparse.Namespace) -> int:
                           inference_port=None if args.no_inference else args.inference_port,
                           inference_http_port=args.inference_http_port,
                           experience_port=None if args.no_experience else args.experience_port,
-                          trainer_port=None if args.no_trainer else args.trainer_port))
+                          trainer_port=None if args.no_trainer else args.trainer_port,
+                          value_port=None if args.no_value else args.value_port,
+                          value_checkpoint=Path(args.value_checkpoint) if args.value_checkpoint else None))
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -49,7 +51,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     from orchard.cli.status import print_rows, status
 
     rows = asyncio.run(status(args.env_address, args.nats_address, args.token, args.inference_address or None,
-                              args.experience_address or None, args.trainer_address or None))
+                              args.experience_address or None, args.trainer_address or None,
+                              args.value_address or None))
     print_rows(rows)
     return 0 if all(row.ok for row in rows) else 1
 
@@ -148,6 +151,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="gRPC port of the trainer service (jobs under --state-dir/trainer; it starts only with the "
                    "inference and experience services)")
     p.add_argument("--no-trainer", action="store_true", help="do not start the trainer service")
+    p.add_argument("--value-port", type=int, default=50057,
+                   help="gRPC port of the value service (scores and reranks candidates with a value model)")
+    p.add_argument("--no-value", action="store_true", help="do not start the value service")
+    p.add_argument("--value-checkpoint", default=None,
+                   help="value checkpoint the value service serves from the start (else none until LoadModel)")
     p.set_defaults(func=cmd_up)
 
     p = sub.add_parser("serve", help="run one service (flags after the name go to the service; --help lists them)")
@@ -164,6 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also check the experience service there (orchard up serves it on 127.0.0.1:50055)")
     p.add_argument("--trainer-address", default="",
                    help="also check the trainer service there (orchard up serves it on 127.0.0.1:50056)")
+    p.add_argument("--value-address", default="",
+                   help="also check the value service there (orchard up serves it on 127.0.0.1:50057)")
     p.add_argument("--token", default=None, help="bearer token, when the services require one")
     p.set_defaults(func=cmd_status)
 

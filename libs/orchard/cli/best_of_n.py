@@ -161,8 +161,8 @@ async def evaluate(args: argparse.Namespace) -> int:
     instances = {i.instance_id: i for i in load_instances(args.tasks, args.ids)}
     from orchard.cli.train import value_model
 
-    served = (await value_model(args.value_address)).model  # fail fast when the reranker is down or empty
-    if not served.version:
+    served = await value_model(args.value_address)  # fail fast when the reranker is down or empty
+    if served is None:
         raise FailedPrecondition(f"the value service at {args.value_address} serves no model; train one with "
                                  "`orchard train --kind value --run ... --push`")
     trajectories, folder = await candidates_of(args)

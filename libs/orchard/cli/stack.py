@@ -22,6 +22,7 @@ SERVICES: dict[str, str] = {
     "experience": "orchard.services.experience.server",
     "reward": "orchard.services.reward.server",
     "trainer": "orchard.services.trainer.server",
+    "value": "orchard.services.value.server",
 }
 
 
@@ -82,13 +83,15 @@ async def _wait_ready(child: Child, check: object, deadline_s: float) -> None:
 
 async def up(host: str, nats_port: int, env_port: int, state_dir: Path, log_format: str, *,
              inference_port: int | None = None, inference_http_port: int | None = None,
-             experience_port: int | None = None, trainer_port: int | None = None) -> int:
+             experience_port: int | None = None, trainer_port: int | None = None, value_port: int | None = None,
+             value_checkpoint: Path | None = None) -> int:
     """Start nats-server (JetStream) and every service; stop them all on Ctrl-C/SIGTERM or if one dies.
 
     inference_port None skips the inference service (it serves the embedded model, converted once on first use);
     experience_port None skips the experience service (rollout events then wait in the stream until one runs);
     trainer_port None skips the trainer service, which starts only with both of them (it trains on the
-    experience service's rollouts and pushes weights to the inference service).
+    experience service's rollouts and pushes weights to the inference service); value_port None skips the value
+    service, which serves value_checkpoint, or no model until LoadModel loads one.
     """
     state_dir.mkdir(parents=True, exist_ok=True)
     children: list[Child] = []
@@ -132,6 +135,13 @@ async def up(host: str, nats_port: int, env_port: int, state_dir: Path, log_form
                 "--nats-url", f"nats://{host}:{nats_port}", "--log-format", log_format, start_new_session=True)
             children.append(Child("trainer", f"{host}:{trainer_port}", trainer))
             await _wait_ready(children[-1], lambda: _grpc_ready(f"{host}:{trainer_port}"), 60)
+        if value_port is not None:
+            checkpoint = ["--checkpoint", str(value_checkpoint)] if value_checkpoint is not None else []
+            value = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", SERVICES["value"], "--host", host, "--port", str(value_port), *checkpoint,
+                "--log-format", log_format, start_new_session=True)
+            children.append(Child("value", f"{host}:{value_port}", value))
+            await _wait_ready(children[-1], lambda: _grpc_ready(f"{host}:{value_port}"), 120)
         print("orchard up: the local stack is ready (Ctrl-C stops it)", file=sys.stderr)
         for child in children:
             print(f"  {child.name:<10} {child.address}", file=sys.stderr)

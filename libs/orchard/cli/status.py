@@ -13,6 +13,7 @@ from orchard.env.v1 import env_pb2, env_pb2_grpc
 from orchard.experience.v1 import experience_pb2, experience_pb2_grpc
 from orchard.inference.v1 import inference_pb2, inference_pb2_grpc
 from orchard.trainer.v1 import trainer_pb2, trainer_pb2_grpc
+from orchard.value.v1 import value_pb2, value_pb2_grpc
 
 
 @dataclass(frozen=True)
@@ -122,10 +123,25 @@ async def trainer_row(address: str, token: str | None) -> Row:
     return Row("trainer", address, True, f"SERVING, jobs: {len(jobs)} ({running} running)")
 
 
+async def value_row(address: str, token: str | None) -> Row:
+    metadata = (("authorization", f"Bearer {token}"),) if token else ()
+    async with grpc.aio.insecure_channel(address) as channel:
+        try:
+            if (down := await not_serving(channel, "value", address)) is not None:
+                return down
+            stub = value_pb2_grpc.ValueServiceStub(channel)  # type: ignore[no-untyped-call]
+            model = (await stub.GetModel(value_pb2.GetModelRequest(), timeout=5, metadata=metadata)).model
+        except grpc.aio.AioRpcError as err:
+            if err.code() == grpc.StatusCode.FAILED_PRECONDITION:  # serving, with no model loaded yet
+                return Row("value", address, True, "SERVING, no model loaded (LoadModel or --checkpoint)")
+            return Row("value", address, False, f"{err.code().name}: {err.details()}")
+    return Row("value", address, True, f"SERVING, model: {model.version} ({model.base_model})")
+
+
 async def status(env_address: str, nats_address: str, token: str | None,
                  inference_address: str | None = None, experience_address: str | None = None,
-                 trainer_address: str | None = None) -> list[Row]:
-    """Rows for NATS, env and, when their addresses are given, inference, experience and trainer."""
+                 trainer_address: str | None = None, value_address: str | None = None) -> list[Row]:
+    """Rows for NATS, env and, when their addresses are given, inference, experience, trainer and value."""
     checks = [nats_row(nats_address), env_row(env_address, token)]
     if inference_address:
         checks.append(inference_row(inference_address, token))
@@ -133,6 +149,8 @@ async def status(env_address: str, nats_address: str, token: str | None,
         checks.append(experience_row(experience_address, token))
     if trainer_address:
         checks.append(trainer_row(trainer_address, token))
+    if value_address:
+        checks.append(value_row(value_address, token))
     return list(await asyncio.gather(*checks))
 
 

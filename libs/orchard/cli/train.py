@@ -206,8 +206,9 @@ def held_out_summary(metrics: Mapping[str, float]) -> str:
             f"candidates): {auc}{', '.join(parts)}")
 
 
-async def value_model(address: str) -> value_pb2.GetModelResponse:
-    """What the value service serves; Unavailable naming the fix when it is down."""
+async def value_model(address: str) -> value_pb2.ValueModel | None:
+    """The model the value service serves (None when it serves none yet); Unavailable naming the fix when the
+    service is down."""
     import grpc
 
     from orchard.value.v1 import value_pb2, value_pb2_grpc
@@ -215,8 +216,10 @@ async def value_model(address: str) -> value_pb2.GetModelResponse:
     async with grpc.aio.insecure_channel(address) as channel:
         stub = value_pb2_grpc.ValueServiceStub(channel)  # type: ignore[no-untyped-call]
         try:
-            return await stub.GetModel(value_pb2.GetModelRequest(), timeout=CALL_S)
+            return (await stub.GetModel(value_pb2.GetModelRequest(), timeout=CALL_S)).model
         except grpc.aio.AioRpcError as err:
+            if err.code() == grpc.StatusCode.FAILED_PRECONDITION:  # up, with no model loaded yet
+                return None
             raise _rpc_error(err, "value", address, "--value-address (or drop --push)") from None
 
 

@@ -66,6 +66,9 @@ class ValueModel:
 
     def __init__(self, backbone: Any, tokenizer: Any, head: Any, config: ValueConfig) -> None:
         self.backbone, self.tokenizer, self.head, self.config = backbone, tokenizer, head, config
+        # Inputs are cut to the context by `encode` itself (head and tail): no warning about long raw texts.
+        tokenizer.model_max_length = 1 << 30
+        self._specials = self._special_tokens()
 
     @classmethod
     def load(cls, path: Path | str, *, base_model: str = "", max_context_tokens: int = 0) -> ValueModel:
@@ -109,7 +112,7 @@ class ValueModel:
         """Token ids and attention mask of `texts`, each cut to the context keeping head and tail."""
         import torch
 
-        prefix, suffix = self._special_tokens()
+        prefix, suffix = self._specials
         budget = self.config.max_context_tokens - len(prefix) - len(suffix)
         rows = []
         for text in texts:
@@ -147,6 +150,7 @@ class ValueModel:
         """The logits of `texts`, in batches, without gradients."""
         import torch
 
+        training = self.backbone.training
         self.train(False)
         out: list[float] = []
         with torch.inference_mode():
@@ -158,6 +162,7 @@ class ValueModel:
                 for i, v in zip(chunk, self.logits([texts[i] for i in chunk]).tolist(), strict=True):
                     scored[i] = float(v)
             out = [scored[i] for i in range(len(texts))]
+        self.train(training)
         return out
 
     def save(self, path: Path) -> None:
