@@ -9,6 +9,7 @@ import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import grpc
 import pytest
 from google.protobuf.duration_pb2 import Duration
 from orchard import events
@@ -17,11 +18,15 @@ from orchard.services.experience.server import build as build_experience
 from orchard.services.experience.settings import ExperienceSettings
 from orchard.trainer.v1 import trainer_pb2 as pb
 from orchard.types.v1 import types_pb2 as tpb
+from orchard.services.value.server import build as build_value
+from orchard.services.value.settings import ValueSettings
 from orchard.value.model import ValueModel
+from orchard.value.v1 import value_pb2 as vpb
+from orchard.value.v1 import value_pb2_grpc
 from experience_helpers import NatsServer, publish_and_store, stamp
 from trainer_service_helpers import trainer_service
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 PASSED = "============================= 2 passed in 0.05s =============================="
 FAILED = ("FAILED tests/test_core.py::test_fix - AssertionError: assert 2 == 3\n"
@@ -113,6 +118,24 @@ async def test_value_job_learns_from_the_experience_store(tmp_path: Path, experi
         assert served.config.metrics["auc"] == m["auc"]
         report = json.loads((Path(checkpoint.path) / "best_of_n.json").read_text())
         assert [row["n"] for row in report["curve"]] == [1, 2, 4] and len(report["held_out_tasks"]) == 2
+
+    # The value service loads the job's checkpoint and, for a held-out task, ranks its resolved candidate first.
+    held = int(report["held_out_tasks"][0].removeprefix("task-"))
+    settings = ValueSettings(port=0, log_format="text", grace_period_s=1.0)
+    server, _ = await build_value(settings)
+    port = await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = value_pb2_grpc.ValueServiceStub(channel)
+            loaded = await stub.LoadModel(vpb.LoadModelRequest(checkpoint_path=checkpoint.path))
+            assert loaded.model.version == checkpoint.version and loaded.model.job == "jobs/value-1"
+            assert loaded.model.metrics["auc"] == m["auc"]
+            group = [candidate("fresh", n, held, resolved=n == 2)[-1].rollout_finished.trajectory for n in range(4)]
+            ranked = await stub.Rerank(vpb.RerankRequest(task_id=f"task-{held}", candidates=[
+                vpb.Candidate(candidate_id=t.trajectory_id, trajectory=t) for t in group]))
+            assert ranked.best_candidate_id == group[2].trajectory_id, ranked
+    finally:
+        await server.stop()
 
 
 async def test_value_job_refuses_evaluation_tasks_and_single_outcome_data(tmp_path: Path, experience: str) -> None:

@@ -25,6 +25,14 @@ RERANK_S = 300.0
 """Deadline of one Rerank call (N candidates scored on a CPU)."""
 
 
+def _policy(text: str) -> str:
+    """`--policy`, checked as `orchard rollout` checks it."""
+    from orchard.cli.rollout import reference_quality
+
+    reference_quality(text)
+    return text
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The eval flags of best-of-N (generation and reranking)."""
     g = p.add_argument_group("best-of-N (--best-of N)")
@@ -33,13 +41,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "pass@N, with the best@N curve (JSON and PNG)")
     g.add_argument("--value-address", default="127.0.0.1:50057", help="the value service (orchard up starts it)")
     g.add_argument("--ids", nargs="*", default=None, help="only these task ids")
-    g.add_argument("--policy", default=None, help="generate with this policy instead of the served model (see "
+    g.add_argument("--policy", type=_policy, default=None, metavar="reference:Q", help="generate with this policy instead of the served model (see "
                    "`orchard rollout --policy`)")
     g.add_argument("--model", default="", help="generate with this served model (default: the inference "
                    "service's default)")
     g.add_argument("--inference-address", default="127.0.0.1:50052")
     g.add_argument("--max-steps", type=int, default=10)
-    g.add_argument("--max-step-tokens", type=int, default=256)
+    g.add_argument("--max-step-tokens", type=int, default=None, help="tokens per model reply (default: "
+                   "`orchard rollout`'s)")
     g.add_argument("--temperature", type=float, default=0.7)
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--run-id", default="", help="the generated run's id (default: a new random id)")
@@ -63,10 +72,10 @@ async def candidates_of(args: argparse.Namespace) -> tuple[list[tpb.Trajectory],
     parser = argparse.ArgumentParser(prog="orchard")
     rollout.add_parser(parser.add_subparsers())
     argv = ["rollout", "--tasks", str(args.tasks), "-n", str(args.best_of), "--concurrency", str(args.concurrency),
-            "--max-steps", str(args.max_steps), "--max-step-tokens", str(args.max_step_tokens),
-            "--temperature", str(args.temperature), "--inference-address", args.inference_address,
+            "--max-steps", str(args.max_steps), "--temperature", str(args.temperature), "--inference-address", args.inference_address,
             "--out", args.out, "--nats-url", args.nats_url]
     argv += ["--ids", *args.ids] if args.ids else []
+    argv += ["--max-step-tokens", str(args.max_step_tokens)] if args.max_step_tokens else []
     argv += ["--model", args.model] if args.model else []
     argv += ["--policy", args.policy] if args.policy else []
     argv += ["--seed", str(args.seed)] if args.seed is not None else []

@@ -24,11 +24,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                    "SWE-bench instances (default: toyrepair)")
     p.add_argument("--ids", nargs="*", default=None, help="only these instance ids")
     p.add_argument("--model", default="", help="the served model (default: the inference service's default)")
+    p.add_argument("--policy", type=reference_quality, default=None, metavar="reference:Q",
+                   help="instead of a served model, run a synthetic reference policy built from the task set's gold "
+                   "patches: each rollout submits the gold patch with probability Q in [0, 1], else a flawed one, "
+                   "through the real sandboxes and grader (trajectories name it e.g. reference-q0.50; --seed makes its "
+                   "choices repeat). It exercises value training and best-of-N without a capable model; no "
+                   "inference service is needed")
     p.add_argument("-n", "--samples", type=int, default=1, help="rollouts per task (k)")
     p.add_argument("--concurrency", type=int, default=4, help="rollouts in flight at once (each holds a sandbox)")
     p.add_argument("--max-steps", type=int, default=10)
-    p.add_argument("--max-tokens", type=int, default=8192, help="token budget of a whole rollout")
-    p.add_argument("--max-step-tokens", type=int, default=256, help="tokens per model reply")
+    p.add_argument("--max-tokens", type=int, default=None, help="token budget of a whole rollout (default 8192; "
+                   "32768 with --policy, whose tokens are bytes)")
+    p.add_argument("--max-step-tokens", type=int, default=None, help="tokens per model reply (default 256; 8192 "
+                   "with --policy)")
     p.add_argument("--wall-clock", type=float, default=1800, help="seconds per rollout")
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--seed", type=int, default=None)
@@ -43,6 +51,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                    "for the experience service (default: the NATS `orchard up` starts)")
     p.add_argument("--no-events", action="store_true", help="do not publish events (only the local JSONL)")
     p.set_defaults(func=cmd_rollout)
+
+
+def reference_quality(text: str) -> float:
+    """The Q of `--policy reference:Q`."""
+    kind, _, quality = text.partition(":")
+    try:
+        value = float(quality)
+    except ValueError:
+        value = float("nan")
+    if kind != "reference" or not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a policy: give reference:Q with Q a number in [0, 1], "
+                                         f"e.g. reference:0.5")
+    return value
 
 
 NATS_CONNECT_TIMEOUT_S = 5.0
@@ -84,6 +105,8 @@ async def rollout(args: argparse.Namespace) -> int:
         AgentLoop,
         InferenceModel,
         Limits,
+        Model,
+        ReferenceModel,
         SamplingConfig,
         SWEHarness,
         run_rollouts,
@@ -101,15 +124,22 @@ async def rollout(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise InvalidArgument(f"--run-id {run_id!r} cannot name a run: {err}") from None
     folder = Path(args.out) / run_id
-    sampling = SamplingConfig(temperature=args.temperature, max_step_tokens=args.max_step_tokens, seed=args.seed)
+    # The reference policy's tokens are bytes: its replies carry whole patches.
+    max_tokens = args.max_tokens or (8192 if args.policy is None else 32768)
+    sampling = SamplingConfig(temperature=args.temperature, seed=args.seed,
+                              max_step_tokens=args.max_step_tokens or (256 if args.policy is None else 8192))
     total, counts = len(instances) * args.samples, {"done": 0, "resolved": 0, "graded": 0}
     task_set = args.tasks if "/" not in str(args.tasks) else Path(args.tasks).stem
     async with contextlib.AsyncExitStack() as stack:
         # 1. Everything this run needs, checked before the first rollout starts.
         publisher = None if args.no_events else await connect_events(stack, args.nats_url)
-        model = InferenceModel(args.inference_address, args.model, sampling)
-        await model.connect()
-        stack.push_async_callback(model.close)
+        model: Model
+        if args.policy is None:
+            model = InferenceModel(args.inference_address, args.model, sampling)
+            await model.connect()
+            stack.push_async_callback(model.close)
+        else:
+            model = ReferenceModel(instances, args.policy)
         client = await stack.enter_async_context(AsyncSandboxClient(args.env_address))
         folder.mkdir(parents=True, exist_ok=True)
         stored = stack.enter_context((folder / "trajectories.jsonl").open("a"))
@@ -128,7 +158,7 @@ async def rollout(args: argparse.Namespace) -> int:
         print(f"run {run_id}: {model.name} on {len(instances)} tasks x {args.samples} samples -> {folder}"
               + ("" if publisher is None else f" and {args.nats_url}"), file=sys.stderr)
         # 2. The rollouts, graded and stored as each one ends.
-        loop = AgentLoop(model, Limits(max_steps=args.max_steps, max_tokens=args.max_tokens,
+        loop = AgentLoop(model, Limits(max_steps=args.max_steps, max_tokens=max_tokens,
                                        wall_clock_s=args.wall_clock), sampling, sink=publisher, run_id=run_id)
         results = await run_rollouts(instances, args.samples, loop=loop, client=client,
                                      make_harness=lambda t: SWEHarness(t, client, task_set=task_set),

@@ -5,7 +5,8 @@ trajectories (ids, log-probs, loss mask) for RL, SFT and evaluation.
     trajectory = await loop.run(SWEHarness(instance, sandbox_client))
 
 A domain plugs in as a `Harness` (SWE here; GUI and assistant harnesses implement the same five methods);
-models as a `Model` (`InferenceModel` over gRPC, `ScriptedModel` for deterministic tests); event publishers
+models as a `Model` (`InferenceModel` over gRPC, `ScriptedModel` for deterministic tests, `ReferenceModel`, a
+synthetic policy of chosen quality built from gold patches); event publishers
 as an `EventSink`.
 """
 
@@ -28,6 +29,7 @@ from orchard.harness.model import (
     SamplingConfig,
     Timeouts,
 )
+from orchard.harness.reference import ReferenceModel
 from orchard.harness.runner import RolloutResult, run_rollouts
 from orchard.harness.scripted import ScriptedModel, replay
 from orchard.harness.swe import SWEHarness
@@ -44,6 +46,7 @@ __all__ = [
     "ModelError",
     "NullSink",
     "Parsed",
+    "ReferenceModel",
     "Rendered",
     "RolloutResult",
     "SWEHarness",

@@ -1,0 +1,272 @@
+"""ReferenceModel: a synthetic policy of chosen quality, built from a task set's gold patches, for exercising value
+training, reranking and best-of-N without a capable model. It is no model: it knows every answer and chooses,
+per rollout, whether to give it.
+
+Each rollout draws a plan from its own seeded RNG: with probability `quality` it writes the task's gold patch,
+otherwise a flawed one (see FLAWS). It looks at the code (cat, grep, the editor), applies its patch with
+`git apply`, runs the tests more often the better it is, may revert and apply the gold patch after seeing them
+fail, and submits. Everything goes through the real harness and sandbox, so observations, test runs and grades
+are real; only the choices are scripted.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from collections.abc import Callable, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+from orchard.errors import InvalidArgument
+from orchard.harness.model import ModelError, Sample
+from orchard.harness.scripted import ScriptedModel
+from orchard.tasks.instance import TaskInstance
+
+FLAWS = {"mutated": 4, "partial": 3, "deleted": 2, "unchanged": 1}
+"""Kinds of flawed attempt, with their weights among those a task allows: the gold patch with one added line
+mutated (a constant, operator, index or argument order: it applies, and is meant to fail the tests), only some
+hunks of a multi-hunk gold patch, the offending lines deleted without the fix (the right file, broken), and no
+change at all."""
+TEST_COMMANDS = ("python -m pytest -q", "python -m pytest -q tests", "python -m pytest -x -q")
+
+_HUNK = re.compile(r"^@@ -(\d+)(?:,\d+)? \+\d+(?:,\d+)? @@(.*)$")
+_MUTATIONS: list[tuple[re.Pattern[str], Callable[[re.Match[str]], str]]] = [
+    (re.compile(r"(?<![<>=!-])[<>](?![<>=])"), lambda m: {"<": ">", ">": "<"}[m[0]]),
+    (re.compile(r"<=|>="), lambda m: {"<=": ">=", ">=": "<="}[m[0]]),
+    (re.compile(r"==|!="), lambda m: {"==": "!=", "!=": "=="}[m[0]]),
+    (re.compile(r"\b(?:and|or)\b"), lambda m: {"and": "or", "or": "and"}[m[0]]),
+    (re.compile(r"(?<![\w.])\d+(?![\w.])"), lambda m: str(int(m[0]) + 1)),
+    (re.compile(r" [+-] "), lambda m: {" + ": " - ", " - ": " + "}[m[0]]),
+    (re.compile(r"\[(-?\w+)([:\]])"), lambda m: f"[{m[1]} + 1{m[2]}"),
+    (re.compile(r"\[(-?\w+)([:\]])"), lambda m: f"[{m[1]} - 1{m[2]}"),
+    (re.compile(r"\b(\w+)\((\w+), (\w+)\)"), lambda m: f"{m[1]}({m[3]}, {m[2]})"),
+]
+"""Single-point mutations of a code line: flip a comparison, and/or, a constant (+1), +/-, an index (+/-1), or
+the arguments of a two-argument call."""
+_RETURN = re.compile(r"^(\s*return )(.+?)\s*$")
+"""When no mutation fits: an off-by-one in the returned value."""
+_ROLLOUT: ContextVar[str] = ContextVar("orchard_reference_rollout")
+
+File = tuple[list[str], list[list[str]]]
+"""A file's part of a unified diff: its header lines, and its hunks (each its @@ line, then its body)."""
+
+
+def split_patch(patch: str) -> list[File]:
+    """A unified diff (`diff --git` sections) as its files' headers and hunks."""
+    files: list[File] = []
+    for line in patch.splitlines():
+        if line.startswith("diff --git") or not files:
+            files.append(([line], []))
+        elif line.startswith("@@"):
+            files[-1][1].append([line])
+        elif files[-1][1]:
+            if line:
+                files[-1][1][-1].append(line)
+        else:
+            files[-1][0].append(line)
+    return files
+
+
+def join_patch(files: list[File]) -> str:
+    """A unified diff of these files, with every hunk's line numbers and counts remade from its body; hunks
+    without changes, and files without hunks, are left out."""
+    out: list[str] = []
+    for header, hunks in files:
+        kept = [h for h in hunks if any(line[:1] in "+-" for line in h[1:])]
+        if not kept:
+            continue
+        out += header
+        shift = 0
+        for hunk in kept:
+            match = _HUNK.match(hunk[0])
+            if match is None:
+                raise ValueError(f"not a hunk header: {hunk[0]!r}")
+            body = hunk[1:]
+            start = int(match[1])
+            old = sum(line[:1] in " -" for line in body)
+            new = sum(line[:1] in " +" for line in body)
+            out.append(f"@@ -{_span(start, old)} +{_span(start + shift + (old == 0), new)} @@{match[2]}")
+            out += body
+            shift += new - old
+    return "\n".join(out) + "\n" if out else ""
+
+
+def _span(start: int, count: int) -> str:
+    """A hunk header's range, as git writes it (no count when it is 1)."""
+    return str(start) if count == 1 else f"{start},{count}"
+
+
+def mutations(patch: str) -> list[str]:
+    """Every patch that is `patch` with one mutation in one added code line (see _MUTATIONS), unless the mutation
+    writes back a line the patch removes (a mutated fix that restores the bug is no change at all)."""
+    files = split_patch(patch)
+    found: list[tuple[int, int, int, str]] = []
+    fallback: list[tuple[int, int, int, str]] = []
+    for f, (_, hunks) in enumerate(files):
+        for h, hunk in enumerate(hunks):
+            removed = {line[1:] for line in hunk[1:] if line.startswith("-")}
+            for n, line in enumerate(hunk[1:], 1):
+                code = line[1:]
+                if not line.startswith("+") or not code.strip() or code.strip().startswith(("#", '"""', "'''")):
+                    continue
+                mutants = [code[:m.start()] + replace(m) + code[m.end():]
+                           for pattern, replace in _MUTATIONS for m in pattern.finditer(code)]
+                found += [(f, h, n, mutant) for mutant in mutants if mutant not in removed]
+                if returned := _RETURN.match(code):
+                    fallback.append((f, h, n, f"{returned[1]}{returned[2]} - 1"))
+    patches = []
+    for f, h, n, code in found or fallback:
+        copy = [(header, [list(hunk) for hunk in hunks]) for header, hunks in files]
+        copy[f][1][h][n] = "+" + code
+        patches.append(join_patch(copy))
+    return list(dict.fromkeys(patches))
+
+
+def partials(patch: str) -> list[str]:
+    """Every patch that is `patch` less one of its hunks (none when it has a single hunk)."""
+    files = split_patch(patch)
+    where = [(f, h) for f, (_, hunks) in enumerate(files) for h in range(len(hunks))]
+    if len(where) < 2:
+        return []
+    return [join_patch([(header, [hunk for h, hunk in enumerate(hunks) if (f, h) != drop])
+                        for f, (header, hunks) in enumerate(files)]) for drop in where]
+
+
+def deletion(patch: str) -> str:
+    """`patch` without its added lines: the offending code removed, the fix not written ("" when that is no
+    change or is the gold patch itself)."""
+    files = split_patch(patch)
+    if not any(line.startswith("+") for _, hunks in files for hunk in hunks for line in hunk[1:]):
+        return ""
+    return join_patch([(header, [[hunk[0], *(line for line in hunk[1:] if not line.startswith("+"))]
+                                 for hunk in hunks]) for header, hunks in files])
+
+
+def changed_files(patch: str) -> list[str]:
+    """The paths a patch touches, in order."""
+    return [line[6:] for line in patch.splitlines() if line.startswith("+++ b/")] or \
+        [line[6:] for line in patch.splitlines() if line.startswith("--- a/")]
+
+
+def tool_call(name: str, **arguments: object) -> str:
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
+
+
+def apply_command(patch: str, via_file: bool = False) -> str:
+    """A bash command that applies `patch` at the repository root (from stdin, or written to a file first)."""
+    if via_file:
+        return f"cat > /tmp/fix.diff <<'PATCH'\n{patch}PATCH\ngit apply /tmp/fix.diff && git diff --stat"
+    return f"git apply -v <<'PATCH'\n{patch}PATCH"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one rollout does, drawn once from its RNG."""
+
+    flaw: str
+    """"" when it writes the gold patch, else the kind of flawed attempt (a key of FLAWS)."""
+    replies: list[str]
+    """The replies up to and including the tests (looking, the edit, the test run)."""
+    tests: str
+    """The test command it runs after the edit ("" when it does not run tests)."""
+    retry: bool
+    """Whether failing tests make it revert and apply the gold patch."""
+
+
+class ReferenceModel(ScriptedModel):
+    """A synthetic policy of chosen quality built from the tasks' gold patches (see the module docstring).
+
+    A rollout's choices come from an RNG seeded with `seed`, the task and the rollout's identity: in a seeded
+    run the sample index (the loop seeds step s of sample i with base + 1000 * i + s), else the trajectory id.
+    So the k samples of a task differ, and a seeded run repeats exactly.
+    """
+
+    def __init__(self, tasks: Sequence[TaskInstance], quality: float, seed: int = 0) -> None:
+        if not 0.0 <= quality <= 1.0:
+            raise InvalidArgument(f"a reference policy's quality must be in [0, 1], got {quality}",
+                                  field="quality")
+        super().__init__(self.reply, name=f"reference-q{quality:.2f}")
+        self.tasks = list(tasks)
+        self.quality = quality
+        self.seed = seed
+
+    async def generate(self, token_ids: list[int], max_tokens: int, seed: int | None,
+                       labels: dict[str, str]) -> Sample:
+        # ScriptedModel shows its policy only (prompt, step): which rollout this is travels in a context variable.
+        rollout = f"sample {seed - int(labels['step'])}" if seed is not None else labels["trajectory_id"]
+        token = _ROLLOUT.set(rollout)
+        try:
+            return await super().generate(token_ids, max_tokens, seed, labels)
+        finally:
+            _ROLLOUT.reset(token)
+
+    def task_of(self, prompt: str) -> TaskInstance:
+        """The task whose problem statement is in the prompt's first user message."""
+        first = prompt.split("<|im_start|>user\n", 1)[-1].split("<|im_end|>", 1)[0]
+        for task in self.tasks:
+            if task.problem_statement in first:
+                return task
+        raise ModelError(f"the reference policy does not know the task in this prompt: build it from the task set "
+                         f"being run (it knows {len(self.tasks)} tasks, e.g. {self.tasks[0].instance_id})")
+
+    def plan(self, task: TaskInstance, rollout: str) -> Plan:
+        """The plan of `rollout` on `task` (the same for the same seed, task and rollout)."""
+        rng = random.Random(f"{self.seed}/{task.instance_id}/{rollout}")
+        solves = rng.random() < self.quality  # drawn first: a rollout that solves at q also solves above q
+        runs_tests = rng.random() < 0.25 + 0.7 * self.quality
+        retry = rng.random() < self.quality
+        flaw, patch = "", task.patch
+        if not solves:
+            options = {"mutated": mutations(task.patch), "partial": partials(task.patch),
+                       "deleted": [d] if (d := deletion(task.patch)) else [], "unchanged": [""]}
+            kinds = [k for k in FLAWS if options[k]]
+            flaw = rng.choices(kinds, [FLAWS[k] for k in kinds])[0]
+            patch = rng.choice(options[flaw])
+        target = (changed_files(task.patch) or ["."])[0]
+        symbol = re.search(r"`[\w.]*?(\w+)[`(]", task.problem_statement)
+        replies: list[str] = []
+        if rng.random() < 0.4:
+            replies.append("Let me get my bearings in the repository first.\n" + tool_call("bash", command=rng.choice(
+                ["ls -R . | grep -v pyc | head -40", "git ls-files", "find . -name '*.py' -not -path './.git/*'"])))
+        if symbol and rng.random() < 0.5:
+            replies.append(f"Let me find where `{symbol[1]}` is defined.\n"
+                           + tool_call("bash", command=f"grep -rn '{symbol[1]}' --include='*.py' ."))
+        replies.append(f"Let me read {target}.\n" + rng.choice(
+            [tool_call("bash", command=f"cat {target}"), tool_call("bash", command=f"cat -n {target}"),
+             tool_call("editor", command="view", path=target)]))
+        if patch:
+            replies.append(f"I see the problem in {target}. Fixing it:\n"
+                           + tool_call("bash", command=apply_command(patch, rng.random() < 0.5)))
+        tests = rng.choice(TEST_COMMANDS) if runs_tests else ""
+        if tests:
+            replies.append("Let me run the tests.\n" + tool_call("bash", command=tests))
+        return Plan(flaw, replies, tests, retry)
+
+    def reply(self, prompt: str, step: int) -> str:
+        """The policy: the plan's replies, then a retry with the gold patch if the tests failed, then submit."""
+        task = self.task_of(prompt)
+        plan = self.plan(task, _ROLLOUT.get())
+        done = len(plan.replies)
+        if step < done:
+            return plan.replies[step]
+        # Only a retry goes on past `done` (a submission ends the rollout), so steps are told apart by index.
+        passed = last_exit_code(prompt) == 0
+        if step == done and plan.tests and not passed and plan.retry:
+            command = "git reset -q --hard && git clean -fdq && " + apply_command(task.patch)
+            return "The tests fail. Let me start again from a clean tree and fix it properly.\n" + \
+                tool_call("bash", command=command)
+        if step == done + 1:
+            return "Let me run the tests again.\n" + tool_call("bash", command=plan.tests)
+        if not plan.tests:
+            return "That should do it. Submitting.\n" + tool_call("submit")
+        if passed:
+            return "The tests pass. Submitting.\n" + tool_call("submit")
+        return "Some tests still fail, but I believe the issue is addressed. Submitting.\n" + tool_call("submit")
+
+
+def last_exit_code(prompt: str) -> int | None:
+    """The exit code the last observation in the prompt reports (None when it reports none)."""
+    last = prompt.rsplit("<|im_start|>", 2)[-2] if prompt.count("<|im_start|>") >= 2 else ""
+    found = re.search(r"\[exit code (-?\d+)\]\s*<\|im_end\|>", last)
+    return int(found[1]) if found else None
