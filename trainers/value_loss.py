@@ -14,15 +14,14 @@ def value_loss(logits: torch.Tensor, resolved: Sequence[bool], task_ids: Sequenc
     within-task pairs (no pair term when the batch has none)."""
     labels = torch.tensor([float(y) for y in resolved], dtype=logits.dtype)
     bce = torch.nn.functional.binary_cross_entropy_with_logits(logits, labels)
-    pos, neg = [], []
-    for i, (ti, yi) in enumerate(zip(task_ids, resolved, strict=True)):
-        for j, (tj, yj) in enumerate(zip(task_ids, resolved, strict=True)):
-            if ti == tj and yi and not yj:
-                pos.append(i)
-                neg.append(j)
-    if pos:
+    task = torch.tensor([hash(t) for t in task_ids])
+    positive = labels.bool()
+    # pairs[i, j]: i resolved, j not, same task.
+    pairs = (task[:, None] == task[None, :]) & positive[:, None] & ~positive[None, :]
+    pos, neg = pairs.nonzero(as_tuple=True)
+    if len(pos):
         pairwise = torch.nn.functional.softplus(-(logits[pos] - logits[neg])).mean()
     else:
         pairwise = logits.sum() * 0.0
     loss = bce + pairwise_weight * pairwise
-    return loss, {"bce": float(bce), "pairwise": float(pairwise), "pairs": float(len(pos))}
+    return loss, {"bce": float(bce.detach()), "pairwise": float(pairwise.detach()), "pairs": float(len(pos))}

@@ -72,3 +72,13 @@ def test_trainer_step_benchmark() -> None:
     assert isinstance(job, dict) and isinstance(bare, dict)
     assert job["steps"] == bare["steps"] == 2, report
     assert float(report["ratio"]) > 0 and job["wall_s"] > 0
+
+
+def test_value_proofs_benchmark(tmp_path: Path) -> None:
+    """CPU only, one seed at tiny sizes: best@8 comes with random@8 from the same run, and the plot is written."""
+    png = tmp_path / "best_of_n.png"
+    report = run_bench("value_proofs.py", ["--quick", "--plot", str(png)], "best@8")
+    assert report["seeds"] == 1 and report["eval_tasks"] == 8 and report["candidates_per_task"] == 8, report
+    assert 0 <= report["random@8"] <= report["pass@8"] <= 1 and report["ratio_best_to_random_at_8"] > 0, report
+    assert [row["n"] for row in report["curve"]] == [1, 2, 4, 8], report
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -106,8 +106,7 @@ def _by_task(candidates: Sequence[Candidate]) -> dict[str, list[Candidate]]:
 
 def best_of(group: Sequence[Candidate]) -> Candidate:
     """The candidate the reranker picks from `group`."""
-    top = rank([c.score for c in group], [c.patch or f"<{i}>" for i, c in enumerate(group)],
-               [c.excluded for c in group])[0]
+    top = rank([c.score for c in group], [c.patch for c in group], [c.excluded for c in group])[0]
     return group[top.index]
 
 
@@ -130,7 +129,8 @@ def pass_at_n(candidates: Sequence[Candidate], n: int) -> float:
 
 
 def pass_at_1(candidates: Sequence[Candidate]) -> float:
-    """The resolve rate of every candidate (the unbiased pass@1 of all samples)."""
+    """The resolve rate of every candidate (the unbiased pass@1 of all samples; random@1 is that of each task's
+    first candidate only)."""
     return sum(c.resolved for c in candidates) / max(len(candidates), 1)
 
 
