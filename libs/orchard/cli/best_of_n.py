@@ -68,7 +68,7 @@ async def candidates_of(args: argparse.Namespace) -> tuple[list[tpb.Trajectory],
     from orchard.types.v1 import types_pb2 as tpb
 
     if args.run:
-        return await stored_run(args.experience_address, args.run, wait_s=args.wait), None
+        return await stored_run(args.experience_address, args.run, wait_s=args.wait, full=True), None
     parser = argparse.ArgumentParser(prog="orchard")
     rollout.add_parser(parser.add_subparsers())
     argv = ["rollout", "--tasks", str(args.tasks), "-n", str(args.best_of), "--concurrency", str(args.concurrency),

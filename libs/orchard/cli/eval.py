@@ -67,8 +67,10 @@ def grade_from_trajectory(trajectory: tpb.Trajectory) -> GradeResult | None:
                        duration_s=details.duration.ToNanoseconds() / 1e9, sample_index=trajectory.sample_index)
 
 
-async def stored_run(address: str, run_id: str, *, wait_s: float, graded: bool = True) -> list[tpb.Trajectory]:
-    """Every rollout of `run_id` in the experience service (patch and rewards, no tokens), once it holds them all.
+async def stored_run(address: str, run_id: str, *, wait_s: float, graded: bool = True,
+                     full: bool = False) -> list[tpb.Trajectory]:
+    """Every rollout of `run_id` in the experience service (patch and rewards; with `full`, its messages, steps and
+    tokens too), once it holds them all.
 
     The service stores events a moment after they were published, so this asks until every rollout is finished
     (and graded, when `graded`) and two looks POLL_S apart agree on the count; after `wait_s` it returns what
@@ -82,7 +84,8 @@ async def stored_run(address: str, run_id: str, *, wait_s: float, graded: bool =
     from orchard.types.v1 import types_pb2 as tpb
 
     request = epb.ListTrajectoriesRequest(filter=epb.TrajectoryFilter(run_ids=[run_id], include_unfinished=True),
-                                          view=epb.TRAJECTORY_VIEW_BASIC, page_size=1000)
+                                          view=epb.TRAJECTORY_VIEW_FULL if full else epb.TRAJECTORY_VIEW_BASIC,
+                                          page_size=50 if full else 1000)  # full pages stay under gRPC's 4 MB
     deadline, agreed, told = time.monotonic() + wait_s, -1, False
     async with grpc.aio.insecure_channel(address) as channel:
         stub = experience_pb2_grpc.ExperienceServiceStub(channel)  # type: ignore[no-untyped-call]
