@@ -51,7 +51,7 @@ def test_best_random_and_pass_at_n() -> None:
     assert [row["n"] for row in report["curve"]] == [1, 2, 4]  # no task has 8
     assert report["pass@1"] == pytest.approx(2 / 6) and report["auc"] == pytest.approx(7 / 8)
     table = vm.format_best_of_n(report)
-    assert "  2       50.0%       50.0%      100.0%" in table and "AUC 0.875" in table
+    assert "  2      50.0%      50.0%     100.0%" in table and "AUC 0.875" in table
 
 
 def test_an_excluded_or_empty_candidate_is_not_picked_over_a_scored_one() -> None:
