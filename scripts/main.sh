@@ -4,7 +4,9 @@
 # model on the bundled ToyRepair tasks (k = 2 samples each), store every rollout in the experience service,
 # print the SWE-bench-style report, and read the run back from the experience service into the same report.
 # Then one short SFT round on those stored rollouts (the trainer service), the new weights pushed to the
-# inference service, the same rollouts again on them, and the report of both runs before/after.
+# inference service, the same rollouts again on them, and the report of both runs before/after. Last, the
+# best-of-N rerank: a value model trained on history from three reference policies of different quality (on 6
+# tasks), served by the value service, picks among 8 fresh candidates of the 2 held-out tasks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
@@ -40,3 +42,26 @@ echo "main: run $run as stored in the experience service:"
   --env-address "127.0.0.1:$port" --nats-url "nats://127.0.0.1:$nats_port" --run-id "$run-after" --out .state/runs
 echo "main: run $run-after (trained weights) against run $run:"
 .venv/bin/orchard eval --run "$run-after" --tasks toyrepair --compare "$run"
+
+# History for the value model: three synthetic reference policies (each rollout submits the gold patch with
+# probability Q, else a flawed one; real sandboxes, real grading) on 6 of the 8 tasks, 4 samples each. The small
+# embedded model resolves nothing, so it cannot provide the resolved examples a value model needs.
+mapfile -t tasks < <(.venv/bin/python -c "from orchard.tasks import load_instances
+print('\n'.join(i.instance_id for i in load_instances('toyrepair')))")
+held_out=("${tasks[@]: -2}")
+history=()
+for q in 2 5 8; do
+  .venv/bin/orchard rollout --tasks toyrepair --ids "${tasks[@]:0:6}" --policy "reference:0.$q" -n 4 --seed 1 \
+    --concurrency 8 --env-address "127.0.0.1:$port" --nats-url "nats://127.0.0.1:$nats_port" \
+    --run-id "$run-ref-q$q" --out .state/runs >/dev/null
+  history+=(--run "$run-ref-q$q")
+done
+echo "main: history runs ${history[*]} (reference policies, 6 tasks x 4 samples each) stored"
+# The value job (all-MiniLM-L6-v2 with a scalar head, BCE + within-task pairwise loss) on that history, refused if
+# it held a held-out task (decontamination), its checkpoint loaded into the value service.
+printf '%s\n' "${held_out[@]}" >.state/runs/"$run"-held-out.txt
+.venv/bin/orchard train --kind value "${history[@]}" --eval-tasks .state/runs/"$run"-held-out.txt --push
+# Best-of-8 on the held-out tasks: 8 candidates each from a middling reference policy, reranked, the picks graded.
+.venv/bin/orchard eval --best-of 8 --tasks toyrepair --ids "${held_out[@]}" --policy reference:0.4 --seed 2 \
+  --concurrency 8 --env-address "127.0.0.1:$port" --nats-url "nats://127.0.0.1:$nats_port" \
+  --run-id "$run-best-of-8" --out .state/runs

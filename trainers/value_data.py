@@ -3,13 +3,16 @@ RPR judge's compact renderer, deduplicated on (task, patch hash), split by task 
 sampled each epoch with positives and negatives balanced within each task and spread across runs.
 
 Choices [I]:
+- A distinct (task, patch) is one candidate, whichever runs submitted it; each epoch shows it through one of
+  the trajectories that reached it, drawn at random (their logs differ: tests run or not, other steps).
 - A task with both outcomes gives, each epoch, all of its minority class and as many of its majority class,
   drawn round-robin across runs (so one large run does not crowd out the others); over the epochs every
   candidate is seen.
 - A task with one outcome only teaches no ranking; it adds at most SINGLE_OUTCOME_PER_EPOCH candidates per
   epoch (calibration across tasks).
 - The held-out tasks are drawn from the tasks with both outcomes (the only ones where best@N can differ from
-  random@N); their candidates are all kept, unbalanced, as at evaluation.
+  random@N); every one of their graded trajectories is kept, duplicates included, unbalanced, as candidates
+  come at evaluation.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from orchard.errors import FailedPrecondition
 from orchard.trainers.data import resolved
@@ -38,6 +41,15 @@ class Example:
     text: str
     resolved: bool
     patch: str
+    variants: tuple[str, ...] = ()
+    """The renderings of the other trajectories that submitted the same patch for the task."""
+
+    def drawn(self, rng: random.Random) -> Example:
+        """The candidate as one of the trajectories that reached it shows it."""
+        if not self.variants:
+            return self
+        text = rng.choice((self.text, *self.variants))
+        return Example(self.task_id, self.run_id, self.trajectory_id, text, self.resolved, self.patch)
 
 
 @dataclass
@@ -70,20 +82,24 @@ def _by_task(examples: Sequence[Example]) -> dict[str, list[Example]]:
 
 def build(trajectories: Sequence[tpb.Trajectory], *, eval_fraction: float, seed: int) -> ValueData:
     """Rendered, deduplicated candidates split by task; FailedPrecondition when nothing can teach a ranking."""
-    seen: set[tuple[str, str]] = set()
-    examples: list[Example] = []
+    distinct: dict[tuple[str, str], Example] = {}
+    every: list[Example] = []
     ungraded = duplicates = 0
     for traj in trajectories:
         if not graded(traj):
             ungraded += 1
             continue
+        example = Example(traj.task_id, traj.run_id, traj.trajectory_id, render_candidate(traj), resolved(traj),
+                          traj.final_patch)
+        every.append(example)
         key = (traj.task_id, patch_key(traj))
-        if key in seen:
+        first = distinct.get(key)
+        if first is None:
+            distinct[key] = example
+        else:
             duplicates += 1
-            continue
-        seen.add(key)
-        examples.append(Example(traj.task_id, traj.run_id, traj.trajectory_id, render_candidate(traj),
-                                resolved(traj), traj.final_patch))
+            distinct[key] = replace(first, variants=(*first.variants, example.text))
+    examples = list(distinct.values())
     tasks = _by_task(examples)
     mixed = sorted(t for t, group in tasks.items() if len({e.resolved for e in group}) == 2)
     if not mixed:
@@ -98,7 +114,7 @@ def build(trajectories: Sequence[tpb.Trajectory], *, eval_fraction: float, seed:
         count = min(len(mixed) - 1, max(1, round(eval_fraction * len(mixed))))
         held = set(random.Random(seed).sample(mixed, count))
     train = [e for e in examples if e.task_id not in held]
-    held_out = [e for e in examples if e.task_id in held]
+    held_out = [e for e in every if e.task_id in held]
     stats = {"candidates": float(len(examples)), "tasks": float(len(tasks)), "tasks_mixed": float(len(mixed)),
              "tasks_held_out": float(len(held)), "train_candidates": float(len(train)),
              "held_out_candidates": float(len(held_out)), "ungraded_left_out": float(ungraded),
@@ -136,6 +152,7 @@ def epoch_sample(data: ValueData, epoch: int, seed: int) -> list[list[Example]]:
             chosen = _round_robin(pos, n, rng) + _round_robin(neg, n, rng)
         else:
             chosen = _round_robin(group, min(len(group), SINGLE_OUTCOME_PER_EPOCH), rng)
+        chosen = [e.drawn(rng) for e in chosen]
         rng.shuffle(chosen)
         groups.append(chosen)
     rng.shuffle(groups)

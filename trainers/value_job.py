@@ -6,6 +6,7 @@ Choices [I]:
 - The embedded default backbone is all-MiniLM-L6-v2 (mean-pooled); `base_model` may name another Hugging Face
   folder (a causal LM is pooled at its last token). A fresh head starts at zero (every score 0.5) and learns
   HEAD_LR_SCALE times faster than the pretrained backbone.
+- Without `epochs` a small store is passed over until MIN_STEPS steps (each epoch a new balanced draw).
 - Batches keep a task's candidates together, so the pairwise term sees the within-task pairs.
 - The held-out figures are computed on tasks the model never trained on, each task's candidates in a seeded
   random order (best@N takes the first N).
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 import time
 from collections.abc import Sequence
@@ -37,6 +39,9 @@ HEAD_LR_SCALE = 100.0
 DEFAULT_PAIRWISE_WEIGHT = 1.0
 DEFAULT_EVAL_FRACTION = 0.1
 DEFAULT_BEST_AT_N = (1, 2, 4, 8, 16)
+MIN_STEPS = 40
+"""Without `epochs`, a job runs the recipe's 4 epochs or as many as give this many optimiser steps: a store of
+a few tasks balances down to a handful of candidates per epoch."""
 REPORT_FILE = "best_of_n.json"
 """The held-out best-of-N report, written into the final checkpoint."""
 
@@ -103,7 +108,11 @@ def run(ctx: JobContext) -> None:
     model = ValueModel.load(resume.path if resume else backbone, base_model=name,
                             max_context_tokens=config.value.max_context_tokens or o.max_seq_len)
     torch.manual_seed(o.seed)
-    plan = [b for epoch in range(o.epochs)
+    epochs = o.epochs
+    if not config.hyperparameters.epochs:  # the default: enough passes over a small store for MIN_STEPS steps
+        per_epoch = len(value_data.batches(value_data.epoch_sample(vd, 0, o.seed), o.global_batch_size))
+        epochs = max(o.epochs, math.ceil(MIN_STEPS / max(per_epoch, 1)))
+    plan = [b for epoch in range(epochs)
             for b in value_data.batches(value_data.epoch_sample(vd, epoch, o.seed), o.global_batch_size)]
     total = min(len(plan), o.max_steps) if o.max_steps else len(plan)
     head_params = list(model.head.parameters())
@@ -135,7 +144,7 @@ def run(ctx: JobContext) -> None:
         loss_value = float(loss.detach())
         step_metrics = {"learning_rate": lr, "grad_norm": grad_norm, **parts,
                         "candidates_per_second": len(batch) / (time.perf_counter() - started)}
-        ctx.progress(step + 1, total, loss_value, epoch=(step + 1) * o.epochs / max(len(plan), 1), **step_metrics)
+        ctx.progress(step + 1, total, loss_value, epoch=(step + 1) * epochs / max(len(plan), 1), **step_metrics)
         if o.save_every_steps and (step + 1) % o.save_every_steps == 0 and step + 1 < total:
             _save(ctx, model, opt, step + 1, {"loss": loss_value}, is_final=False)
     report = held_out_report(model, vd.held_out, ns, o.seed)
@@ -143,5 +152,5 @@ def run(ctx: JobContext) -> None:
         report["held_out_tasks"] = sorted({e.task_id for e in vd.held_out})
         log.info("held-out best-of-N:\n%s", vm.format_best_of_n(report))
     final = {**step_metrics, **vd.stats, **report_metrics(report)}
-    ctx.progress(total, total, loss_value, epoch=float(o.epochs), **final)
+    ctx.progress(total, total, loss_value, epoch=total * epochs / max(len(plan), 1), **final)
     _save(ctx, model, None, total, {"loss": loss_value, **final}, is_final=True, report=report or None)

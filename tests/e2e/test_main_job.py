@@ -4,7 +4,10 @@ repository (pytest fails, the patch fixes it, pytest passes), `orchard rollout` 
 bundled ToyRepair tasks (k = 2) and prints the SWE-bench-style report, `orchard eval --run` reads every rollout
 back from the experience service into the same report, `orchard train --push` runs one SFT step on those
 rollouts and loads the checkpoint into the inference service, a second `orchard rollout` runs on the trained
-weights, `orchard eval --compare` sets both runs side by side, and Ctrl-C (SIGINT) stops everything cleanly."""
+weights, `orchard eval --compare` sets both runs side by side; then reference policies of three qualities build
+history on 6 tasks, `orchard train --kind value --push` trains a value model on it and loads it into the value
+service, `orchard eval --best-of 8` reranks 8 fresh candidates of each of the 2 held-out tasks and prints the
+best-of-N table (with its JSON and PNG), and Ctrl-C (SIGINT) stops everything cleanly."""
 
 import asyncio
 import json
@@ -102,12 +105,13 @@ def test_main_job(tmp_path: Path) -> None:
     down."""
     asyncio.run(ImageStore(default_images_dir()).build("python:3.11-slim"))  # at once when cached
     env_port, nats_port, inference_port, openai_port = _free_port(), _free_port(), _free_port(), _free_port()
-    experience_port, trainer_port = _free_port(), _free_port()
+    experience_port, trainer_port, value_port = _free_port(), _free_port(), _free_port()
     with open(tmp_path / "up.log", "w+b") as log:
         stack = subprocess.Popen(
             [str(ORCHARD), "up", "--env-port", str(env_port), "--nats-port", str(nats_port),
              "--inference-port", str(inference_port), "--inference-http-port", str(openai_port),
              "--experience-port", str(experience_port), "--trainer-port", str(trainer_port),
+             "--value-port", str(value_port),
              "--state-dir", str(tmp_path / "state")], stdout=log, stderr=subprocess.STDOUT)
         try:
             deadline = time.monotonic() + 120  # the inference service loads the embedded model (a few seconds)
@@ -116,16 +120,18 @@ def test_main_job(tmp_path: Path) -> None:
                 assert time.monotonic() < deadline, "orchard up did not become ready in 120 s"
                 time.sleep(0.1)
             services = _children(stack.pid)
-            assert len(services) == 5  # nats-server, the env, experience, inference and trainer services
+            assert len(services) == 6  # nats-server, the env, experience, inference, trainer and value services
             addresses = ["--env-address", f"127.0.0.1:{env_port}", "--nats-address", f"127.0.0.1:{nats_port}",
                          "--inference-address", f"127.0.0.1:{inference_port}",
                          "--experience-address", f"127.0.0.1:{experience_port}",
-                         "--trainer-address", f"127.0.0.1:{trainer_port}"]
+                         "--trainer-address", f"127.0.0.1:{trainer_port}",
+                         "--value-address", f"127.0.0.1:{value_port}"]
             status = subprocess.run([str(ORCHARD), "status", *addresses], check=False, capture_output=True, text=True)
             assert status.returncode == 0, status.stdout + status.stderr
-            assert "SERVING, sandboxes: none" in status.stdout and status.stdout.count(" up ") == 5
+            assert "SERVING, sandboxes: none" in status.stdout and status.stdout.count(" up ") == 6
             assert "SmolLM2-135M-Instruct (transformers" in status.stdout
             assert "SERVING, trajectories: 0 (0 finished)" in status.stdout
+            assert "no model loaded" in status.stdout
             assert "SERVING, jobs: 0 (0 running)" in status.stdout
 
             run = subprocess.run([sys.executable, str(ROOT / "examples" / "quickstart.py")],
@@ -190,11 +196,52 @@ def test_main_job(tmp_path: Path) -> None:
             assert block[2].endswith(f"-> {after_line[1]}") and block[3].endswith(f"-> {after_line[3]}")
             assert block[5].endswith(f"-> {version}")
 
+            # History from three reference policies on 6 tasks, a value model trained on it (refused if it held a
+            # held-out task) and served, best-of-8 on the 2 held-out tasks.
+            held_out = TASKS[-2:]
+            history = []
+            for q in ("2", "5", "8"):
+                ref = subprocess.run([str(ORCHARD), "rollout", "--tasks", "toyrepair", "--ids", *TASKS[:6],
+                                      "--policy", f"reference:0.{q}", "-n", "4", "--seed", "1", "--concurrency", "8",
+                                      "--env-address", f"127.0.0.1:{env_port}", "--nats-url",
+                                      f"nats://127.0.0.1:{nats_port}", "--run-id", f"main-e2e-ref-q{q}",
+                                      "--out", str(tmp_path / "runs")], check=False, capture_output=True, text=True,
+                                     timeout=600)
+                assert ref.returncode == 0, ref.stdout + ref.stderr
+                assert "stored 24 rollouts" in ref.stdout
+                history += ["--run", f"main-e2e-ref-q{q}"]
+            (tmp_path / "held-out.txt").write_text("\n".join(held_out) + "\n")
+            value = subprocess.run([str(ORCHARD), "train", "--kind", "value", *history, "--eval-tasks",
+                                    str(tmp_path / "held-out.txt"), "--push", "--trainer-address",
+                                    f"127.0.0.1:{trainer_port}", "--value-address", f"127.0.0.1:{value_port}"],
+                                   check=False, capture_output=True, text=True, timeout=900)
+            assert value.returncode == 0, value.stdout + value.stderr
+            done = re.search(r"^checkpoint (\S+-step-\d+) at ", value.stdout, re.MULTILINE)
+            assert done is not None and f"pushed {done.group(1)} to the value service" in value.stdout, value.stdout
+            assert "held-out (1 tasks" in value.stdout  # the job's own held-out task among the 6
+            best = subprocess.run([str(ORCHARD), "eval", "--best-of", "8", "--tasks", "toyrepair", "--ids", *held_out,
+                                   "--policy", "reference:0.4", "--seed", "2", "--concurrency", "8", "--env-address",
+                                   f"127.0.0.1:{env_port}", "--nats-url", f"nats://127.0.0.1:{nats_port}",
+                                   "--value-address", f"127.0.0.1:{value_port}", "--run-id", "main-e2e-best-of-8",
+                                   "--out", str(tmp_path / "runs")], check=False, capture_output=True, text=True,
+                                  timeout=600)
+            assert best.returncode == 0, best.stdout + best.stderr
+            table = best.stdout[best.stdout.index("best-of-N over 2 tasks x up to 8 candidates"):].splitlines()
+            print("\n".join(table))
+            assert table[1].split() == ["N", "random@N", "best@N", "pass@N"]
+            assert [row.split()[0] for row in table[2:6]] == ["1", "2", "4", "8"]
+            assert table[6].startswith(f"picks ({done.group(1)}): ")
+            report = json.loads((tmp_path / "runs" / "main-e2e-best-of-8" / "best_of_n.json").read_text())
+            assert report["value_model"] == done.group(1) and report["tasks"] == 2 and report["candidates"] == 16
+            assert (tmp_path / "runs" / "main-e2e-best-of-8" / "best_of_n.png").stat().st_size > 1000
+            status = subprocess.run([str(ORCHARD), "status", *addresses], check=False, capture_output=True, text=True)
+            assert done.group(1) in status.stdout
+
             stack.send_signal(signal.SIGINT)
             assert stack.wait(timeout=60) == 0
             assert not [pid for pid in services if _alive(pid)]
             down = subprocess.run([str(ORCHARD), "status", *addresses], check=False, capture_output=True, text=True)
-            assert down.returncode == 1 and down.stdout.count("DOWN") == 5
+            assert down.returncode == 1 and down.stdout.count("DOWN") == 6
         finally:
             if stack.poll() is None:  # a failed assertion: stop the stack the way a user would, so nothing leaks
                 stack.send_signal(signal.SIGINT)

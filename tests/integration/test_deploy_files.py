@@ -17,7 +17,8 @@ COMPOSE_FILE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "deploy" / "Dockerfile"
 # Host-port and image overrides the compose file interpolates; dropped so the checks see the defaults.
 OVERRIDES = ("NATS_PORT", "NATS_MONITOR_PORT", "ENV_GRPC_PORT", "ENV_METRICS_PORT", "INFERENCE_GRPC_PORT",
-             "INFERENCE_HTTP_PORT", "REWARD_GRPC_PORT", "EXPERIENCE_GRPC_PORT", "TRAINER_GRPC_PORT", "PROXY_PORT",
+             "INFERENCE_HTTP_PORT", "REWARD_GRPC_PORT", "EXPERIENCE_GRPC_PORT", "TRAINER_GRPC_PORT", "VALUE_GRPC_PORT",
+             "PROXY_PORT",
              "NATS_IMAGE", "ORCHARD_BASE_IMAGE", "ORCHARD_TAG", "ORCHARD_IMAGES_VOLUME", "COMPOSE_FILE",
              "COMPOSE_PROJECT_NAME", "COMPOSE_PROFILES")
 
@@ -92,7 +93,8 @@ SETTINGS = {"env": "orchard.services.env.settings:EnvSettings",
             "proxy": "orchard.services.proxy.settings:ProxySettings",
             "experience": "orchard.services.experience.settings:ExperienceSettings",
             "reward": "orchard.services.reward.settings:RewardSettings",
-            "trainer": "orchard.services.trainer.settings:TrainerSettings"}
+            "trainer": "orchard.services.trainer.settings:TrainerSettings",
+            "value": "orchard.services.value.settings:ValueSettings"}
 
 
 def test_every_orchard_service_is_built_from_its_target_with_real_settings(config: dict[str, Any]) -> None:
@@ -208,7 +210,7 @@ def test_dockerfile_stages() -> None:
     file)."""
     stages = _stages()
     assert ("ARG", "BASE=python:3.11-slim-bookworm") in stages[""]
-    assert {"core", "env", "inference", "experience", "reward", "proxy", "trainer", "agent"} <= set(stages)
+    assert {"core", "env", "inference", "experience", "reward", "proxy", "trainer", "value", "agent"} <= set(stages)
     core, env, inference, agent = (stages[name] for name in ("core", "env", "inference", "agent"))
     assert core[0] == ("FROM", "${BASE} AS core")
     core_runs = " ".join(args for name, args in core if name == "RUN")

@@ -10,6 +10,7 @@ import asyncio
 import sys
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the CLI imports this module at start: gRPC stubs are imported when the command runs
@@ -67,7 +68,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                    "file, a bundled set, or a .txt of task ids): the job fails if the runs hold any of its tasks "
                    "(decontamination); repeatable")
     p.add_argument("--resolved-only", action="store_true", help="only the run's resolved rollouts")
-    p.add_argument("--epochs", type=_count(1), default=1, help="passes over the rollouts (default: the recipe's: 1; value: 4)")
+    p.add_argument("--epochs", type=_count(1), default=None, help="passes over the rollouts (default: the "
+                   "recipe's: 1; value: 4, or more for a small store, to reach 40 steps)")
     p.add_argument("--max-steps", type=_count(0), default=0, help="stop after this many optimiser steps "
                    "(default: 0, all epochs)")
     p.add_argument("--lr", type=_rate, default=None, help="peak learning rate (default: the recipe's: 1e-5; value: 3e-5)")
@@ -275,8 +277,9 @@ async def train(args: argparse.Namespace) -> int:
         rollouts.outcome_status = tpb.OUTCOME_STATUS_RESOLVED
     config = pb.JobConfig(
         kind=pb.JobKind.Value(KINDS[args.kind]), base_model=args.base_model,
-        dataset=pb.DatasetSource(experience=rollouts, eval_task_files=args.eval_tasks),
-        hyperparameters=pb.Hyperparameters(learning_rate=args.lr or 0, epochs=args.epochs, max_steps=args.max_steps,
+        dataset=pb.DatasetSource(experience=rollouts, eval_task_files=[
+            str(Path(f).resolve()) if Path(f).is_file() else f for f in args.eval_tasks]),  # the service's cwd differs
+        hyperparameters=pb.Hyperparameters(learning_rate=args.lr or 0, epochs=args.epochs or 0, max_steps=args.max_steps,
                                            global_batch_size=args.batch or 0, max_seq_len=args.max_seq_len or 0))
     progress = Progress()
     async with grpc.aio.insecure_channel(args.trainer_address) as channel:
