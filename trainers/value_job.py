@@ -75,6 +75,41 @@ def report_metrics(report: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+def training_plan(vd: value_data.ValueData, o: optim.Optim, *, epochs_given: bool
+                  ) -> tuple[list[list[value_data.Example]], int]:
+    """Every step's batch, and the epochs they cover: without `epochs_given`, enough of them for MIN_STEPS steps."""
+    epochs = o.epochs
+    if not epochs_given:
+        per_epoch = len(value_data.batches(value_data.epoch_sample(vd, 0, o.seed), o.global_batch_size))
+        epochs = max(o.epochs, math.ceil(MIN_STEPS / max(per_epoch, 1)))
+    plan = [b for epoch in range(epochs)
+            for b in value_data.batches(value_data.epoch_sample(vd, epoch, o.seed), o.global_batch_size)]
+    return plan, epochs
+
+
+def make_optimizer(model: ValueModel, o: optim.Optim) -> torch.optim.Optimizer:
+    """AdamW with the head's learning rate HEAD_LR_SCALE times the backbone's ("scale" of each group)."""
+    return torch.optim.AdamW([{"params": list(model.backbone.parameters()), "scale": 1.0},
+                              {"params": list(model.head.parameters()), "scale": HEAD_LR_SCALE}],
+                             lr=o.learning_rate, betas=o.betas, weight_decay=o.weight_decay, foreach=False)
+
+
+def train_step(model: ValueModel, opt: torch.optim.Optimizer, batch: Sequence[value_data.Example], lr: float,
+               max_grad_norm: float, pairwise_weight: float) -> tuple[float, dict[str, float]]:
+    """One optimiser step on `batch`: (loss, figures)."""
+    for group in opt.param_groups:
+        group["lr"] = lr * group["scale"]
+    started = time.perf_counter()
+    logits = model.logits([e.text for e in batch])
+    loss, parts = value_loss(logits, [e.resolved for e in batch], [e.task_id for e in batch], pairwise_weight)
+    loss.backward()
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm))
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return float(loss.detach()), {"learning_rate": lr, "grad_norm": grad_norm, **parts,
+                                  "candidates_per_second": len(batch) / (time.perf_counter() - started)}
+
+
 def _save(ctx: JobContext, model: ValueModel, opt: torch.optim.Optimizer | None, step: int,
           metrics: dict[str, float], is_final: bool, report: dict[str, Any] | None = None) -> None:
     import json
@@ -108,17 +143,9 @@ def run(ctx: JobContext) -> None:
     model = ValueModel.load(resume.path if resume else backbone, base_model=name,
                             max_context_tokens=config.value.max_context_tokens or o.max_seq_len)
     torch.manual_seed(o.seed)
-    epochs = o.epochs
-    if not config.hyperparameters.epochs:  # the default: enough passes over a small store for MIN_STEPS steps
-        per_epoch = len(value_data.batches(value_data.epoch_sample(vd, 0, o.seed), o.global_batch_size))
-        epochs = max(o.epochs, math.ceil(MIN_STEPS / max(per_epoch, 1)))
-    plan = [b for epoch in range(epochs)
-            for b in value_data.batches(value_data.epoch_sample(vd, epoch, o.seed), o.global_batch_size)]
+    plan, epochs = training_plan(vd, o, epochs_given=bool(config.hyperparameters.epochs))
     total = min(len(plan), o.max_steps) if o.max_steps else len(plan)
-    head_params = list(model.head.parameters())
-    opt = torch.optim.AdamW([{"params": list(model.backbone.parameters()), "scale": 1.0},
-                             {"params": head_params, "scale": HEAD_LR_SCALE}],
-                            lr=o.learning_rate, betas=o.betas, weight_decay=o.weight_decay, foreach=False)
+    opt = make_optimizer(model, o)
     start = 0
     if resume is not None:
         state = torch.load(resume.path / STATE_FILE, weights_only=False)
@@ -130,20 +157,8 @@ def run(ctx: JobContext) -> None:
     loss_value, step_metrics = 0.0, {}
     for step in range(start, total):
         ctx.check_cancelled()
-        batch = plan[step]
         lr = optim.lr_at(o, step, total)
-        for group in opt.param_groups:
-            group["lr"] = lr * group["scale"]
-        started = time.perf_counter()
-        logits = model.logits([e.text for e in batch])
-        loss, parts = value_loss(logits, [e.resolved for e in batch], [e.task_id for e in batch], pairwise_weight)
-        loss.backward()
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), o.max_grad_norm))
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        loss_value = float(loss.detach())
-        step_metrics = {"learning_rate": lr, "grad_norm": grad_norm, **parts,
-                        "candidates_per_second": len(batch) / (time.perf_counter() - started)}
+        loss_value, step_metrics = train_step(model, opt, plan[step], lr, o.max_grad_norm, pairwise_weight)
         ctx.progress(step + 1, total, loss_value, epoch=(step + 1) * epochs / max(len(plan), 1), **step_metrics)
         if o.save_every_steps and (step + 1) % o.save_every_steps == 0 and step + 1 < total:
             _save(ctx, model, opt, step + 1, {"loss": loss_value}, is_final=False)
