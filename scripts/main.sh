@@ -57,10 +57,12 @@ for q in 2 5 8; do
   history+=(--run "$run-ref-q$q")
 done
 echo "main: history runs ${history[*]} (reference policies, 6 tasks x 4 samples each) stored"
-# The value job (all-MiniLM-L6-v2 with a scalar head, BCE + within-task pairwise loss) on that history, refused if
-# it held a held-out task (decontamination), its checkpoint loaded into the value service.
+# The value job (all-MiniLM-L6-v2 with a scalar head, BCE + within-task pairwise loss; 20 steps of 8 candidates)
+# on that history, refused if it held a held-out task (decontamination); its checkpoint loaded into the value
+# service.
 printf '%s\n' "${held_out[@]}" >.state/runs/"$run"-held-out.txt
-.venv/bin/orchard train --kind value "${history[@]}" --eval-tasks .state/runs/"$run"-held-out.txt --push
+.venv/bin/orchard train --kind value "${history[@]}" --eval-tasks "$PWD/.state/runs/$run-held-out.txt" \
+  --max-steps 20 --batch 8 --push
 # Best-of-8 on the held-out tasks: 8 candidates each from a middling reference policy, reranked, the picks graded.
 .venv/bin/orchard eval --best-of 8 --tasks toyrepair --ids "${held_out[@]}" --policy reference:0.4 --seed 2 \
   --concurrency 8 --env-address "127.0.0.1:$port" --nats-url "nats://127.0.0.1:$nats_port" \

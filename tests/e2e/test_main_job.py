@@ -32,6 +32,8 @@ ROLLOUT = ["--tasks", "toyrepair", "-n", str(K), "--max-steps", "2", "--max-step
 """scripts/main.sh's `orchard rollout` budgets."""
 TRAIN = ["--epochs", "1", "--max-steps", "1", "--batch", "4", "--max-seq-len", "512", "--lr", "1e-5"]
 """scripts/main.sh's `orchard train` settings: one optimiser step."""
+VALUE_TRAIN = ["--max-steps", "20", "--batch", "8"]
+"""scripts/main.sh's `orchard train --kind value` settings."""
 
 
 def _free_port() -> int:
@@ -212,7 +214,7 @@ def test_main_job(tmp_path: Path) -> None:
                 history += ["--run", f"main-e2e-ref-q{q}"]
             (tmp_path / "held-out.txt").write_text("\n".join(held_out) + "\n")
             value = subprocess.run([str(ORCHARD), "train", "--kind", "value", *history, "--eval-tasks",
-                                    str(tmp_path / "held-out.txt"), "--push", "--trainer-address",
+                                    str(tmp_path / "held-out.txt"), *VALUE_TRAIN, "--push", "--trainer-address",
                                     f"127.0.0.1:{trainer_port}", "--value-address", f"127.0.0.1:{value_port}"],
                                    check=False, capture_output=True, text=True, timeout=900)
             assert value.returncode == 0, value.stdout + value.stderr
