@@ -171,7 +171,7 @@ async def test_bad_requests_get_clear_statuses(tiny: Path, data: Path, tmp_path:
         value.value.eval_fraction = 0.2
         value.base_model = str(tmp_path / "no-backbone")
         c, msg = await code(value)
-        assert c == grpc.StatusCode.INVALID_ARGUMENT and "base_model" in msg
+        assert c == grpc.StatusCode.INVALID_ARGUMENT and "no-backbone" in msg and "config.json" in msg
         mismatch = pb.JobConfig(kind=pb.JOB_KIND_SFT, dataset=good.dataset, rl=pb.RlConfig())
         c, msg = await code(mismatch)
         assert c == grpc.StatusCode.INVALID_ARGUMENT and "config.rl" in msg
