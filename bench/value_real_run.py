@@ -1,19 +1,23 @@
 """Value real run: the value model's proof on rollouts through real sandboxes (recipes §2.6). `orchard up` starts
 NATS and the env, experience and value services (no inference: the synthetic reference policies need no model) and
-`orchard serve trainer` the trainer; five reference policies of different quality (`orchard rollout --policy
-reference:Q`, really graded, published to the experience service) make the history, a middling one 8 fresh
-candidates per task for evaluation. Cross-validation by task: each fold's value job (trainer gRPC, JOB_KIND_VALUE)
-trains on the history without its held-out tasks (decontamination checked by the trainer against a .txt of them),
-its checkpoint is loaded into the value service and `orchard eval --best-of 8 --run` reranks the held-out tasks'
-candidates. The folds' candidates are merged into one best-of-N report per seed; the baseline is random@N of the
-same candidates. "More runs do not lower best@8": the first seed is also trained on the two weakest runs only.
-Writes <out>/value_real_run.json and <out>/value_real_run.png; prints one JSON object (progress on stderr).
+`orchard serve trainer` the trainer (`orchard up` starts it only with the inference service); five reference
+policies of different quality (`orchard rollout --policy reference:Q`, really graded, published to the experience
+service) make the history, a middling one 8 fresh candidates per task for evaluation. Cross-validation by task: each
+fold's value job (trainer gRPC, JOB_KIND_VALUE) trains on the history without its held-out tasks (decontamination
+checked by the trainer against a .txt of them), its checkpoint is loaded into the value service and `orchard eval
+--best-of 8 --run` reranks the held-out tasks' candidates. The folds' candidates are merged into one best-of-N
+report per seed. Baselines on the same candidates: random@N, and the majority vote over patch clusters (every score
+equal: the tie-break of the ranking alone). "More runs do not lower best@8": the first seed is also trained on the
+two weakest runs only. Writes <out>/value_real_run.json, <out>/value_real_run.png and the runs' trajectories under
+<out>/runs (bench/value_backbones.py reads them); prints one JSON object (progress on stderr).
 
-    python bench/value_real_run.py [--seeds 2] [--folds 4] [--epochs E] [--lr LR] [--batch B]
-                                   [--max-context-tokens T] [--out .state/bench/value_real_run] [--quick]
+    python bench/value_real_run.py [--seeds 2] [--folds 4] [--max-steps 20] [--batch 8] [--epochs E] [--lr LR]
+                                   [--max-context-tokens T] [--no-more-runs] [--out .state/bench/value_real_run]
+                                   [--quick]
 
-The AUC/ECE headline is over the candidates the model scored: Rerank does not score the excluded ones (empty
-patches), which the CLI's report counts at score 0 (`auc_all` keeps that figure).
+AUC and ECE are over the candidates the model scored (Rerank does not score excluded ones, empty patches; the CLI's
+report counts them at score 0: `auc_all`), pooled over the folds' models; `auc_within_task` averages each task's
+own AUC, which is what reranking needs.
 """
 
 from __future__ import annotations
