@@ -327,6 +327,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="orchard-bench-value-"))
     stack = Stack(work)
     started = time.perf_counter()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill still stops the stack (finally below)
     os.environ["HF_HUB_OFFLINE"] = "1"
     try:
         stack.start()
