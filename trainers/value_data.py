@@ -17,7 +17,6 @@ Choices [I]:
 
 from __future__ import annotations
 
-import hashlib
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -25,7 +24,7 @@ from dataclasses import dataclass, replace
 from orchard.errors import FailedPrecondition
 from orchard.trainers.data import resolved
 from orchard.types.v1 import types_pb2 as tpb
-from orchard.value.metrics import normalise_patch
+from orchard.value.metrics import cluster_id
 from orchard.value.render import render_candidate
 
 SINGLE_OUTCOME_PER_EPOCH = 2
@@ -65,8 +64,9 @@ class ValueData:
 
 
 def patch_key(traj: tpb.Trajectory) -> str:
-    """The dedupe key of a candidate's patch: its stored hash, else a hash of the normalised patch."""
-    return traj.patch_hash or hashlib.sha256(normalise_patch(traj.final_patch).encode()).hexdigest()
+    """The dedupe key of a candidate's patch: its stored hash, else its patch cluster (the normalised patch's hash,
+    as the reranker's tie-break uses)."""
+    return traj.patch_hash or cluster_id(traj.final_patch)
 
 
 def graded(traj: tpb.Trajectory) -> bool:

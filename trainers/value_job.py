@@ -15,6 +15,7 @@ Choices [I]:
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
 import random
@@ -112,8 +113,6 @@ def train_step(model: ValueModel, opt: torch.optim.Optimizer, batch: Sequence[va
 
 def _save(ctx: JobContext, model: ValueModel, opt: torch.optim.Optimizer | None, step: int,
           metrics: dict[str, float], is_final: bool, report: dict[str, Any] | None = None) -> None:
-    import json
-
     staging = ctx.staging_dir(step)
     model.config.version = ctx.version(step)
     model.config.job = f"jobs/{ctx.job_id}"
