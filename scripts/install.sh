@@ -7,11 +7,12 @@ cd "$(dirname "$0")/.."
 # 1. System packages: bubblewrap (sandboxes), debootstrap (images), git (patches), nftables/iproute2/nsenter
 #    (egress allowlists), e2fsprogs/losetup (disk caps), openssl (the TLS tests make their certificates),
 #    podman/runc (a Docker-compatible engine for the docker backend's tests), postgresql (the experience
-#    service's PostgreSQL store; its tests start their own server, the package's own cluster is left alone).
+#    service's PostgreSQL store; its tests start their own server, the package's own cluster is left alone),
+#    chromium (browser sandboxes drive it through Playwright).
 missing=()
 for pair in bwrap:bubblewrap debootstrap:debootstrap git:git nft:nftables ip:iproute2 mkfs.ext4:e2fsprogs \
             nsenter:util-linux losetup:mount openssl:openssl podman:podman runc:runc \
-            pg_ctlcluster:postgresql; do
+            pg_ctlcluster:postgresql chromium:chromium; do
   command -v "${pair%%:*}" >/dev/null 2>&1 || missing+=("${pair#*:}")
 done
 if ((${#missing[@]})); then
