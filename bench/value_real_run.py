@@ -15,8 +15,8 @@ two weakest runs only. Writes <out>/value_real_run.json, <out>/value_real_run.pn
                                    [--max-context-tokens T] [--no-more-runs] [--out .state/bench/value_real_run]
                                    [--quick]
 
-AUC and ECE are over the candidates the model scored (Rerank does not score excluded ones, empty patches; the CLI's
-report counts them at score 0: `auc_all`), pooled over the folds' models; `auc_within_task` averages each task's
+AUC and ECE are over the candidates the model scored (Rerank does not score excluded ones, empty patches), pooled
+over the folds' models; `auc_within_task` averages each task's
 own AUC, which is what reranking needs.
 """
 
@@ -191,16 +191,13 @@ def best_of_n_eval(stack: Stack, run_id: str, held: list[str], report: Path) -> 
 
 
 def merged(reports: list[dict[str, Any]]) -> dict[str, Any]:
-    """One best-of-N report over the folds' candidates (each fold scored by its own model); AUC and ECE also over
+    """One best-of-N report over the folds' candidates (each fold scored by its own model); AUC and ECE are over
     the scored candidates only."""
     rows = [c for r in reports for c in r["candidates_scored"]]
     # The patch cluster id stands in for the patch: equal ids tie-break as equal patches, "" is an empty patch.
     candidates = [vm.Candidate(c["task_id"], c["score"], c["resolved"], c["cluster"], c["excluded"]) for c in rows]
     report: dict[str, Any] = vm.best_of_n_report(candidates, CURVE)
     scored = [c for c in candidates if not c.excluded]
-    report["auc_all"], report["ece_all"] = report.pop("auc"), report.pop("ece")
-    report["auc"] = vm.auc([c.score for c in scored], [c.resolved for c in scored])
-    report["ece"] = vm.ece([c.score for c in scored], [c.resolved for c in scored])
     report["excluded"] = len(candidates) - len(scored)
     within = [a for task in sorted({c.task_id for c in scored})
               if (a := vm.auc([c.score for c in scored if c.task_id == task],
@@ -220,7 +217,7 @@ def summary(report: dict[str, Any]) -> dict[str, Any]:
     at = {row["n"]: row for row in report["curve"]}
     out = {"pass@1": report["pass@1"], "random@8": at[8]["random"], "best@8": at[8]["best"],
            "pass@8": at[8]["pass"], "vote@8": at[8]["vote"], "auc": report["auc"],
-           "auc_within_task": report["auc_within_task"], "ece": report["ece"], "auc_all": report["auc_all"]}
+           "auc_within_task": report["auc_within_task"], "ece": report["ece"]}
     out["best@8_over_random@8"] = out["best@8"] / out["random@8"] if out["random@8"] else None
     out["curve"] = report["curve"]
     return {k: round(v, 4) if isinstance(v, float) else v for k, v in out.items()}
@@ -345,7 +342,7 @@ def main() -> None:
         values = [s[key] for s in seeds if s[key] is not None]
         return round(sum(values) / len(values), 4) if values else None
 
-    keys = ("pass@1", "random@8", "best@8", "pass@8", "vote@8", "auc", "auc_within_task", "ece", "auc_all",
+    keys = ("pass@1", "random@8", "best@8", "pass@8", "vote@8", "auc", "auc_within_task", "ece",
             "best@8_over_random@8")
     average = {k: mean(k) for k in keys}
     average["best@8_over_random@8"] = round(average["best@8"] / average["random@8"], 4)  # type: ignore[operator]

@@ -135,11 +135,15 @@ def pass_at_1(candidates: Sequence[Candidate]) -> float:
 
 
 def best_of_n_report(candidates: Sequence[Candidate], ns: Sequence[int] = (1, 2, 4, 8)) -> dict[str, object]:
-    """pass@1, and for each N: random@N, best@N and pass@N; AUC and ECE of the scores (as probabilities)."""
+    """pass@1, and for each N: random@N, best@N and pass@N; AUC and ECE of the scores (as probabilities).
+
+    AUC and ECE cover the scored candidates only: an excluded one (empty or unappliable patch) has no score
+    of its own, and counting its placeholder would grade the exclusion rule, not the value model."""
     tasks = _by_task(candidates)
     most = max((len(g) for g in tasks.values()), default=0)
-    scores = [c.score for c in candidates]
-    labels = [c.resolved for c in candidates]
+    scored = [c for c in candidates if not c.excluded]
+    scores = [c.score for c in scored]
+    labels = [c.resolved for c in scored]
     curve = [{"n": n, "random": random_at_n(candidates, n), "best": best_at_n(candidates, n),
               "pass": pass_at_n(candidates, n)} for n in ns if n <= most]
     return {"tasks": len(tasks), "candidates": len(candidates), "samples_per_task": most,

@@ -58,3 +58,13 @@ def test_an_excluded_or_empty_candidate_is_not_picked_over_a_scored_one() -> Non
     cands = [vm.Candidate("a", 0.99, True, ""), vm.Candidate("a", 0.98, True, "p", excluded=True),
              vm.Candidate("a", 0.1, False, "q")]
     assert vm.best_of(cands).patch == "q"
+
+
+def test_auc_and_ece_leave_excluded_candidates_out() -> None:
+    # The excluded candidate's placeholder score (0) would otherwise count as a perfectly ranked negative.
+    cands = [vm.Candidate("a", 0.9, False, "p"), vm.Candidate("a", 0.6, True, "q"),
+             vm.Candidate("a", 0.0, False, "", excluded=True)]
+    report = vm.best_of_n_report(cands, (1, 2))
+    assert report["auc"] == 0.0  # counting the excluded one would give 0.5
+    assert report["ece"] == pytest.approx(vm.ece([0.9, 0.6], [False, True]))
+    assert report["candidates"] == 3
