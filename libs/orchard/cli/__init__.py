@@ -148,8 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="gRPC port of the experience service (rollout events -> SQLite under --state-dir)")
     p.add_argument("--no-experience", action="store_true", help="do not start the experience service")
     p.add_argument("--trainer-port", type=int, default=50056,
-                   help="gRPC port of the trainer service (jobs under --state-dir/trainer; it starts only with the "
-                   "inference and experience services)")
+                   help="gRPC port of the trainer service (jobs under --state-dir/trainer; it starts with the experience "
+                   "service, and RL jobs need the inference service too)")
     p.add_argument("--no-trainer", action="store_true", help="do not start the trainer service")
     p.add_argument("--value-port", type=int, default=50057,
                    help="gRPC port of the value service (scores and reranks candidates with a value model)")

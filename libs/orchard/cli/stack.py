@@ -127,10 +127,12 @@ async def up(host: str, nats_port: int, env_port: int, state_dir: Path, log_form
             children.append(Child("inference", f"{host}:{inference_port}", inference))
             # The first start converts the embedded GGUF once (~25 s); later starts load in a few seconds.
             await _wait_ready(children[-1], lambda: _grpc_ready(f"{host}:{inference_port}"), 300)
-        if trainer_port is not None and inference_port is not None and experience_port is not None:
+        if trainer_port is not None and experience_port is not None:
+            # Value and SFT jobs need no inference service; RL jobs and pushes name it, started or not.
+            inference = ["--inference-address", f"{host}:{inference_port}"] if inference_port is not None else []
             trainer = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", SERVICES["trainer"], "--host", host, "--port", str(trainer_port),
-                "--jobs-dir", str(state_dir / "trainer"), "--inference-address", f"{host}:{inference_port}",
+                "--jobs-dir", str(state_dir / "trainer"), *inference,
                 "--experience-address", f"{host}:{experience_port}", "--env-address", f"{host}:{env_port}",
                 "--nats-url", f"nats://{host}:{nats_port}", "--log-format", log_format, start_new_session=True)
             children.append(Child("trainer", f"{host}:{trainer_port}", trainer))
