@@ -32,9 +32,10 @@ from orchard.services.env.backends.base import (
     SandboxBackend,
     SandboxSpec,
 )
+from orchard.services.env.browser import BrowserPool
 from orchard.services.env.commands import Commands
 from orchard.services.env.files import FileOps
-from orchard.services.env.models import Sandbox, SandboxState
+from orchard.services.env.models import Sandbox, SandboxKind, SandboxState
 from orchard.services.env.settings import EnvSettings
 from orchard.services.env.snapshots import Snapshots
 
@@ -63,6 +64,7 @@ class CreateRequest:
     request_id: str = ""
     workdir: str = ""
     from_snapshot: str = ""
+    kind: SandboxKind = SandboxKind.CONTAINER
 
 
 def check_egress(rules: tuple[EgressRule, ...]) -> None:
@@ -117,6 +119,7 @@ class SandboxManager:
         self.files = FileOps(self)
         self.snapshots = Snapshots(self)
         self.commands = Commands(self)
+        self.browsers = BrowserPool(settings, self._browser_failed)
 
     # ---- lifecycle of the manager ----
 
@@ -129,7 +132,8 @@ class SandboxManager:
         taken: dict[str, AgentClient] = {}
         if isinstance(self.backend, RecoverableBackend):
             taken = await self.backend.recover({sb.sandbox_id: self._spec(sb) for sb in left
-                                                if sb.create_time + sb.ttl_s > now})
+                                                if sb.create_time + sb.ttl_s > now
+                                                and sb.kind is SandboxKind.CONTAINER})
         for sandbox in left:
             if sandbox.sandbox_id in taken:
                 self._adopt(sandbox, taken[sandbox.sandbox_id])
@@ -160,6 +164,7 @@ class SandboxManager:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await asyncio.gather(*(self.delete_sandbox(sid, reason="the env service stopped")
                                for sid in list(self.sandboxes)), return_exceptions=True)
+        await self.browsers.close()
         await self.backend.close()
 
     def spawn(self, coro: object, name: str) -> None:
@@ -181,8 +186,26 @@ class SandboxManager:
         return sandbox
 
     def ready_sandbox(self, sandbox_id: str) -> Sandbox:
+        """A ready container sandbox (for commands, files, patches, snapshots, terminals and its policy)."""
         sandbox = self.get_sandbox(sandbox_id)
-        if sandbox.state is not SandboxState.READY or sandbox.client is None:
+        if sandbox.kind is SandboxKind.BROWSER:
+            raise FailedPrecondition(f"sandbox {sandbox_id!r} is a browser sandbox (drive it with Screenshot, Act "
+                                     "and GetPageContent); commands, files, patches, snapshots and terminals need "
+                                     "a container sandbox")
+        return self._ready(sandbox)
+
+    def ready_browser(self, sandbox_id: str) -> Sandbox:
+        """A ready browser sandbox (for Screenshot, Act and GetPageContent)."""
+        sandbox = self.get_sandbox(sandbox_id)
+        if sandbox.kind is not SandboxKind.BROWSER:
+            raise FailedPrecondition(f"sandbox {sandbox_id!r} is a container sandbox; Screenshot, Act and "
+                                     "GetPageContent need a browser sandbox (CreateSandbox with kind "
+                                     "SANDBOX_KIND_BROWSER)")
+        return self._ready(sandbox)
+
+    def _ready(self, sandbox: Sandbox) -> Sandbox:
+        sandbox_id = sandbox.sandbox_id
+        if sandbox.state is not SandboxState.READY or (sandbox.client is None and sandbox.browser is None):
             detail = f": {sandbox.failure_reason}" if sandbox.failure_reason else ""
             raise FailedPrecondition(f"sandbox {sandbox_id!r} is {sandbox.state.name.lower()}{detail}")
         return sandbox
@@ -195,9 +218,16 @@ class SandboxManager:
             await sandbox.ready.wait()
             return sandbox
         s = self.settings
+        browser = req.kind is SandboxKind.BROWSER
+        if browser:
+            for name, value in (("image", req.image), ("from_snapshot", req.from_snapshot), ("env", req.env),
+                                ("workdir", req.workdir)):
+                if value:
+                    raise InvalidArgument(f"{name} is for container sandboxes; a browser sandbox takes none "
+                                          "(leave it empty)", field=name)
         snapshot = self.snapshots.get(req.from_snapshot, field="from_snapshot") if req.from_snapshot else None
         image = req.image or (snapshot.image if snapshot else "")
-        if not image:
+        if not image and not browser:
             raise InvalidArgument("image is required, e.g. 'python:3.11-slim' or 'host'", field="image")
         if snapshot is not None and image != snapshot.image:
             raise InvalidArgument(f"image {image!r} is not the image of snapshot {snapshot.snapshot_id!r} "
@@ -218,28 +248,33 @@ class SandboxManager:
             if "\x00" in value:
                 raise InvalidArgument(f"env variable {key!r} contains a NUL byte", field="env")
         check_egress(req.egress)
-        workdir = req.workdir or "/workspace"
+        workdir = "/" if browser else req.workdir or "/workspace"
         if not workdir.startswith("/"):
             raise InvalidArgument(f"workdir {workdir!r} must be an absolute path", field="workdir")
         if len(self.sandboxes) >= s.max_sandboxes:
             raise ResourceExhausted(f"the service already holds {s.max_sandboxes} sandboxes (its limit); "
                                     "delete some or retry later", retry_after=5.0)
         r = req.resources
-        resources = Resources(r.cpu_millis or s.default_cpu_millis, r.memory_bytes or s.default_memory_bytes,
-                              r.pids or s.default_pids, r.disk_bytes or s.default_disk_bytes)
+        resources = Resources() if browser else Resources(
+            r.cpu_millis or s.default_cpu_millis, r.memory_bytes or s.default_memory_bytes,
+            r.pids or s.default_pids, r.disk_bytes or s.default_disk_bytes)
         sandbox = Sandbox(
             sandbox_id=req.sandbox_id or f"sb-{uuid.uuid4().hex[:12]}",
             image=image, workdir=posixpath.normpath(workdir), env=dict(req.env), labels=dict(req.labels),
             resources=resources, egress=req.egress, ttl_s=req.ttl_s or s.default_ttl_s,
             heartbeat_timeout_s=req.heartbeat_timeout_s, request_id=req.request_id, tenant=tenant,
-            from_snapshot=req.from_snapshot, layers=snapshot.layers if snapshot else (),
+            from_snapshot=req.from_snapshot, layers=snapshot.layers if snapshot else (), kind=req.kind,
         )
         self.sandboxes[sandbox.sandbox_id] = sandbox
         if req.request_id:
             self._by_request[tenant, req.request_id] = sandbox.sandbox_id
         try:
             async with self._create_slots:
-                sandbox.client = await self.backend.create(self._spec(sandbox))
+                if browser:
+                    # The proxy reads the policy on every connection: SetNetworkPolicy applies at once.
+                    sandbox.browser = await self.browsers.open(sandbox.sandbox_id, lambda: sandbox.egress)
+                else:
+                    sandbox.client = await self.backend.create(self._spec(sandbox))
         except BaseException:
             self.sandboxes.pop(sandbox.sandbox_id, None)
             self._by_request.pop((tenant, req.request_id), None)
@@ -252,7 +287,8 @@ class SandboxManager:
         metrics.SANDBOXES_CREATED.inc()
         # A record on disk, so that after a crash the next run can say what became of this sandbox (or take it back).
         records.save(self._records, sandbox)
-        log.info("sandbox created", extra={"sandbox_id": sandbox.sandbox_id, "image": sandbox.image})
+        log.info("sandbox created", extra={"sandbox_id": sandbox.sandbox_id, "image": sandbox.image,
+                                           "kind": sandbox.kind.name.lower()})
         return sandbox
 
     @staticmethod
@@ -305,7 +341,10 @@ class SandboxManager:
         sandbox.state = SandboxState.DELETING
         await self.commands.cancel_all(sandbox_id, reason)
         try:
-            await self.backend.destroy(sandbox_id)
+            if sandbox.kind is SandboxKind.BROWSER:
+                await self.browsers.close_session(sandbox_id)
+            else:
+                await self.backend.destroy(sandbox_id)
         finally:
             sandbox.state = SandboxState.DELETED
             self.sandboxes.pop(sandbox_id, None)
@@ -320,15 +359,23 @@ class SandboxManager:
 
     async def set_network_policy(self, sandbox_id: str, egress: tuple[EgressRule, ...]) -> Sandbox:
         """Replace a ready sandbox's egress allowlist; returns the sandbox with the new policy in force."""
-        sandbox = self.ready_sandbox(sandbox_id)
+        sandbox = self.get_sandbox(sandbox_id)
+        sandbox = self._ready(sandbox) if sandbox.kind is SandboxKind.BROWSER else self.ready_sandbox(sandbox_id)
         check_egress(egress)
         async with sandbox.policy_lock:
-            await self.backend.set_egress(sandbox_id, egress)
+            if sandbox.kind is SandboxKind.CONTAINER:
+                await self.backend.set_egress(sandbox_id, egress)
             sandbox.egress = egress
             if sandbox.state is SandboxState.READY:  # not while a delete removes its record
                 records.save(self._records, sandbox)
         log.info("network policy set", extra={"sandbox_id": sandbox_id, "rules": len(egress)})
         return sandbox
+
+    def _browser_failed(self, sandbox_id: str, reason: str) -> None:
+        sandbox = self.sandboxes.get(sandbox_id)
+        if sandbox is not None:
+            metrics.BROWSER_FAILURES.labels("page" if "page" in reason else "process").inc()
+            self.mark_failed(sandbox, reason)
 
     def mark_failed(self, sandbox: Sandbox, reason: str) -> None:
         if sandbox.state is SandboxState.READY:

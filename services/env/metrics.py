@@ -22,6 +22,8 @@ EXEC_SECONDS = Histogram(
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800),
 )
 OOM_KILLS = Counter("orchard_env_oom_kills", "Commands killed for running out of memory.")
+BROWSER_FAILURES = Counter("orchard_env_browser_failures",
+                           "Browser sandboxes failed by a crash, by what crashed (page or process).", ["what"])
 
 
 def observe_exec(ex: Exec) -> None:
@@ -56,6 +58,8 @@ class ManagerCollector(Collector):
         yield alive
         yield GaugeMetricFamily("orchard_env_execs_queued", "Commands waiting for their sandbox or a slot.",
                                 value=self._manager.commands.queued)
+        yield GaugeMetricFamily("orchard_env_browser_processes", "Chromium processes running browser sandboxes.",
+                                value=self._manager.browsers.processes)
 
 
 def register(manager: SandboxManager) -> ManagerCollector:

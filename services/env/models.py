@@ -6,10 +6,21 @@ import asyncio
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from orchard.runtime.tenancy import DEFAULT_TENANT
 from orchard.services.env.agent_client import AgentClient
 from orchard.services.env.backends.base import EgressRule, Resources
+
+if TYPE_CHECKING:
+    from orchard.services.env.browser import BrowserSession
+
+
+class SandboxKind(enum.Enum):
+    """What a sandbox runs (values as in the proto's SandboxKind)."""
+
+    CONTAINER = 1
+    BROWSER = 2
 
 
 class SandboxState(enum.Enum):
@@ -62,6 +73,9 @@ class Sandbox:
     """The id of the snapshot it was made from; empty when made from its image alone."""
     layers: tuple[str, ...] = ()
     """The snapshot layers its files stack on (that snapshot's layers); they stay on disk while it lives."""
+    kind: SandboxKind = SandboxKind.CONTAINER
+    browser: BrowserSession | None = None
+    """A browser sandbox's context and page, once ready."""
 
     @property
     def expire_time(self) -> float:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from orchard.services.env.backends.base import EgressRule, Resources
-from orchard.services.env.models import Sandbox
+from orchard.services.env.models import Sandbox, SandboxKind
 
 log = logging.getLogger(__name__)
 
@@ -23,6 +23,7 @@ def save(folder: Path, sandbox: Sandbox) -> None:
         "resources": vars(sandbox.resources), "egress": [vars(rule) for rule in sandbox.egress],
         "ttl_s": sandbox.ttl_s, "heartbeat_timeout_s": sandbox.heartbeat_timeout_s,
         "request_id": sandbox.request_id, "from_snapshot": sandbox.from_snapshot, "layers": list(sandbox.layers),
+        "kind": sandbox.kind.name.lower(),
     }
     tmp = folder / f".{sandbox.sandbox_id}.json.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -59,4 +60,5 @@ def _sandbox(data: dict[str, Any]) -> Sandbox:
         egress=tuple(EgressRule(**rule) for rule in data.get("egress", [])), ttl_s=float(data.get("ttl_s", "inf")),
         heartbeat_timeout_s=float(data.get("heartbeat_timeout_s", 0.0)), request_id=data.get("request_id", ""),
         from_snapshot=data.get("from_snapshot", ""), layers=tuple(data.get("layers", [])),
+        kind=SandboxKind[data.get("kind", "container").upper()],
     )

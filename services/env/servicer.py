@@ -11,16 +11,24 @@ from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 from orchard.env.v1 import env_pb2 as pb
 from orchard.env.v1 import env_pb2_grpc
-from orchard.errors import InvalidArgument, OrchardError, Unimplemented
+from orchard.errors import InvalidArgument, OrchardError
 from orchard.services.env.agent_client import PtySession
 from orchard.services.env.backends.base import EgressRule, Resources
+from orchard.services.env.browser import BrowserSession
+from orchard.services.env.browser_actions import Action, ActionKind, check_action
 from orchard.services.env.commands import ExecRequest
 from orchard.services.env.files import FileInfo
 from orchard.services.env.manager import CreateRequest, SandboxManager
-from orchard.services.env.models import Exec, Sandbox, Snapshot
+from orchard.services.env.models import Exec, Sandbox, SandboxKind, Snapshot
 
 PTY_STARTED_KEY = "orchard-pty-started"
 """Initial metadata OpenPty sends once the program runs (a failed start ends the call without it)."""
+KINDS = {pb.SANDBOX_KIND_UNSPECIFIED: SandboxKind.CONTAINER, pb.SANDBOX_KIND_CONTAINER: SandboxKind.CONTAINER,
+         pb.SANDBOX_KIND_BROWSER: SandboxKind.BROWSER}
+ACTIONS = {pb.ACTION_TYPE_CLICK: ActionKind.CLICK, pb.ACTION_TYPE_DOUBLE_CLICK: ActionKind.DOUBLE_CLICK,
+           pb.ACTION_TYPE_TYPE: ActionKind.TYPE, pb.ACTION_TYPE_KEY_PRESS: ActionKind.KEY_PRESS,
+           pb.ACTION_TYPE_SCROLL: ActionKind.SCROLL, pb.ACTION_TYPE_NAVIGATE: ActionKind.NAVIGATE,
+           pb.ACTION_TYPE_BACK: ActionKind.BACK, pb.ACTION_TYPE_WAIT: ActionKind.WAIT}
 FILE_TYPES = {"file": pb.FILE_TYPE_FILE, "directory": pb.FILE_TYPE_DIRECTORY, "symlink": pb.FILE_TYPE_SYMLINK}
 
 
@@ -48,7 +56,7 @@ def _seconds(d: Duration, field: str) -> float:
 def sandbox_pb(sb: Sandbox) -> pb.Sandbox:
     r = sb.resources
     return pb.Sandbox(
-        name=f"sandboxes/{sb.sandbox_id}", sandbox_id=sb.sandbox_id, kind=pb.SANDBOX_KIND_CONTAINER, image=sb.image,
+        name=f"sandboxes/{sb.sandbox_id}", sandbox_id=sb.sandbox_id, kind=sb.kind.value, image=sb.image,
         state=sb.state.value, failure_reason=sb.failure_reason,
         resources=pb.Resources(cpu_millis=r.cpu_millis, memory_bytes=r.memory_bytes, pids=r.pids,
                                disk_bytes=r.disk_bytes),
@@ -112,9 +120,10 @@ class EnvServicer(env_pb2_grpc.EnvServiceServicer):
 
     async def CreateSandbox(self, request: pb.CreateSandboxRequest, context: grpc.aio.ServicerContext
                             ) -> pb.CreateSandboxResponse:
-        if request.kind == pb.SANDBOX_KIND_BROWSER:
-            raise Unimplemented("browser sandboxes are not available yet in this env service (planned: the "
-                                "browser issue); create a container sandbox instead")
+        kind = KINDS.get(request.kind)
+        if kind is None:
+            raise InvalidArgument(f"kind {request.kind} is not a SandboxKind (SANDBOX_KIND_CONTAINER or "
+                                  "SANDBOX_KIND_BROWSER)", field="kind")
         res = request.resources
         if min(res.cpu_millis, res.memory_bytes, res.pids, res.disk_bytes) < 0:
             raise InvalidArgument("resources must not be negative", field="resources")
@@ -125,7 +134,7 @@ class EnvServicer(env_pb2_grpc.EnvServiceServicer):
             ttl_s=_seconds(request.ttl, "ttl"),
             heartbeat_timeout_s=_seconds(request.heartbeat_timeout, "heartbeat_timeout"),
             sandbox_id=request.sandbox_id, request_id=request.request_id, workdir=request.workdir,
-            from_snapshot=request.from_snapshot,
+            from_snapshot=request.from_snapshot, kind=kind,
         ))
         return pb.CreateSandboxResponse(sandbox=sandbox_pb(sandbox))
 
@@ -269,13 +278,28 @@ class EnvServicer(env_pb2_grpc.EnvServiceServicer):
                 relay.cancel()
                 await asyncio.gather(relay, return_exceptions=True)
 
+    def _browser(self, sandbox_id: str) -> BrowserSession:
+        session = self.manager.ready_browser(sandbox_id).browser
+        assert session is not None
+        return session
+
     async def Screenshot(self, request: pb.ScreenshotRequest, context: grpc.aio.ServicerContext
                          ) -> pb.ScreenshotResponse:
-        raise Unimplemented("browser sandboxes are not available yet in this env service")
+        png, width, height, url, title = await self._browser(request.sandbox_id).screenshot(request.full_page)
+        return pb.ScreenshotResponse(png=png, width=width, height=height, url=url, title=title)
 
     async def Act(self, request: pb.ActRequest, context: grpc.aio.ServicerContext) -> pb.ActResponse:
-        raise Unimplemented("browser sandboxes are not available yet in this env service")
+        session = self._browser(request.sandbox_id)
+        s = self.manager.settings
+        action = check_action(Action(
+            kind=ACTIONS.get(request.action), x=request.x, y=request.y, selector=request.selector,
+            text=request.text, key=request.key, delta_x=request.delta_x, delta_y=request.delta_y, url=request.url,
+            timeout_s=_seconds(request.timeout, "timeout"), screenshot=request.screenshot,
+        ), s.browser_action_timeout_s, s.max_browser_action_timeout_s)
+        url, title, png = await session.act(action)
+        return pb.ActResponse(url=url, title=title, png=png)
 
     async def GetPageContent(self, request: pb.GetPageContentRequest, context: grpc.aio.ServicerContext
                              ) -> pb.GetPageContentResponse:
-        raise Unimplemented("browser sandboxes are not available yet in this env service")
+        url, title, tree, text = await self._browser(request.sandbox_id).content()
+        return pb.GetPageContentResponse(url=url, title=title, accessibility_tree=tree, text=text)

@@ -104,3 +104,19 @@ class EnvSettings(ServiceSettings):
     k8s_warm_pools: dict[str, int] = Field(default_factory=dict)
     """kubernetes backend: pods kept started per sandbox image, e.g. {"python:3.11-slim": 4}, handed out to
     creates with the default resources, workdir /workspace, no env, no snapshot; refilled in the background."""
+    browser_path: str = "/usr/bin/chromium"
+    """Chromium binary that browser sandboxes run (Playwright drives it; never `playwright install`)."""
+    max_browser_sandboxes: int = Field(default=32, ge=0)
+    """Most browser sandboxes alive at once (~70 MiB each); creates beyond it get RESOURCE_EXHAUSTED."""
+    browser_contexts_per_process: int = Field(default=16, ge=1)
+    """Browser sandboxes (contexts) sharing one Chromium process; one more starts another process."""
+    browser_viewport_width: int = Field(default=1024, ge=64, le=8192)
+    """Viewport width of a browser sandbox's page, in CSS pixels."""
+    browser_viewport_height: int = Field(default=768, ge=64, le=8192)
+    """Viewport height of a browser sandbox's page, in CSS pixels."""
+    browser_action_timeout_s: float = Field(default=10.0, gt=0)
+    """Timeout of a browser action (Act), Screenshot or GetPageContent that sets none."""
+    max_browser_action_timeout_s: float = Field(default=120.0, gt=0)
+    """Longest timeout a browser action may have; longer ones are cut to it."""
+    browser_launch_timeout_s: float = Field(default=30.0, gt=0)
+    """How long starting a Chromium process may take."""

@@ -9,7 +9,18 @@ Names follow the public Orchard Env SDK (`orchard_env`), so code written for it 
 """
 
 from orchard.sdk.aio import AsyncSandboxClient, AsyncSandboxPager
-from orchard.sdk.results import FileEntry, JobResult, PatchError, PatchResult, SandboxInfo, SnapshotInfo, UploadResult
+from orchard.sdk.results import (
+    ActResult,
+    FileEntry,
+    JobResult,
+    PageContent,
+    PatchError,
+    PatchResult,
+    SandboxInfo,
+    Screenshot,
+    SnapshotInfo,
+    UploadResult,
+)
 from orchard.sdk.sandbox import AsyncExecHandle, AsyncPtySession, AsyncSandbox
 from orchard.sdk.sync import ExecHandle, PtySession, Sandbox, SandboxClient
 
@@ -19,6 +30,7 @@ AsyncSandboxInstance = AsyncSandbox
 """The public SDK's name for an async sandbox."""
 
 __all__ = [
+    "ActResult",
     "AsyncExecHandle",
     "AsyncPtySession",
     "AsyncSandbox",
@@ -28,6 +40,7 @@ __all__ = [
     "ExecHandle",
     "FileEntry",
     "JobResult",
+    "PageContent",
     "PatchError",
     "PatchResult",
     "PtySession",
@@ -35,6 +48,7 @@ __all__ = [
     "SandboxClient",
     "SandboxInfo",
     "SandboxInstance",
+    "Screenshot",
     "SnapshotInfo",
     "UploadResult",
 ]

@@ -4,9 +4,10 @@ snapshots they are forked from), and deletes the ones it created when it closes 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from types import TracebackType
 from typing import Self
 
@@ -24,6 +25,37 @@ PREFIX_LABEL = "orchard.prefix"
 """Label set on sandboxes created by a client with a prefix."""
 OPEN_EGRESS = (pb.EgressRule(cidr="0.0.0.0/0"), pb.EgressRule(cidr="::/0"))
 CLEANUP_CONCURRENCY = 64
+
+
+def egress_rule(item: str) -> pb.EgressRule:
+    """An allow item as a rule: "HOST", "HOST:PORT", "CIDR", "CIDR:PORT" (an address is a one-address CIDR;
+    IPv6 with a port in brackets: "[::1]:8080"). Raises ValueError."""
+    text = item.strip()
+    port = ""
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        port = rest.removeprefix(":") if rest.startswith(":") else rest
+        if rest and not rest.startswith(":"):
+            raise ValueError(f"allow item {item!r}: expected [IPv6]:PORT")
+    elif "/" in text:
+        network, _, rest = text.partition("/")
+        prefix, _, port = rest.partition(":")
+        host = f"{network}/{prefix}"
+    elif text.count(":") == 1:
+        host, _, port = text.partition(":")
+    else:
+        host = text  # a name, an IPv4 address, or a bare IPv6 address
+    if port and not (port.isdigit() and 0 < int(port) < 65536):
+        raise ValueError(f"allow item {item!r}: port {port!r} is not 1..65535")
+    if not host:
+        raise ValueError(f"allow item {item!r} names no host or network")
+    try:
+        ipaddress.ip_network(host, strict=False)
+    except ValueError:
+        if "/" in host or ":" in host:
+            raise ValueError(f"allow item {item!r}: {host!r} is not an IP network") from None
+        return pb.EgressRule(host=host, port=int(port or 0))
+    return pb.EgressRule(cidr=host, port=int(port or 0))
 
 
 class AsyncSandboxPager:
@@ -139,6 +171,37 @@ class AsyncSandboxClient:
             network_policy=pb.NetworkPolicy(allow=[] if block_network else OPEN_EGRESS),
             sandbox_id=sandbox_id or "", from_snapshot=from_snapshot or "",
             request_id=uuid.uuid4().hex,  # one per create, kept across retries: a retry never makes a second sandbox
+        )
+        response = await self._transport.unary("CreateSandbox", request, idempotent=True)
+        sandbox = AsyncSandbox(self, sandbox_info(response.sandbox))
+        self._created.add(sandbox.sandbox_id)
+        return sandbox
+
+    async def create_browser(self, allow: Sequence[str] = (), *, sandbox_id: str | None = None,
+                             timeout: float | None = 3600, labels: Mapping[str, str] | None = None) -> AsyncSandbox:
+        """Create a browser sandbox (a fresh headless Chromium context and page) and return it ready; drive it
+        with screenshot(), act() and page_content().
+
+        Args:
+            allow: where its page may connect; nothing else is reachable (about:, data: and blob: always work).
+                Each item is "HOST" (that name exactly), "HOST:PORT", "CIDR" or "CIDR:PORT" (an address is a
+                one-address CIDR), e.g. "127.0.0.1:8080", "example.com", "10.0.0.0/8:443"; no port = any port.
+            sandbox_id: the id to use; generated when None.
+            timeout: the sandbox's lifetime (TTL) in seconds; the service default when None.
+            labels: labels for filtering (list_sandboxes) and bulk cleanup.
+        """
+        if isinstance(allow, str):
+            raise TypeError("allow is a sequence of items like ['127.0.0.1:8080'], not one string")
+        rules = [egress_rule(item) for item in allow]
+        labels = dict(labels or {})
+        prefix = self.config.prefix
+        if prefix:
+            if not (sandbox_id and sandbox_id.startswith(f"{prefix}-")):
+                sandbox_id = f"{prefix}-{sandbox_id or uuid.uuid4().hex[:12]}"
+            labels.setdefault(PREFIX_LABEL, prefix)
+        request = pb.CreateSandboxRequest(
+            kind=pb.SANDBOX_KIND_BROWSER, labels=labels, ttl=duration(timeout or 0),
+            network_policy=pb.NetworkPolicy(allow=rules), sandbox_id=sandbox_id or "", request_id=uuid.uuid4().hex,
         )
         response = await self._transport.unary("CreateSandbox", request, idempotent=True)
         sandbox = AsyncSandbox(self, sandbox_info(response.sandbox))

@@ -28,6 +28,7 @@ SANDBOX_STATE = {
     pb.SANDBOX_STATE_DELETING: "deleting",
     pb.SANDBOX_STATE_DELETED: "deleted",
 }
+SANDBOX_KIND = {pb.SANDBOX_KIND_CONTAINER: "container", pb.SANDBOX_KIND_BROWSER: "browser"}
 FILE_TYPE = {pb.FILE_TYPE_FILE: "file", pb.FILE_TYPE_DIRECTORY: "directory", pb.FILE_TYPE_SYMLINK: "symlink"}
 
 
@@ -140,6 +141,46 @@ class SandboxInfo:
     """Its lifetime cap in seconds."""
     from_snapshot: str = ""
     """The id of the snapshot it was made from; empty when made from its image alone."""
+    kind: str = "container"
+    """"container" (commands, files, patches) or "browser" (screenshot, act, page_content)."""
+
+
+@dataclass(frozen=True)
+class Screenshot:
+    """A PNG of a browser sandbox's page."""
+
+    png: bytes
+    width: int
+    """Image width in pixels."""
+    height: int
+    """Image height in pixels."""
+    url: str
+    """The page's URL."""
+    title: str
+    """The page's title."""
+
+
+@dataclass(frozen=True)
+class ActResult:
+    """The page after a browser action."""
+
+    url: str
+    title: str
+    png: bytes = b""
+    """A PNG taken after the action, when asked for (act(..., screenshot=True)); else empty."""
+
+
+@dataclass(frozen=True)
+class PageContent:
+    """What a browser sandbox's page holds, as text."""
+
+    url: str
+    title: str
+    accessibility_tree: str
+    """The page's accessibility tree as indented YAML-like text (roles, names, states), e.g.
+    '- button "Press me"'."""
+    text: str
+    """The visible text of the page (document.body.innerText)."""
 
 
 @dataclass(frozen=True)
@@ -186,7 +227,7 @@ def sandbox_info(sb: pb.Sandbox) -> SandboxInfo:
         sandbox_id=sb.sandbox_id, image=sb.image, state=SANDBOX_STATE.get(sb.state, "unknown"), workdir=sb.workdir,
         labels=dict(sb.labels), env=dict(sb.env), failure_reason=sb.failure_reason,
         created_at=_seconds(sb, "create_time"), expires_at=_seconds(sb, "expire_time"), ttl=_seconds(sb, "ttl"),
-        from_snapshot=sb.from_snapshot,
+        from_snapshot=sb.from_snapshot, kind=SANDBOX_KIND.get(sb.kind, "container"),
     )
 
 

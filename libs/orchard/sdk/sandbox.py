@@ -19,11 +19,14 @@ from google.protobuf.duration_pb2 import Duration
 from orchard.env.v1 import env_pb2 as pb
 from orchard.errors import DeadlineExceeded, FailedPrecondition, NotFound
 from orchard.sdk.results import (
+    ActResult,
     FileEntry,
     JobResult,
+    PageContent,
     PatchError,
     PatchResult,
     SandboxInfo,
+    Screenshot,
     SnapshotInfo,
     UploadResult,
     file_entry,
@@ -50,6 +53,10 @@ PTY_STARTED_KEY = "orchard-pty-started"
 """Initial metadata the service sends once a terminal session's program runs."""
 
 Command = str | Sequence[str]
+ACTIONS = {"click": pb.ACTION_TYPE_CLICK, "double_click": pb.ACTION_TYPE_DOUBLE_CLICK, "type": pb.ACTION_TYPE_TYPE,
+           "key_press": pb.ACTION_TYPE_KEY_PRESS, "scroll": pb.ACTION_TYPE_SCROLL, "navigate": pb.ACTION_TYPE_NAVIGATE,
+           "back": pb.ACTION_TYPE_BACK, "wait": pb.ACTION_TYPE_WAIT}
+"""The browser actions act() takes."""
 DONE_STATES = frozenset({pb.EXEC_STATE_SUCCEEDED, pb.EXEC_STATE_FAILED, pb.EXEC_STATE_TIMED_OUT,
                          pb.EXEC_STATE_CANCELLED})
 
@@ -385,6 +392,49 @@ class AsyncSandbox:
         response = await self._transport.unary("SnapshotSandbox", request, idempotent=True)
         self._client._snapshots.add(response.snapshot.snapshot_id)
         return snapshot_info(response.snapshot)
+
+    async def screenshot(self, full_page: bool = False) -> Screenshot:
+        """A PNG of a browser sandbox's page: the viewport, or the whole page with full_page."""
+        request = pb.ScreenshotRequest(sandbox_id=self.sandbox_id, full_page=full_page)
+        response = await self._transport.unary("Screenshot", request, idempotent=True)
+        return Screenshot(png=response.png, width=response.width, height=response.height, url=response.url,
+                          title=response.title)
+
+    async def act(self, action: str, *, selector: str = "", x: float | None = None, y: float | None = None,
+                  text: str = "", key: str = "", delta_x: float = 0.0, delta_y: float = 0.0, url: str = "",
+                  timeout: float | None = None, screenshot: bool = False) -> ActResult:
+        """Do one thing in a browser sandbox's page, in order with its other actions.
+
+        Args:
+            action: "click" / "double_click" (on selector, or at x, y in CSS pixels), "type" (text, into selector
+                or the focused element), "key_press" (key, e.g. "Enter" or "Control+A"), "scroll" (by delta_x,
+                delta_y pixels, with the mouse at x, y when given), "navigate" (url: http, https, about or data),
+                "back", or "wait" (for selector to be visible, else for timeout seconds).
+            selector: a CSS or Playwright selector ("#go", "text=Sign in", "role=button[name='OK']").
+            timeout: seconds the action may take; the service default (10 s) when None.
+            screenshot: also return a PNG taken after the action.
+
+        Raises ValueError for an unknown action; DeadlineExceeded when nothing matched selector in time;
+        FailedPrecondition when the sandbox's network policy does not admit the url (reason EGRESS_DENIED),
+        the page could not load, or the sandbox failed (its browser crashed).
+        """
+        kind = ACTIONS.get(action)
+        if kind is None:
+            raise ValueError(f"action {action!r} is not one of {', '.join(ACTIONS)}")
+        request = pb.ActRequest(sandbox_id=self.sandbox_id, action=kind, x=x or 0.0, y=y or 0.0, selector=selector,
+                                text=text, key=key, delta_x=delta_x, delta_y=delta_y, url=url,
+                                timeout=duration(timeout or 0), screenshot=screenshot)
+        # Actions change the page: never retried. The deadline leaves room for the action's own timeout.
+        response = await self._transport.unary("Act", request, idempotent=False,
+                                               timeout=timeout + RPC_MARGIN_S if timeout else None)
+        return ActResult(url=response.url, title=response.title, png=response.png)
+
+    async def page_content(self) -> PageContent:
+        """A browser sandbox's page as text: its accessibility tree and its visible text."""
+        request = pb.GetPageContentRequest(sandbox_id=self.sandbox_id)
+        response = await self._transport.unary("GetPageContent", request, idempotent=True)
+        return PageContent(url=response.url, title=response.title, accessibility_tree=response.accessibility_tree,
+                           text=response.text)
 
     async def delete(self) -> None:
         """Delete the sandbox: its processes are killed and its files removed. Deleting twice is fine."""

@@ -14,7 +14,17 @@ from typing import Any, Self, TypeVar
 
 from orchard.sdk.aio import AsyncSandboxClient
 from orchard.sdk.config import ClientConfig
-from orchard.sdk.results import FileEntry, JobResult, PatchResult, SandboxInfo, SnapshotInfo, UploadResult
+from orchard.sdk.results import (
+    ActResult,
+    FileEntry,
+    JobResult,
+    PageContent,
+    PatchResult,
+    SandboxInfo,
+    Screenshot,
+    SnapshotInfo,
+    UploadResult,
+)
 from orchard.sdk.sandbox import AsyncExecHandle, AsyncPtySession, AsyncSandbox, Command
 
 T = TypeVar("T")
@@ -212,6 +222,22 @@ class Sandbox:
         """Freeze the sandbox's files into a snapshot (between its commands); see AsyncSandbox.snapshot."""
         return self._run.run(self._sandbox.snapshot(labels, snapshot_id))
 
+    def screenshot(self, full_page: bool = False) -> Screenshot:
+        """A PNG of a browser sandbox's page; see AsyncSandbox.screenshot."""
+        return self._run.run(self._sandbox.screenshot(full_page))
+
+    def act(self, action: str, *, selector: str = "", x: float | None = None, y: float | None = None,
+            text: str = "", key: str = "", delta_x: float = 0.0, delta_y: float = 0.0, url: str = "",
+            timeout: float | None = None, screenshot: bool = False) -> ActResult:
+        """Do one thing in a browser sandbox's page; see AsyncSandbox.act."""
+        return self._run.run(self._sandbox.act(action, selector=selector, x=x, y=y, text=text, key=key,
+                                               delta_x=delta_x, delta_y=delta_y, url=url, timeout=timeout,
+                                               screenshot=screenshot))
+
+    def page_content(self) -> PageContent:
+        """A browser sandbox's accessibility tree and visible text; see AsyncSandbox.page_content."""
+        return self._run.run(self._sandbox.page_content())
+
     def delete(self) -> None:
         """Delete the sandbox; deleting twice is fine."""
         self._run.run(self._sandbox.delete())
@@ -272,6 +298,12 @@ class SandboxClient:
         sandbox = self._run.run(self._client.create_sandbox(image, block_network, sandbox_id, cpu, memory, timeout,
                                                             wait_ready, env, labels, from_snapshot))
         return Sandbox(sandbox, self._run)
+
+    def create_browser(self, allow: Sequence[str] = (), *, sandbox_id: str | None = None,
+                       timeout: float | None = 3600, labels: Mapping[str, str] | None = None) -> Sandbox:
+        """Create a browser sandbox and return it ready; see AsyncSandboxClient.create_browser."""
+        return Sandbox(self._run.run(self._client.create_browser(allow, sandbox_id=sandbox_id, timeout=timeout,
+                                                                 labels=labels)), self._run)
 
     def get_sandbox(self, sandbox_id: str) -> Sandbox:
         """An existing sandbox; raises NotFound."""
