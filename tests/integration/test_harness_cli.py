@@ -112,6 +112,43 @@ async def test_published_rollouts_read_back_as_the_same_report(env: EnvServer, n
     assert timeless(json.loads((tmp_path / "report.json").read_text())) == timeless(expected)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+async def test_web_rollouts_are_stored_and_reported_by_success(env: EnvServer, nats_server: NatsServer,
+                                                              experience: str, tmp_path: Path) -> None:
+    """`orchard rollout --tasks web --policy scripted` runs the bundled web tasks in browser sandboxes, publishes
+    them, and `orchard eval --run --tasks web` reads the same success table back from the experience service."""
+    ids = ["form-signup", "search-cheapest", "shop-teapots", "nav-release"]
+    rollout = await asyncio.create_subprocess_exec(
+        str(ORCHARD), "rollout", "--tasks", "web", "--ids", *ids, "--policy", "scripted", "-n", "2",
+        "--max-steps", "30", "--env-address", f"127.0.0.1:{env.server.port}", "--nats-url", nats_server.url,
+        "--run-id", "web-it", "--out", str(tmp_path), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(rollout.communicate(), 240)
+    assert rollout.returncode == 0, err.decode()
+    table = out.decode()
+    assert "SUCCEEDED" in table and "pass@1 1.000  pass@2 1.000  success 8/8  errors 0" in table, table
+    assert "success by category: form 2/2 (100%), navigation 2/2 (100%), search 2/2 (100%), shopping 2/2 (100%)" \
+        in table
+    assert "8/8 rollouts  succeeded 8/8" in err.decode()  # the progress line
+    stored = [json.loads(line) for line in (tmp_path / "web-it" / "trajectories.jsonl").read_text().splitlines()]
+    assert sorted(t["taskId"] for t in stored) == sorted(ids * 2)
+
+    cli = await asyncio.create_subprocess_exec(
+        str(ORCHARD), "eval", "--run", "web-it", "--tasks", "web", "--experience-address", experience,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(cli.communicate(), 60)
+    assert cli.returncode == 0, err.decode()
+    back = out.decode()
+    assert table.split("\nsuccess by category")[0] in back  # the same per-task table and summary
+    assert "read 8 rollouts of run web-it back from the experience service" in back
+
+    regrade = await asyncio.create_subprocess_exec(
+        str(ORCHARD), "eval", "--run", "web-it", "--tasks", "web", "--regrade", "--experience-address", experience,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    _, err = await asyncio.wait_for(regrade.communicate(), 60)
+    assert regrade.returncode != 0 and "--gold and --regrade do not apply to them" in err.decode()
+
+
 async def test_eval_of_an_unknown_run_says_so(experience: str) -> None:
     with pytest.raises(NotFound, match="run 'nope' has no rollouts in the experience service"):
         await stored_run(experience, "nope", wait_s=0)

@@ -185,7 +185,14 @@ async def evaluate(args: argparse.Namespace) -> int:
     if args.compare and not args.run:
         raise InvalidArgument("--compare BEFORE_RUN compares two runs of the experience service: give the later "
                               "one with --run")
-    instances = {i.instance_id: i for i in load_instances(args.tasks)}
+    from orchard.cli import web
+
+    on_web = web.is_web(args.tasks)
+    if on_web and (args.gold or args.regrade):
+        raise InvalidArgument("web tasks are judged by their check on the live page when a rollout ends, and the "
+                              "stored rollouts carry that grade: --gold and --regrade do not apply to them")
+    instances = ({t.task_id: t for t in web.load(args.tasks, None)} if on_web  # type: ignore[misc]
+                 else {i.instance_id: i for i in load_instances(args.tasks)})
 
     def checked(stored: list[tpb.Trajectory]) -> list[tpb.Trajectory]:
         unknown = sorted({t.task_id for t in stored} - set(instances))
@@ -220,8 +227,14 @@ async def evaluate(args: argparse.Namespace) -> int:
                           for line in Path(args.rollouts).read_text().splitlines() if line.strip()])
     results = await grades(stored)
     report = report_of(stored, results, instances, k=args.k)
-    print(format_table(report))
-    print(f"resolved: {', '.join(report['resolved_ids']) or '(none)'}")  # type: ignore[arg-type]
+    if on_web:
+        report["categories"] = web.category_rates(results, list(instances.values()))  # type: ignore[arg-type]
+        print(format_table(report, outcome="success"))
+        print(web.format_categories(report["categories"]))  # type: ignore[arg-type]
+        print(f"succeeded: {', '.join(report['resolved_ids']) or '(none)'}")  # type: ignore[arg-type]
+    else:
+        print(format_table(report))
+        print(f"resolved: {', '.join(report['resolved_ids']) or '(none)'}")  # type: ignore[arg-type]
     if args.run:
         print(f"read {len(stored)} rollouts of run {args.run} back from the experience service at "
               f"{args.experience_address}")

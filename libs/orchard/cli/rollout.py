@@ -20,12 +20,14 @@ if TYPE_CHECKING:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("rollout", help="run a model on a task set (k samples each), grade and store every rollout")
-    p.add_argument("--tasks", default="toyrepair", help="a bundled task set's name or a JSON/JSONL file of "
-                   "SWE-bench instances (default: toyrepair)")
+    p.add_argument("--tasks", default="toyrepair", help="a bundled task set's name, a JSON/JSONL file of "
+                   "SWE-bench instances, or web tasks in browser sandboxes: \"web\" (the bundled sites) or "
+                   "\"web:FILE.jsonl\" (WebVoyager-style rows) (default: toyrepair)")
     p.add_argument("--ids", nargs="*", default=None, help="only these instance ids")
     p.add_argument("--model", default="", help="the served model (default: the inference service's default)")
-    p.add_argument("--policy", type=reference_quality, default=None, metavar="reference:Q",
-                   help="instead of a served model, run a synthetic reference policy built from the task set's gold "
+    p.add_argument("--policy", type=policy_choice, default=None, metavar="reference:Q|scripted",
+                   help="web tasks: `scripted` follows each task's bundled solution. SWE tasks: "
+                   "instead of a served model, run a synthetic reference policy built from the task set's gold "
                    "patches: each rollout submits the gold patch with probability Q in [0, 1], else a flawed one, "
                    "through the real sandboxes and grader (trajectories name it e.g. reference-q0.50; --seed makes its "
                    "choices repeat). It exercises value training and best-of-N without a capable model; no "
@@ -34,7 +36,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--concurrency", type=int, default=4, help="rollouts in flight at once (each holds a sandbox)")
     p.add_argument("--max-steps", type=int, default=10)
     p.add_argument("--max-tokens", type=int, default=None, help="token budget of a whole rollout (default 8192; "
-                   "32768 with --policy, whose tokens are bytes)")
+                   "32768 with --policy reference:Q and 262144 with --policy scripted, whose tokens are bytes)")
     p.add_argument("--max-step-tokens", type=int, default=None, help="tokens per model reply (default 256; 8192 "
                    "with --policy)")
     p.add_argument("--wall-clock", type=float, default=1800, help="seconds per rollout")
@@ -50,7 +52,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--nats-url", default="nats://127.0.0.1:4222", help="publish every rollout's events here, "
                    "for the experience service (default: the NATS `orchard up` starts)")
     p.add_argument("--no-events", action="store_true", help="do not publish events (only the local JSONL)")
+    p.add_argument("--observe", choices=["text", "screenshot", "both"], default="text",
+                   help="web tasks: what the agent sees after each action: the URL, title and accessibility tree "
+                   "(text), a screenshot (needs a vision-language model, e.g. on the vLLM engine), or both")
+    p.add_argument("--site", default=None, help="web tasks: the base URL of a server already serving the bundled "
+                   "sites (default: serve them on a loopback port for this run)")
     p.set_defaults(func=cmd_rollout)
+
+
+def policy_choice(text: str) -> float | str:
+    """The --policy value: "scripted" (web tasks), or the Q of reference:Q (SWE tasks)."""
+    return "scripted" if text == "scripted" else reference_quality(text)
 
 
 def reference_quality(text: str) -> float:
@@ -117,6 +129,13 @@ async def rollout(args: argparse.Namespace) -> int:
     from orchard.tasks.report import format_table
     from orchard.types.v1 import types_pb2 as tpb
 
+    from orchard.cli import web
+
+    if web.is_web(args.tasks):
+        return await web.rollout(args)
+    if args.policy == "scripted":
+        raise InvalidArgument("--policy scripted follows a web task's bundled solution; SWE task sets take "
+                              "--policy reference:Q or a served model")
     instances = load_instances(args.tasks, args.ids)
     run_id = args.run_id or uuid.uuid4().hex[:12]
     try:

@@ -13,8 +13,12 @@ import json
 import re
 import uuid
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from orchard.types.v1 import types_pb2 as tpb
+
+if TYPE_CHECKING:
+    from orchard.tasks.grading import GradeResult
 
 TOOL_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 """A `<tool_call>` block (the closing tag may be missing when generation stopped early)."""
@@ -117,6 +121,11 @@ class Harness(abc.ABC):
 
         Raises an OrchardError only when the environment itself failed (the rollout then stops with ENV_ERROR).
         """
+
+    def outcome(self) -> GradeResult | None:
+        """The grade of a rollout this harness judged itself (a web task's check on the page the agent left,
+        taken before close); None when the runner is to grade the submitted patch."""
+        return None
 
     @abc.abstractmethod
     async def submission(self) -> tuple[str, str]:

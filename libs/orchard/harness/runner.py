@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from orchard import events
 from orchard.harness.base import Harness
@@ -50,12 +50,15 @@ async def run_one(loop: AgentLoop, client: AsyncSandboxClient, make_harness: Har
                   test_timeout_s: float = 600.0) -> RolloutResult:
     """One rollout of `instance` as sample `sample` (its trajectory id is `<run>-<instance>-<sample>`), graded in a
     fresh sandbox unless grade_patches is off, with its outcome reward added to the trajectory and published."""
-    trajectory = await loop.run(make_harness(instance), sample_index=sample,
-                                group_id=f"{loop.run_id}/{instance.instance_id}",
+    harness = make_harness(instance)
+    trajectory = await loop.run(harness, sample_index=sample, group_id=f"{loop.run_id}/{instance.instance_id}",
                                 trajectory_id=f"{loop.run_id}-{instance.instance_id}-{sample}")
     if not grade_patches:
         return RolloutResult(trajectory, None)
-    if trajectory.stop_reason == tpb.STOP_REASON_SUBMITTED:
+    if trajectory.stop_reason == tpb.STOP_REASON_SUBMITTED and (own := harness.outcome()) is not None:
+        result = replace(own, sample_index=sample)  # the harness judged its own rollout (a web task's check)
+        reward = result.to_reward(source=f"orchard.harness.{harness.name}", name="task_check")
+    elif trajectory.stop_reason == tpb.STOP_REASON_SUBMITTED:
         result = await grade(client, instance, trajectory.final_patch, sample_index=sample,
                              test_timeout_s=test_timeout_s)
         reward = result.to_reward()

@@ -69,7 +69,8 @@ class ScriptedModel(Model):
 
     async def render(self, messages: list[tpb.Message], tools: list[tpb.ToolDefinition],
                      add_generation_prompt: bool) -> Rendered:
-        turns = [(ROLES[m.role], m.content) for m in messages]
+        # A message with image parts carries its text in them, as the inference service reads it.
+        turns = [(ROLES[m.role], m.content or "".join(p.text for p in m.parts)) for m in messages]
         if tools:
             listed = "\n".join(json.dumps({"name": t.name, "description": t.description,
                                            "parameters": json.loads(t.parameters or "{}")}) for t in tools)

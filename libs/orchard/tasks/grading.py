@@ -60,7 +60,7 @@ class GradeResult:
             **({"error": self.error} if self.error else {}),
         }
 
-    def to_reward(self, source: str = "orchard.tasks.grading") -> tpb.Reward:
+    def to_reward(self, source: str = "orchard.tasks.grading", name: str = "swe_tests") -> tpb.Reward:
         """An OUTCOME reward: +1 resolved, -1 otherwise; ERROR status (to mask out) when grading failed."""
         if self.error:
             status = tpb.OUTCOME_STATUS_ERROR
@@ -80,7 +80,7 @@ class GradeResult:
             pass_to_pass_passed=len(self.pass_to_pass["success"]),
             pass_to_pass_total=len(self.pass_to_pass["success"]) + len(self.pass_to_pass["failure"]),
             tests=tests, log_tail=self.log_tail, error=self.error, duration=elapsed)
-        reward = tpb.Reward(kind=tpb.REWARD_KIND_OUTCOME, value=1.0 if self.resolved else -1.0, name="swe_tests",
+        reward = tpb.Reward(kind=tpb.REWARD_KIND_OUTCOME, value=1.0 if self.resolved else -1.0, name=name,
                             source=source, outcome=details)
         reward.create_time.GetCurrentTime()
         return reward

@@ -75,17 +75,20 @@ def make_report(results: list[GradeResult], instance_ids: list[str], *, run_id: 
     }
 
 
-def format_table(report: dict[str, object]) -> str:
-    """The per-task table and the summary line of a report, for a terminal."""
+def format_table(report: dict[str, object], outcome: str = "resolved") -> str:
+    """The per-task table and the summary line of a report, for a terminal. `outcome` names what a passing
+    rollout is: "resolved" (a patch passing the tests) or "success" (a web task's check on the final page)."""
     k = report["samples_per_instance"]
-    rows = [f"{'TASK':<40} {'RESOLVED':>9} {'PASS@1':>7} {f'PASS@{k}':>7}"]
+    header = "RESOLVED" if outcome == "resolved" else "SUCCEEDED"
+    rows = [f"{'TASK':<40} {header:>9} {'PASS@1':>7} {f'PASS@{k}':>7}"]
     for task in report["tasks"]:  # type: ignore[attr-defined]
         at_k = task.get(f"pass@{k}")
         rows.append(f"{task['instance_id']:<40} {task['resolved']:>4}/{task['samples']:<4} "
                     f"{task['pass@1']:>7.2f} {'-' if at_k is None else f'{at_k:.2f}':>7}")
     at_k = report.get(f"pass@{k}")
     at_k_text = "" if k == 1 else f"pass@{k} {'-' if at_k is None else f'{at_k:.3f}'}  "
+    patches = f"  empty patches {report['empty_patch_instances']}" if outcome == "resolved" else ""
     rows.append(f"pass@1 {report['pass@1']:.3f}  {at_k_text}"
-                f"resolved {report['resolved_instances']}/{report['submitted_instances']}  "
-                f"errors {report['error_instances']}  empty patches {report['empty_patch_instances']}")
+                f"{outcome} {report['resolved_instances']}/{report['submitted_instances']}  "
+                f"errors {report['error_instances']}{patches}")
     return "\n".join(rows)

@@ -169,8 +169,9 @@ def _read(path: Path) -> list[WebTask]:
 
 
 def load_tasks(path: str | os.PathLike[str] | None = None, ids: Sequence[str] | None = None) -> list[WebTask]:
-    """Load web tasks: None = the bundled set, "miniwob" = MiniWoB++ tasks (needs the `miniwob` package, which scripts/install.sh installs), or a
-    .jsonl file of tasks in this module's format or WebVoyager-style rows; optionally only `ids`, in that order.
+    """Load web tasks: None = the bundled set, "miniwob" = MiniWoB++ tasks (needs the `miniwob` package, which
+    scripts/install.sh installs), or a .jsonl file of tasks in this module's format or WebVoyager-style rows;
+    optionally only `ids`, in that order.
 
     Raises InvalidArgument (a ValueError) naming the file, line and problem, or the unknown ids and the known ones;
     FailedPrecondition for "miniwob" without the package.
