@@ -43,6 +43,8 @@ CHROMIUM_ARGS = [
     "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
     "--disable-sync", "--no-first-run", "--disable-quic", "--disable-breakpad", "--disable-domain-reliability",
     "--disable-client-side-phishing-detection", "--no-pings", "--dns-prefetch-disable",
+    # Containers give /dev/shm 64 MiB; renderers then run out of it. /tmp holds their shared memory instead.
+    "--disable-dev-shm-usage",
     # Egress goes through each context's proxy; these keep Chromium from reaching out any other way.
     "--disable-features=DnsOverHttps,NetworkPrediction,MediaRouter,OptimizationHints,Translate,AutofillServerCommunication",
     "--force-webrtc-ip-handling-policy=disable_non_proxied_udp",

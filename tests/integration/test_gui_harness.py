@@ -19,7 +19,7 @@ from orchard.tasks.web import SiteServer, WebTask, load_tasks
 from orchard.types.v1 import types_pb2 as tpb
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
-TASKS = load_tasks()
+TASKS = load_tasks() + load_tasks("miniwob")  # the bundled sites, and MiniWoB++ pages served locally
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
@@ -37,7 +37,7 @@ def task(task_id: str) -> WebTask:
     return next(t for t in TASKS if t.task_id == task_id)
 
 
-async def test_the_scripted_policy_completes_every_bundled_task(env: EnvServer, site: str) -> None:
+async def test_the_scripted_policy_completes_every_bundled_and_miniwob_task(env: EnvServer, site: str) -> None:
     sink = ListSink()
     async with AsyncSandboxClient(f"127.0.0.1:{env.server.port}") as client:
         loop = AgentLoop(WebScriptModel(TASKS, site), Limits(max_steps=40, max_tokens=200_000),

@@ -1,4 +1,4 @@
-"""Smoke test of the SWE harness with the real embedded model (SmolLM2-135M-Instruct on CPU) through the real
+"""Smoke test of the SWE and GUI harnesses with the real embedded model (SmolLM2-135M-Instruct on CPU) through the real
 inference service and real sandboxes. The model is too weak to solve tasks; this checks that the loop runs and
 that the recorded tokens are consistent: the prompt is the chat template's, log-probs match ScoreTokens on the
 exact sequence, and the mask marks exactly the sampled tokens."""
@@ -17,12 +17,14 @@ from orchard.harness import (
     SamplingConfig,
     SWEHarness,
 )
+from orchard.harness.gui import GUIHarness
 from orchard.inference.v1 import inference_pb2 as ipb
 from orchard.runtime import GrpcServer
 from orchard.sdk import AsyncSandboxClient
 from orchard.services.inference.server import build
 from orchard.services.inference.settings import InferenceSettings
 from orchard.tasks import load_instances
+from orchard.tasks.web import SiteServer, load_tasks
 from orchard.types.v1 import types_pb2 as tpb
 
 TASK = next(t for t in load_instances("toyrepair") if t.instance_id.startswith("toyrepair-trivial-"))
@@ -70,5 +72,29 @@ async def test_two_step_rollout_records_consistent_tokens(env: EnvServer, infere
             full = await model.render(list(traj.messages), list(traj.tools), add_generation_prompt=True)
             rendered_tail = full.token_ids[-20:]
             assert sequence[-20:] == rendered_tail
+    finally:
+        await model.close()
+
+
+async def test_gui_rollout_over_the_accessibility_tree(env: EnvServer, inference: str) -> None:
+    """The text-only GUI path with the real model: it is shown a web task's page as an accessibility tree, its
+    replies are parsed into browser actions (or format errors) and the rollout ends inside its budget, with the
+    same token bookkeeping as a SWE rollout."""
+    [web_task] = load_tasks(ids=["nav-kubernetes"])
+    model = InferenceModel(inference, sampling=SamplingConfig(temperature=0.7, max_step_tokens=48, seed=7))
+    await model.connect()
+    try:
+        async with SiteServer() as site, AsyncSandboxClient(f"127.0.0.1:{env.server.port}") as client:
+            loop = AgentLoop(model, Limits(max_steps=2, wall_clock_s=240), model.sampling)
+            traj = await loop.run(GUIHarness(web_task, client, site.url))
+            assert [s async for s in client.list_sandboxes()] == []  # the browser sandbox is gone
+        assert traj.stop_reason in (tpb.STOP_REASON_STEP_LIMIT, tpb.STOP_REASON_SUBMITTED,
+                                    tpb.STOP_REASON_FORMAT_ERROR), traj.stop_detail
+        assert traj.harness == "orchard-gui" and traj.steps
+        opening = traj.messages[1].content
+        assert opening.startswith(f"Goal: {web_task.goal}") and 'link "Guides"' in opening
+        rendered = await model.render(list(traj.messages[:2]), list(traj.tools), add_generation_prompt=True)
+        assert list(traj.prompt_tokens.token_ids) == rendered.token_ids
+        assert traj.token_count == len(traj.prompt_tokens.token_ids) + sum(len(s.tokens.token_ids) for s in traj.steps)
     finally:
         await model.close()
