@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from orchard.events import EventPublisher
+    from orchard.harness.runner import RolloutResult
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -99,19 +100,55 @@ async def connect_events(stack: contextlib.AsyncExitStack, url: str) -> EventPub
         raise Unavailable(f"cannot publish rollout events: {err.message}; {hint}") from err
 
 
-def progress(done: int, total: int, resolved: int, graded: int, started: float) -> str:
-    """One progress line: a bar, counts, the live resolve rate and the rate of rollouts."""
+def progress(done: int, total: int, resolved: int, graded: int, started: float, outcome: str = "resolved") -> str:
+    """One progress line: a bar, counts, the live resolve (or success) rate and the rate of rollouts."""
     width = 30
     filled = width * done // max(total, 1)
     rate = f"{100 * resolved / graded:.0f}%" if graded else "-"
-    return (f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} rollouts  resolved {resolved}/{graded} "
+    return (f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} rollouts  {outcome} {resolved}/{graded} "
             f"({rate})  {done / max(time.monotonic() - started, 1e-9):.2f}/s")
 
 
-async def rollout(args: argparse.Namespace) -> int:
-    from google.protobuf import json_format
-
+def checked_run_id(run_id: str) -> str:
+    """The run id given, or a new one; InvalidArgument when it cannot name a run on the event bus."""
     from orchard import events
+    from orchard.errors import InvalidArgument
+    from orchard.types.v1 import types_pb2 as tpb
+
+    run_id = run_id or uuid.uuid4().hex[:12]
+    try:
+        events.subject_of(events.started(tpb.Trajectory(run_id=run_id, trajectory_id=run_id)))
+    except ValueError as err:
+        raise InvalidArgument(f"--run-id {run_id!r} cannot name a run: {err}") from None
+    return run_id
+
+
+class RunLog:
+    """A run's trajectories.jsonl, written as each rollout ends, and its live progress line on stderr."""
+
+    def __init__(self, stack: contextlib.ExitStack | contextlib.AsyncExitStack, folder: Path, total: int,
+                 outcome: str = "resolved") -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        self.path = folder / "trajectories.jsonl"
+        self._file = stack.enter_context(self.path.open("a"))
+        self.total, self.outcome = total, outcome
+        self.done = self.resolved = self.graded = 0
+        self.started = time.monotonic()
+
+    def __call__(self, result: RolloutResult) -> None:
+        from google.protobuf import json_format
+
+        self._file.write(json_format.MessageToJson(result.trajectory, indent=None) + "\n")
+        self._file.flush()
+        self.done += 1
+        if result.grade is not None:
+            self.graded += 1
+            self.resolved += result.grade.resolved
+        print(progress(self.done, self.total, self.resolved, self.graded, self.started, self.outcome), end="",
+              file=sys.stderr, flush=True)
+
+
+async def rollout(args: argparse.Namespace) -> int:
     from orchard.errors import InvalidArgument
     from orchard.harness import (
         AgentLoop,
@@ -123,11 +160,9 @@ async def rollout(args: argparse.Namespace) -> int:
         SWEHarness,
         run_rollouts,
     )
-    from orchard.harness.runner import RolloutResult
     from orchard.sdk import AsyncSandboxClient
     from orchard.tasks import load_instances, make_report
     from orchard.tasks.report import format_table
-    from orchard.types.v1 import types_pb2 as tpb
 
     from orchard.cli import web
 
@@ -137,17 +172,12 @@ async def rollout(args: argparse.Namespace) -> int:
         raise InvalidArgument("--policy scripted follows a web task's bundled solution; SWE task sets take "
                               "--policy reference:Q or a served model")
     instances = load_instances(args.tasks, args.ids)
-    run_id = args.run_id or uuid.uuid4().hex[:12]
-    try:
-        events.subject_of(events.started(tpb.Trajectory(run_id=run_id, trajectory_id=run_id)))
-    except ValueError as err:
-        raise InvalidArgument(f"--run-id {run_id!r} cannot name a run: {err}") from None
+    run_id = checked_run_id(args.run_id)
     folder = Path(args.out) / run_id
     # The reference policy's tokens are bytes: its replies carry whole patches.
     max_tokens = args.max_tokens or (8192 if args.policy is None else 32768)
     sampling = SamplingConfig(temperature=args.temperature, seed=args.seed,
                               max_step_tokens=args.max_step_tokens or (256 if args.policy is None else 8192))
-    total, counts = len(instances) * args.samples, {"done": 0, "resolved": 0, "graded": 0}
     task_set = args.tasks if "/" not in str(args.tasks) else Path(args.tasks).stem
     async with contextlib.AsyncExitStack() as stack:
         # 1. Everything this run needs, checked before the first rollout starts.
@@ -160,19 +190,7 @@ async def rollout(args: argparse.Namespace) -> int:
         else:
             model = ReferenceModel(instances, args.policy)
         client = await stack.enter_async_context(AsyncSandboxClient(args.env_address))
-        folder.mkdir(parents=True, exist_ok=True)
-        stored = stack.enter_context((folder / "trajectories.jsonl").open("a"))
-        started = time.monotonic()
-
-        def on_result(result: RolloutResult) -> None:
-            stored.write(json_format.MessageToJson(result.trajectory, indent=None) + "\n")
-            stored.flush()
-            counts["done"] += 1
-            if result.grade is not None:
-                counts["graded"] += 1
-                counts["resolved"] += result.grade.resolved
-            print(progress(counts["done"], total, counts["resolved"], counts["graded"], started), end="",
-                  file=sys.stderr, flush=True)
+        log = RunLog(stack, folder, len(instances) * args.samples)
 
         print(f"run {run_id}: {model.name} on {len(instances)} tasks x {args.samples} samples -> {folder}"
               + ("" if publisher is None else f" and {args.nats_url}"), file=sys.stderr)
@@ -182,8 +200,8 @@ async def rollout(args: argparse.Namespace) -> int:
         results = await run_rollouts(instances, args.samples, loop=loop, client=client,
                                      make_harness=lambda t: SWEHarness(t, client, task_set=task_set),
                                      concurrency=args.concurrency, grade_patches=not args.no_grade,
-                                     on_result=on_result)
-        elapsed = time.monotonic() - started
+                                     on_result=log)
+        elapsed = time.monotonic() - log.started
         print(file=sys.stderr)
     # 3. Leaving the block flushed every event to the bus (or raised Unavailable naming how many were not):
     # the experience service can now serve the whole run.
@@ -193,7 +211,7 @@ async def rollout(args: argparse.Namespace) -> int:
         (folder / "report.json").write_text(json.dumps(report, indent=2) + "\n")
         print(format_table(report))
         print(f"resolved: {', '.join(report['resolved_ids']) or '(none)'}")  # type: ignore[arg-type]
-    print(f"stored {len(results)} rollouts in {folder / 'trajectories.jsonl'} "
+    print(f"stored {len(results)} rollouts in {log.path} "
           f"({elapsed:.0f}s, {len(results) / max(elapsed, 1e-9):.2f} rollouts/s)")
     if publisher is not None:
         print(f"published {publisher.stats.published} events for run {run_id} to {args.nats_url}; "

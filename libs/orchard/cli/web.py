@@ -10,7 +10,6 @@ import contextlib
 import json
 import sys
 import time
-import uuid
 from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -56,33 +55,23 @@ def format_categories(rates: dict[str, dict[str, float | int]]) -> str:
 
 
 async def rollout(args: argparse.Namespace) -> int:
-    from google.protobuf import json_format
-
-    from orchard import events
-    from orchard.cli.rollout import connect_events, progress
+    from orchard.cli.rollout import RunLog, checked_run_id, connect_events
     from orchard.errors import InvalidArgument
     from orchard.harness import AgentLoop, InferenceModel, Limits, Model, SamplingConfig, run_rollouts
     from orchard.harness.gui import GUIHarness, WebScriptModel
-    from orchard.harness.runner import RolloutResult
     from orchard.sdk import AsyncSandboxClient
     from orchard.tasks import make_report
     from orchard.tasks.report import format_table
     from orchard.tasks.web import SiteServer
-    from orchard.types.v1 import types_pb2 as tpb
 
     if args.policy is not None and args.policy != "scripted":
         raise InvalidArgument("--policy reference:Q builds rollouts from gold patches, which web tasks have none "
                               "of; web tasks take --policy scripted (each task's bundled solution) or a served model")
     tasks = load(args.tasks, args.ids)
-    run_id = args.run_id or uuid.uuid4().hex[:12]
-    try:
-        events.subject_of(events.started(tpb.Trajectory(run_id=run_id, trajectory_id=run_id)))
-    except ValueError as err:
-        raise InvalidArgument(f"--run-id {run_id!r} cannot name a run: {err}") from None
+    run_id = checked_run_id(args.run_id)
     folder = Path(args.out) / run_id
     sampling = SamplingConfig(temperature=args.temperature, seed=args.seed,
                               max_step_tokens=args.max_step_tokens or 256)
-    total, counts = len(tasks) * args.samples, {"done": 0, "resolved": 0, "graded": 0}
     async with contextlib.AsyncExitStack() as stack:
         publisher = None if args.no_events else await connect_events(stack, args.nats_url)
         site = args.site or await stack.enter_async_context(SiteServer())
@@ -95,19 +84,7 @@ async def rollout(args: argparse.Namespace) -> int:
             await model.connect()
             stack.push_async_callback(model.close)
         client = await stack.enter_async_context(AsyncSandboxClient(args.env_address))
-        folder.mkdir(parents=True, exist_ok=True)
-        stored = stack.enter_context((folder / "trajectories.jsonl").open("a"))
-        started = time.monotonic()
-
-        def on_result(result: RolloutResult) -> None:
-            stored.write(json_format.MessageToJson(result.trajectory, indent=None) + "\n")
-            stored.flush()
-            counts["done"] += 1
-            if result.grade is not None:
-                counts["graded"] += 1
-                counts["resolved"] += result.grade.resolved
-            line = progress(counts["done"], total, counts["resolved"], counts["graded"], started)
-            print(line.replace("resolved", "succeeded"), end="", file=sys.stderr, flush=True)
+        log = RunLog(stack, folder, len(tasks) * args.samples, outcome="succeeded")
 
         print(f"run {run_id}: {model.name} on {len(tasks)} web tasks x {args.samples} samples (site {site}, "
               f"observing {args.observe}) -> {folder}" + ("" if publisher is None else f" and {args.nats_url}"),
@@ -119,8 +96,8 @@ async def rollout(args: argparse.Namespace) -> int:
         results = await run_rollouts(
             tasks, args.samples, loop=loop, client=client,  # type: ignore[arg-type]
             make_harness=lambda t: GUIHarness(t, client, site, observe=args.observe),  # type: ignore[arg-type]
-            concurrency=args.concurrency, grade_patches=not args.no_grade, on_result=on_result)
-        elapsed = time.monotonic() - started
+            concurrency=args.concurrency, grade_patches=not args.no_grade, on_result=log)
+        elapsed = time.monotonic() - log.started
         print(file=sys.stderr)
     grades = [r.grade for r in results if r.grade is not None]
     if grades:
@@ -129,7 +106,7 @@ async def rollout(args: argparse.Namespace) -> int:
         (folder / "report.json").write_text(json.dumps(report, indent=2) + "\n")
         print(format_table(report, outcome="success"))
         print(format_categories(report["categories"]))  # type: ignore[arg-type]
-    print(f"stored {len(results)} rollouts in {folder / 'trajectories.jsonl'} "
+    print(f"stored {len(results)} rollouts in {log.path} "
           f"({elapsed:.0f}s, {len(results) / max(elapsed, 1e-9):.2f} rollouts/s)")
     if publisher is not None:
         print(f"published {publisher.stats.published} events for run {run_id} to {args.nats_url}; "

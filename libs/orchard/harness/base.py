@@ -9,17 +9,21 @@ inference service asks tool-less templates for); a harness adds its own text for
 from __future__ import annotations
 
 import abc
+import asyncio
 import json
 import re
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
+from orchard.errors import DeadlineExceeded, ResourceExhausted, Unavailable
 from orchard.types.v1 import types_pb2 as tpb
 
 if TYPE_CHECKING:
     from orchard.tasks.grading import GradeResult
 
+T = TypeVar("T")
 TOOL_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 """A `<tool_call>` block (the closing tag may be missing when generation stopped early)."""
 
@@ -57,6 +61,20 @@ def tool(name: str, description: str, properties: dict[str, object], required: l
 def call(name: str, **arguments: object) -> tpb.ToolCall:
     """A tool call with a fresh id."""
     return tpb.ToolCall(id=f"call_{uuid.uuid4().hex[:12]}", name=name, arguments=json.dumps(arguments))
+
+
+async def create_retried(create: Callable[[], Awaitable[T]], *, attempts: int, timeout_s: float) -> T:
+    """`create()` (a sandbox), each try bounded by timeout_s, retried with backoff on transient errors (the service
+    busy or briefly away); the last error is raised."""
+    for attempt in range(attempts):
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await create()
+        except (Unavailable, ResourceExhausted, DeadlineExceeded, TimeoutError):
+            if attempt + 1 == attempts:
+                raise
+            await asyncio.sleep(2**attempt)
+    raise ValueError("attempts must be at least 1")
 
 
 def parse_tool_calls(text: str) -> list[tpb.ToolCall] | None:

@@ -6,7 +6,6 @@ before the sandbox goes, and that is the rollout's grade (no patch to grade)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from collections.abc import Sequence
@@ -17,10 +16,8 @@ from orchard.errors import (
     FailedPrecondition,
     InvalidArgument,
     PermissionDenied,
-    ResourceExhausted,
-    Unavailable,
 )
-from orchard.harness.base import ActionResult, Harness, tool
+from orchard.harness.base import ActionResult, Harness, create_retried, tool
 from orchard.harness.model import ModelError
 from orchard.harness.reference import tool_call
 from orchard.harness.scripted import ScriptedModel
@@ -106,18 +103,10 @@ class GUIHarness(Harness):
 
     async def setup(self) -> None:
         """Create the browser sandbox (bounded, retried on transient errors) and open the task's start page."""
-        for attempt in range(self.create_attempts):
-            try:
-                async with asyncio.timeout(self.create_timeout_s):
-                    self.sandbox = await self.client.create_browser(
-                        self.allow(), timeout=self.sandbox_ttl_s,
-                        labels={"orchard.role": "rollout", "orchard.task": self.task_id[:63]})
-                break
-            except (Unavailable, ResourceExhausted, DeadlineExceeded, TimeoutError):
-                if attempt + 1 == self.create_attempts:
-                    raise
-                await asyncio.sleep(2**attempt)
-        assert self.sandbox is not None
+        self.sandbox = await create_retried(
+            lambda: self.client.create_browser(self.allow(), timeout=self.sandbox_ttl_s,
+                                               labels={"orchard.role": "rollout", "orchard.task": self.task_id[:63]}),
+            attempts=self.create_attempts, timeout_s=self.create_timeout_s)
         await self.sandbox.act("navigate", url=self.task.url(self.site), timeout=self.action_timeout_s)
         self._first_page = await self.observation()
 

@@ -4,13 +4,11 @@ the workspace against the base commit). Models without tool calling may send a `
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 from typing import ClassVar
 
-from orchard.errors import DeadlineExceeded, ResourceExhausted, Unavailable
-from orchard.harness.base import ActionResult, Harness, Parsed, call, tool
+from orchard.harness.base import ActionResult, Harness, Parsed, call, create_retried, tool
 from orchard.sdk import AsyncSandbox, AsyncSandboxClient
 from orchard.tasks.instance import TaskInstance
 from orchard.tasks.repo import SANDBOX_ENV, setup_repo
@@ -95,18 +93,10 @@ class SWEHarness(Harness):
 
     async def setup(self) -> None:
         """Create the sandbox (bounded, retried on transient errors) and set the repository up in it."""
-        for attempt in range(self.create_attempts):
-            try:
-                async with asyncio.timeout(self.create_timeout_s):
-                    self.sandbox = await self.client.create_sandbox(
-                        self.instance.image, env=SANDBOX_ENV, timeout=self.sandbox_ttl_s,
-                        labels={"orchard.role": "rollout", "orchard.task": self.task_id[:63]})
-                break
-            except (Unavailable, ResourceExhausted, DeadlineExceeded, TimeoutError):
-                if attempt + 1 == self.create_attempts:
-                    raise
-                await asyncio.sleep(2**attempt)
-        assert self.sandbox is not None
+        self.sandbox = await create_retried(
+            lambda: self.client.create_sandbox(self.instance.image, env=SANDBOX_ENV, timeout=self.sandbox_ttl_s,
+                                               labels={"orchard.role": "rollout", "orchard.task": self.task_id[:63]}),
+            attempts=self.create_attempts, timeout_s=self.create_timeout_s)
         await setup_repo(self.sandbox, self.instance)
 
     def initial_messages(self) -> list[tpb.Message]:
