@@ -17,5 +17,6 @@ setup(packages=packages, package_data={
     "orchard.services.env": ["agent/*.py"],
     "orchard.tasks": ["toyrepair/tasks.jsonl", "toyrepair/repos/**/*", "toyrepair/repos/*/.gitignore"],
     "orchard.tasks.web": ["tasks.jsonl", "sites/**/*"],
+    "orchard.tasks.assistant": ["tasks.jsonl"],
     "orchard.services.reward": ["rubrics/*.yaml"],
 })
