@@ -40,3 +40,4 @@ fi
 
 # 3. The default sandbox image (debootstrap, about a minute the first time, cached after).
 .venv/bin/orchard image build python:3.11-slim
+.venv/bin/orchard image build claw  # the Claw assistant environment (about a minute)

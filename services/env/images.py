@@ -13,6 +13,7 @@ import ctypes
 import fcntl
 import json
 import os
+import platform
 import re
 import secrets
 import shutil
@@ -44,19 +45,41 @@ class Recipe:
     packages: tuple[str, ...]
     """Extra packages (`--include`)."""
     description: str
+    pip: tuple[str, ...] = ()
+    """Python requirement specs (e.g. "pymap==0.36.7") installed system-wide from PyPI wheels, with their
+    dependencies, for what Debian does not package. The wheels are downloaded on the build machine."""
 
+
+PYTHON_PACKAGES = ("python3", "python-is-python3", "python3-pip", "python3-venv", "python3-pytest", "git",
+                   "ca-certificates")
+"""python:3.11-slim's packages. python3 and git are required in every image: the sandbox agent is a python3
+script and patches are applied with `git apply`."""
 
 RECIPES: dict[str, Recipe] = {
-    # python3 and git are required in every image: the sandbox agent is a python3 script and
-    # patches are applied with `git apply`.
     "python:3.11-slim": Recipe(
         suite="bookworm",
         variant="minbase",
-        packages=("python3", "python-is-python3", "python3-pip", "python3-venv", "python3-pytest", "git",
-                  "ca-certificates"),
+        packages=PYTHON_PACKAGES,
         description="Debian 12 (bookworm) minbase with Python 3.11 (also as `python`), pip, venv, pytest and git",
     ),
+    # The Claw assistant environment: mail (aiosmtpd + pymap IMAP), CalDAV (radicale) and files,
+    # all served inside the sandbox (docs/design/claw-environment.md). Debian has no pymap.
+    "claw": Recipe(
+        suite="bookworm",
+        variant="minbase",
+        packages=(*PYTHON_PACKAGES, "python3-radicale", "python3-aiosmtpd"),
+        description="python:3.11-slim plus radicale (CalDAV), aiosmtpd (SMTP) and pymap (IMAP) for the Claw "
+                    "assistant environment",
+        pip=("pymap==0.36.7",),
+    ),
 }
+
+PIP_PYTHON_VERSION = "3.11"
+"""The python3 of every recipe's suite (bookworm); wheels for `Recipe.pip` are chosen for it."""
+
+CHROOT_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root",
+              "LANG": "C.UTF-8"}
+"""The environment of commands run in a rootfs being built (none of the host's variables leak in)."""
 
 
 @dataclass(frozen=True)
@@ -77,7 +100,7 @@ class BuildProgress:
     """One step of a build, parsed from debootstrap's output or reported by the store."""
 
     stage: str
-    """prepare, resolve, download, extract, unpack, configure, finalize, done or failed."""
+    """prepare, resolve, download, extract, unpack, configure, pip, finalize, done or failed."""
     done: int
     """Packages handled so far in this stage."""
     total: int | None
@@ -242,7 +265,7 @@ class ImageStore:
             meta = json.loads((folder / "image.json").read_text())
         except FileNotFoundError:
             return None
-        if meta.get("recipe") != json.loads(json.dumps(asdict(recipe))):
+        if meta.get("recipe") != recipe_key(recipe):
             return None  # built from an older recipe: rebuilt by the next `build`
         return Image(name=name, rootfs=folder / "rootfs", is_host=False, size_bytes=meta["size_bytes"],
                      build_time=datetime.fromisoformat(meta["build_time"]), description=recipe.description)
@@ -288,11 +311,13 @@ class ImageStore:
         try:
             # 2. debootstrap into the hidden folder.
             await _debootstrap(name, recipe, tmp / "rootfs", mirror, log_path, lock_fd, report)
+            if recipe.pip:  # before _finish_rootfs, which is the last step that edits the rootfs
+                await _install_wheels(name, recipe, tmp / "rootfs", log_path, report)
             # 3. Shrink and adjust the rootfs, then write the metadata that makes it resolvable.
             report(BuildProgress("finalize", 0, None, "removing package caches, writing image metadata"))
             await asyncio.to_thread(_finish_rootfs, tmp / "rootfs")
             size = await asyncio.to_thread(_disk_usage, tmp / "rootfs")
-            meta = {"name": name, "recipe": asdict(recipe), "build_time": datetime.now(UTC).isoformat(),
+            meta = {"name": name, "recipe": recipe_key(recipe), "build_time": datetime.now(UTC).isoformat(),
                     "build_seconds": round(time.monotonic() - started, 1), "size_bytes": size,
                     "debootstrap_version": await _debootstrap_version(), "mirror": mirror,
                     "build_log": str(log_path)}
@@ -315,6 +340,31 @@ class ImageStore:
         report(BuildProgress("done", 1, 1, f"built {name} in {meta['build_seconds']:.0f} s "
                                            f"({size / 1e6:.0f} MB) at {image.rootfs}"))
         return image
+
+
+def recipe_key(recipe: Recipe) -> dict[str, object]:
+    """The recipe as stored in image.json and compared by `resolve`: any change means "rebuild".
+
+    An empty `pip` is left out, so images built before that field existed stay valid.
+    """
+    key: dict[str, object] = json.loads(json.dumps(asdict(recipe)))
+    if not recipe.pip:
+        del key["pip"]
+    return key
+
+
+def pip_download_args(recipe: Recipe, dest: Path) -> list[str]:
+    """The host-side `pip download` of the recipe's wheels (and their dependencies) for the image's python3."""
+    return [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--no-cache-dir",
+            "--only-binary=:all:", "--python-version", PIP_PYTHON_VERSION, "--implementation", "cp",
+            "--platform", f"manylinux2014_{platform.machine()}", "-d", str(dest), *recipe.pip]
+
+
+def pip_install_args(recipe: Recipe, rootfs: Path, wheels_in_rootfs: str) -> list[str]:
+    """The in-chroot `pip install` from the downloaded wheels only (the chroot needs no network)."""
+    return ["chroot", str(rootfs), "python3", "-m", "pip", "install", "--disable-pip-version-check", "--no-cache-dir",
+            "--break-system-packages", "--root-user-action=ignore", "--no-index", "--find-links", wheels_in_rootfs,
+            *recipe.pip]
 
 
 def _recipe(name: str) -> Recipe:
@@ -370,8 +420,43 @@ async def _debootstrap(name: str, recipe: Recipe, rootfs: Path, mirror: str, log
                 reason="MIRROR_UNREACHABLE" if unreachable else "IMAGE_BUILD_FAILED")
 
 
+async def _install_wheels(name: str, recipe: Recipe, rootfs: Path, log_path: Path,
+                          report: Callable[[BuildProgress], None]) -> None:
+    """Download the recipe's wheels on this machine into the rootfs, pip-install them in a chroot, delete them."""
+    wheels = "/tmp/orchard-wheels"
+    host_dir = rootfs / wheels.lstrip("/")
+    host_dir.mkdir(parents=True)
+    try:
+        report(BuildProgress("pip", 0, None, f"downloading wheels: {' '.join(recipe.pip)}"))
+        await _run_logged(name, pip_download_args(recipe, host_dir), log_path, env=None)  # pip's own config
+        report(BuildProgress("pip", 1, 2, f"installing {len(list(host_dir.glob('*.whl')))} wheels"))
+        await _run_logged(name, pip_install_args(recipe, rootfs, wheels), log_path, env=CHROOT_ENV)
+    finally:
+        await asyncio.to_thread(shutil.rmtree, host_dir, True)
+
+
+async def _run_logged(name: str, args: list[str], log_path: Path, *, env: dict[str, str] | None) -> None:
+    """Run one build step (env None: this process's), appending its output to the build log; raise with the
+    log's tail on failure."""
+    with log_path.open("a") as log:
+        log.write(f"\n$ {' '.join(args)}\n")
+        log.flush()
+        proc = await asyncio.create_subprocess_exec(*args, stdin=asyncio.subprocess.DEVNULL, stdout=log,
+                                                    stderr=asyncio.subprocess.STDOUT, start_new_session=True, env=env)
+        try:
+            returncode = await proc.wait()
+        except BaseException:
+            await _stop(proc)
+            raise
+    if returncode != 0:
+        last_lines = "\n".join(log_path.read_text(errors="replace").splitlines()[-20:])
+        raise FailedPrecondition(f"building image '{name}' failed: `{' '.join(args[:5])} ...` exited with status "
+                                 f"{returncode}; fix the cause and run `orchard image build {name}` again. "
+                                 f"Full log: {log_path}\nLast lines:\n{last_lines}", reason="IMAGE_BUILD_FAILED")
+
+
 async def _stop(proc: asyncio.subprocess.Process) -> None:
-    """Stop debootstrap's whole process group: SIGTERM, then SIGKILL after 10 s."""
+    """Stop a build step's whole process group: SIGTERM, then SIGKILL after 10 s."""
     if proc.returncode is not None:
         return
     with contextlib.suppress(ProcessLookupError):

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 import os
 import shutil
 import socket
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,9 +23,13 @@ from orchard.services.env.images import (
     BuildProgress,
     ImageStore,
     ProgressParser,
+    Recipe,
     default_images_dir,
     detect_mirror,
     image_dirname,
+    pip_download_args,
+    pip_install_args,
+    recipe_key,
     render_progress,
 )
 
@@ -47,6 +54,56 @@ def test_default_images_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> 
 
 def test_recipe_has_python_and_git() -> None:
     assert {"python3", "git"} <= set(RECIPES["python:3.11-slim"].packages)
+
+
+def test_claw_recipe_extends_the_default_image() -> None:
+    claw, base = RECIPES["claw"], RECIPES["python:3.11-slim"]
+    assert set(claw.packages) == {*base.packages, "python3-radicale", "python3-aiosmtpd"}
+    assert (claw.suite, claw.variant, claw.pip) == (base.suite, base.variant, ("pymap==0.36.7",))
+
+
+def write_built(root: Path, name: str, recipe: dict[str, object]) -> None:
+    """A built-looking image folder whose image.json records `recipe`."""
+    folder = root / image_dirname(name)
+    (folder / "rootfs").mkdir(parents=True)
+    (folder / "image.json").write_text(json.dumps(
+        {"recipe": recipe, "size_bytes": 1, "build_time": "2025-01-01T00:00:00+00:00"}))
+
+
+def test_image_built_before_recipes_had_pip_stays_valid(tmp_path: Path) -> None:
+    old = dataclasses.asdict(RECIPES["python:3.11-slim"])
+    del old["pip"]  # what image.json held before the field existed
+    write_built(tmp_path, "python:3.11-slim", json.loads(json.dumps(old)))
+    assert ImageStore(tmp_path).resolve("python:3.11-slim").rootfs == tmp_path / "python_3.11-slim" / "rootfs"
+
+
+@pytest.mark.parametrize("change", [{"pip": ["pymap==0.36.6"]}, {"pip": []}, {"packages": ["python3"]}])
+def test_changed_recipe_invalidates_the_build(tmp_path: Path, change: dict[str, object]) -> None:
+    write_built(tmp_path, "claw", recipe_key(RECIPES["claw"]))
+    assert ImageStore(tmp_path).resolve("claw").name == "claw"
+    write_built(tmp_path / "changed", "claw", {**recipe_key(RECIPES["claw"]), **change})
+    with pytest.raises(FailedPrecondition):
+        ImageStore(tmp_path / "changed").resolve("claw")
+
+
+def test_recipe_key_keeps_pip_only_when_set() -> None:
+    recipe = Recipe(suite="bookworm", variant="minbase", packages=("python3",), description="d")
+    assert recipe_key(recipe) == {"suite": "bookworm", "variant": "minbase", "packages": ["python3"],
+                                  "description": "d"}
+    assert recipe_key(dataclasses.replace(recipe, pip=("a==1", "b")))["pip"] == ["a==1", "b"]
+
+
+def test_pip_commands_use_only_downloaded_wheels_for_the_image_python(tmp_path: Path) -> None:
+    recipe = RECIPES["claw"]
+    download = pip_download_args(recipe, tmp_path / "w")
+    assert download[:4] == [sys.executable, "-m", "pip", "download"]
+    assert {"--only-binary=:all:", "pymap==0.36.7"} <= set(download)
+    assert download[download.index("--python-version") + 1] == "3.11"
+    assert download[download.index("-d") + 1] == str(tmp_path / "w")
+    install = pip_install_args(recipe, tmp_path / "rootfs", "/tmp/w")
+    assert install[:3] == ["chroot", str(tmp_path / "rootfs"), "python3"]
+    assert {"--no-index", "--break-system-packages", "pymap==0.36.7"} <= set(install)
+    assert install[install.index("--find-links") + 1] == "/tmp/w"
 
 
 def test_resolve_host(tmp_path: Path) -> None:
