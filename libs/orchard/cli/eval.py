@@ -185,13 +185,14 @@ async def evaluate(args: argparse.Namespace) -> int:
     if args.compare and not args.run:
         raise InvalidArgument("--compare BEFORE_RUN compares two runs of the experience service: give the later "
                               "one with --run")
-    from orchard.cli import web
+    from orchard.cli import tasksets
 
-    on_web = web.is_web(args.tasks)
-    if on_web and (args.gold or args.regrade):
-        raise InvalidArgument("web tasks are judged by their check on the live page when a rollout ends, and the "
-                              "stored rollouts carry that grade: --gold and --regrade do not apply to them")
-    instances = ({t.task_id: t for t in web.load(args.tasks, None)} if on_web  # type: ignore[misc]
+    kind = tasksets.kind_of(args.tasks)
+    if kind and (args.gold or args.regrade):
+        raise InvalidArgument(f"{kind} tasks are judged on the live sandbox when a rollout ends (the page, or the "
+                              "mailbox, calendar and files), and the stored rollouts carry that grade: --gold and "
+                              "--regrade do not apply to them")
+    instances = ({t.task_id: t for t in tasksets.load(args.tasks, None)} if kind  # type: ignore[misc]
                  else {i.instance_id: i for i in load_instances(args.tasks)})
 
     def checked(stored: list[tpb.Trajectory]) -> list[tpb.Trajectory]:
@@ -227,11 +228,12 @@ async def evaluate(args: argparse.Namespace) -> int:
                           for line in Path(args.rollouts).read_text().splitlines() if line.strip()])
     results = await grades(stored)
     report = report_of(stored, results, instances, k=args.k)
-    if on_web:
-        report["categories"] = web.category_rates(results, list(instances.values()))  # type: ignore[arg-type]
-        print(format_table(report, outcome="success"))
-        print(web.format_categories(report["categories"]))  # type: ignore[arg-type]
-        print(f"succeeded: {', '.join(report['resolved_ids']) or '(none)'}")  # type: ignore[arg-type]
+    if kind:
+        first = stored[0] if stored else None
+        report, text = tasksets.report(kind, results, list(instances.values()), k=args.k,
+                                       run_id=first.run_id if first else "", model=first.policy.model if first else "")
+        print(text)
+        print(f"succeeded: {', '.join(report['resolved_ids']) or '(none)'}")
     else:
         print(format_table(report))
         print(f"resolved: {', '.join(report['resolved_ids']) or '(none)'}")  # type: ignore[arg-type]

@@ -22,12 +22,14 @@ if TYPE_CHECKING:
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("rollout", help="run a model on a task set (k samples each), grade and store every rollout")
     p.add_argument("--tasks", default="toyrepair", help="a bundled task set's name, a JSON/JSONL file of "
-                   "SWE-bench instances, or web tasks in browser sandboxes: \"web\" (the bundled sites) or "
-                   "\"web:FILE.jsonl\" (WebVoyager-style rows) (default: toyrepair)")
+                   "SWE-bench instances; web tasks in browser sandboxes: \"web\" (the bundled sites), "
+                   "\"web:miniwob\" or \"web:FILE.jsonl\" (WebVoyager-style rows); personal-assistant tasks "
+                   "with mail, calendar and files: \"claw\" (the bundled 200) or \"claw:FILE.jsonl\" "
+                   "(default: toyrepair)")
     p.add_argument("--ids", nargs="*", default=None, help="only these instance ids")
     p.add_argument("--model", default="", help="the served model (default: the inference service's default)")
     p.add_argument("--policy", type=policy_choice, default=None, metavar="reference:Q|scripted",
-                   help="web tasks: `scripted` follows each task's bundled solution. SWE tasks: "
+                   help="web and claw tasks: `scripted` follows each task's bundled solution. SWE tasks: "
                    "instead of a served model, run a synthetic reference policy built from the task set's gold "
                    "patches: each rollout submits the gold patch with probability Q in [0, 1], else a flawed one, "
                    "through the real sandboxes and grader (trajectories name it e.g. reference-q0.50; --seed makes its "
@@ -164,12 +166,12 @@ async def rollout(args: argparse.Namespace) -> int:
     from orchard.tasks import load_instances, make_report
     from orchard.tasks.report import format_table
 
-    from orchard.cli import web
+    from orchard.cli import tasksets
 
-    if web.is_web(args.tasks):
-        return await web.rollout(args)
+    if tasksets.kind_of(args.tasks):
+        return await tasksets.rollout(args)
     if args.policy == "scripted":
-        raise InvalidArgument("--policy scripted follows a web task's bundled solution; SWE task sets take "
+        raise InvalidArgument("--policy scripted follows a web or claw task's bundled solution; SWE task sets take "
                               "--policy reference:Q or a served model")
     instances = load_instances(args.tasks, args.ids)
     run_id = checked_run_id(args.run_id)

@@ -48,6 +48,9 @@ class GradeResult:
     """Why grading itself failed (sandbox, setup, a test run past its timeout); empty when it completed."""
     duration_s: float = 0.0
     sample_index: int = 0
+    value: float | None = None
+    """The reward value when the grade is a score (an assistant task's Claw-Eval score, in [0, 1]); None: +1 when
+    resolved, else -1."""
 
     def report_entry(self) -> dict[str, object]:
         """This result in SWE-bench's per-instance report shape."""
@@ -80,7 +83,8 @@ class GradeResult:
             pass_to_pass_passed=len(self.pass_to_pass["success"]),
             pass_to_pass_total=len(self.pass_to_pass["success"]) + len(self.pass_to_pass["failure"]),
             tests=tests, log_tail=self.log_tail, error=self.error, duration=elapsed)
-        reward = tpb.Reward(kind=tpb.REWARD_KIND_OUTCOME, value=1.0 if self.resolved else -1.0, name=name,
+        value = self.value if self.value is not None else 1.0 if self.resolved else -1.0
+        reward = tpb.Reward(kind=tpb.REWARD_KIND_OUTCOME, value=value, name=name,
                             source=source, outcome=details)
         reward.create_time.GetCurrentTime()
         return reward
