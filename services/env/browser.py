@@ -350,10 +350,9 @@ class BrowserPool:
         return process
 
     def _process_gone(self, process: BrowserProcess) -> None:
-        if process in self._processes:
-            self._processes.remove(process)
-        if self._closing:
-            return
+        if process not in self._processes or self._closing:
+            return  # closed on purpose: an idle extra process, or the service stopping
+        self._processes.remove(process)
         for session in list(process.sessions):
             self._fail(session, BROWSER_EXITED)
         log.warning("browser process exited", extra={"sessions": len(process.sessions)})

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from conftest import needs_sandboxes
+from orchard.services.env.settings import EnvSettings
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
+CHROMIUM = EnvSettings.model_fields["browser_path"].default
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
@@ -36,6 +39,26 @@ def test_benchmark_prints_one_json_object(script: str, args: list[str], key: str
     report = run_bench(script, args, key)
     if key == "success_rate":
         assert report["success_rate"] == 1.0, report
+
+
+@pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"browser sandboxes need {CHROMIUM} (apt-get install "
+                    "chromium)")
+def test_browser_benchmark() -> None:
+    """Every browser figure comes with its direct-Playwright baseline from the same run, and the memory line
+    predicts the memory with a second Chromium process (2 contexts per process) within 50 %."""
+    report = run_bench("browser.py", ["--creates", "2", "--actions", "1", "--screenshots", "2", "--concurrent", "2",
+                                      "--memory-sandboxes", "2", "--verify-sandboxes", "3",
+                                      "--contexts-per-process", "2"], "cold_start_ms")
+    assert float(report["cold_start_ms"]) > 0 and float(report["baseline_direct_cold_start_ms"]) > 0, report
+    assert float(report["create_p50_ratio_to_baseline"]) > 0, report
+    actions, shots, memory = report["actions"], report["screenshots_per_s"], report["memory"]
+    assert isinstance(actions, dict) and isinstance(shots, dict) and isinstance(memory, dict)
+    assert set(actions) == {"navigate", "type", "key_press", "click", "scroll", "get_page_content"}, report
+    assert all(a["sdk"]["p50_ms"] > 0 and a["baseline_direct"]["p50_ms"] > 0 for a in actions.values()), report
+    assert shots["one_sandbox"]["sdk_per_s"] > 0 and shots["concurrent"]["baseline_direct_per_s"] > 0, report
+    assert memory["marginal_mib_per_sandbox"] > 0 and memory["fits_in_8_gib"] > 0, report
+    assert memory["baseline_direct"]["marginal_mib_per_context"] > 0, report
+    assert abs(memory["verify"]["error_pct"]) < 50, report
 
 
 def test_experience_ingest_benchmark() -> None:
