@@ -18,5 +18,6 @@ setup(packages=packages, package_data={
     "orchard.tasks": ["toyrepair/tasks.jsonl", "toyrepair/repos/**/*", "toyrepair/repos/*/.gitignore"],
     "orchard.tasks.web": ["tasks.jsonl", "sites/**/*"],
     "orchard.tasks.assistant": ["tasks.jsonl"],
+    "orchard.assistant": ["sandbox/*.py"],
     "orchard.services.reward": ["rubrics/*.yaml"],
 })

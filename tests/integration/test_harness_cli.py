@@ -149,6 +149,59 @@ async def test_web_rollouts_are_stored_and_reported_by_success(env: EnvServer, n
     assert regrade.returncode != 0 and "--gold and --regrade do not apply to them" in err.decode()
 
 
+CLAW_IDS = ["reply-question-000", "schedule-meeting-002", "update-csv-007", "outside-recipient-013"]
+
+
+@needs_sandboxes
+@needs_image("claw")
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+async def test_claw_rollouts_are_scored_stored_and_trained_on(env: EnvServer, nats_server: NatsServer,
+                                                             experience: str, tmp_path: Path) -> None:
+    """The Claw recipe on real parts: `orchard rollout --tasks claw --policy scripted` runs bundled assistant tasks
+    in sandboxes with real mail and calendar servers, scores them as Claw-Eval does and publishes them; `orchard
+    eval --run --tasks claw` reads the same figures back; one SFT round on the stored trajectories runs through
+    the trainer (a tiny model, so it takes seconds)."""
+    from orchard.services.trainer import server as trainer_server
+    from orchard.services.trainer.settings import TrainerSettings
+    from trainer_service_helpers import tiny_model
+
+    rollout = await asyncio.create_subprocess_exec(
+        str(ORCHARD), "rollout", "--tasks", "claw", "--ids", *CLAW_IDS, "--policy", "scripted", "-n", "3",
+        "--concurrency", "4", "--max-steps", "20", "--env-address", f"127.0.0.1:{env.server.port}",
+        "--nats-url", nats_server.url, "--run-id", "claw-it", "--out", str(tmp_path),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(rollout.communicate(), 420)
+    assert rollout.returncode == 0, err.decode()
+    table = out.decode()
+    assert "success 12/12  errors 0" in table, table
+    assert "score 1.000  pass rate 1.000  pass@3 1.000  pass^3 1.000  tasks 4/4  runs 12" in table, table
+    stored = [json.loads(line) for line in (tmp_path / "claw-it" / "trajectories.jsonl").read_text().splitlines()]
+    assert all(t["rewards"][-1]["value"] == 1.0 and t["harness"] == "orchard-assistant" for t in stored)
+
+    cli = await asyncio.create_subprocess_exec(
+        str(ORCHARD), "eval", "--run", "claw-it", "--tasks", "claw", "--experience-address", experience,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    back, err = await asyncio.wait_for(cli.communicate(), 60)
+    assert cli.returncode == 0, err.decode()
+    assert "pass@3 1.000  pass^3 1.000  tasks 4/4  runs 12" in back.decode(), back.decode()
+
+    tiny = tiny_model(tmp_path / "tiny")
+    trainer, _ = await trainer_server.build(TrainerSettings(port=0, jobs_dir=tmp_path / "jobs", log_format="text",
+                                                            grace_period_s=1, experience_address=experience))
+    address = f"127.0.0.1:{await trainer.start()}"
+    try:
+        train = await asyncio.create_subprocess_exec(
+            str(ORCHARD), "train", "--run", "claw-it", "--epochs", "1", "--batch", "4", "--max-seq-len", "4096",
+            "--job-id", "claw-sft", "--trainer-address", address, "--base-model", str(tiny),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        out, err = await asyncio.wait_for(train.communicate(), 240)
+        assert train.returncode == 0, out.decode() + err.decode()
+        assert "job claw-sft SUCCEEDED in " in out.decode() and "3 steps on 12 samples" in out.decode(), out.decode()
+    finally:
+        await trainer.stop()
+
+
 async def test_eval_of_an_unknown_run_says_so(experience: str) -> None:
     with pytest.raises(NotFound, match="run 'nope' has no rollouts in the experience service"):
         await stored_run(experience, "nope", wait_s=0)

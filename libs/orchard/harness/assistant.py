@@ -148,9 +148,10 @@ class AssistantScriptModel(ScriptedModel):
         self.tasks = list(tasks)
 
     def task_of(self, prompt: str) -> AssistantTask:
+        # Tasks of one template may share an instruction; their worlds (the system prompt) tell them apart.
         first = prompt.split("<|im_start|>user\n", 1)[-1].split("<|im_end|>", 1)[0]
         for task in self.tasks:
-            if first.startswith(task.instruction + "\n"):
+            if first.startswith(task.instruction + "\n") and task.system_prompt() in prompt:
                 return task
         raise ModelError(f"the scripted assistant does not know the task in this prompt (it knows "
                          f"{len(self.tasks)} tasks)")
