@@ -40,6 +40,7 @@ import math
 import random
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,7 @@ import torch
 from orchard.errors import FailedPrecondition, InvalidArgument, Unimplemented, from_rpc_error
 from orchard.events import EventPublisher
 from orchard.harness import AgentLoop, EventSink, InferenceModel, Limits, NullSink, SamplingConfig, SWEHarness
+from orchard.harness.assistant import AssistantHarness
 from orchard.inference.v1 import inference_pb2 as ipb
 from orchard.inference.v1 import inference_pb2_grpc
 from orchard.reward.v1 import reward_pb2 as rpb
@@ -87,7 +89,25 @@ AGGREGATIONS = {pb.LOSS_AGGREGATION_UNSPECIFIED: rl.Aggregation.TOKEN_MEAN,
 OPD_LOSSES = {pb.OPD_LOSS_TYPE_UNSPECIFIED: opd.OpdLoss.JS_SKEW, pb.OPD_LOSS_TYPE_K1: opd.OpdLoss.K1,
               pb.OPD_LOSS_TYPE_K2: opd.OpdLoss.K2, pb.OPD_LOSS_TYPE_K3: opd.OpdLoss.K3,
               pb.OPD_LOSS_TYPE_JS_SKEW: opd.OpdLoss.JS_SKEW}
-HARNESSES = ("", SWEHarness.name)
+ASSISTANT = AssistantHarness.name
+"""The assistant harness (the Claw recipe): its tasks are assistant tasks ("claw" = the bundled set)."""
+HARNESSES = ("", SWEHarness.name, ASSISTANT)
+
+
+def task_pool(path: str, harness: str) -> list[Any]:
+    """The tasks at `path`: SWE instances, or assistant tasks for the assistant harness."""
+    if harness == ASSISTANT:
+        from orchard.tasks.assistant import load_tasks
+
+        return list(load_tasks(None if path in ("", "claw") else path))
+    return list(load_instances(path))
+
+
+def harness_factory(harness: str, client: Any, task_set: str) -> Callable[[Any], Any]:
+    """A new harness per rollout: the SWE harness, or the assistant harness."""
+    if harness == ASSISTANT:
+        return lambda t: AssistantHarness(t, client, task_set=task_set)
+    return lambda t: SWEHarness(t, client, task_set=task_set)
 
 
 @dataclass(frozen=True)
@@ -128,7 +148,7 @@ def settings(config: pb.JobConfig, o: optim.Optim) -> Settings:
                             field="config.rl")
     if r.harness not in HARNESSES:
         raise InvalidArgument(f"rl.harness {r.harness!r} cannot record token-level rollouts; use {SWEHarness.name!r}"
-                              " (or leave it empty)", field="config.rl.harness")
+                              f" (or leave it empty) or {ASSISTANT!r}", field="config.rl.harness")
     if r.sampling.top_k or r.sampling.stop:
         raise InvalidArgument("rl.sampling.top_k and stop are not supported by the harness; set temperature, top_p "
                               "and max_tokens", field="config.rl.sampling")
@@ -155,6 +175,9 @@ def settings(config: pb.JobConfig, o: optim.Optim) -> Settings:
         alpha = r.judge.alpha if r.judge.HasField("alpha") else rpr.ALPHA
         if not 0 <= alpha < 2:
             raise InvalidArgument(f"rl.judge.alpha is {alpha}; it must be in [0, 2)", field="config.rl.judge.alpha")
+        if alpha and r.harness == ASSISTANT:
+            raise Unimplemented("the RPR judge grades SWE rollouts against a gold patch; assistant rollouts are "
+                                "scored by their tasks' checks: leave rl.judge unset", field="config.rl.judge")
     out, d = r.outcome_reward, r.opd
     return Settings(
         group_size=n, bar=bar_config, prompts_per_step=r.prompts_per_step or max(1, o.global_batch_size // n),
@@ -361,9 +384,9 @@ def train(ctx: JobContext, sink: EventSink | None) -> None:
     state = optim.resume_state(resume.path) if resume is not None else {"step": 0, "optimizer": None, "extra": {}}
     o = dataclasses.replace(o, seed=state["extra"].get("seed", o.seed))  # an unset seed was drawn once, at step 0
     s = settings(config, o)
-    instances = load_instances(config.dataset.path)[:config.dataset.limit or None]
+    instances = task_pool(config.dataset.path, config.rl.harness)[:config.dataset.limit or None]
     for path in config.dataset.eval_task_files:
-        leaked = sorted({i.instance_id for i in load_instances(path)} & {i.instance_id for i in instances})
+        leaked = sorted({i.instance_id for i in task_pool(path, config.rl.harness)} & {i.instance_id for i in instances})
         if leaked:
             raise FailedPrecondition(f"{len(leaked)} task(s) of the pool are in the evaluation set {path}: "
                                      f"{leaked[:5]}; training on them would contaminate the evaluation. Drop them "
@@ -424,7 +447,8 @@ class RlRun:
                 # and a resumed worker never reuses the ids of the one it replaces (even its unfinished rollouts).
                 per_step = s.bar.n_max if s.bar else s.group_size
                 self.source = HarnessRolloutSource(
-                    loop, client, lambda t: SWEHarness(t, client, task_set=self.task_set), concurrency=s.concurrency,
+                    loop, client, harness_factory(self.ctx.config.rl.harness, client, self.task_set),
+                    concurrency=s.concurrency,
                     first_sample=(ctx.attempt * total + start) * per_step)
                 for step in range(start, total):
                     ctx.check_cancelled()

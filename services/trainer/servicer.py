@@ -13,6 +13,7 @@ from typing import TypeVar
 import grpc
 
 from orchard.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, Unimplemented
+from orchard.harness.assistant import AssistantHarness
 from orchard.services.inference.engines.model_files import check_checkpoint
 from orchard.services.trainer.jobs import JobManager
 from orchard.tasks.instance import resolve_source
@@ -50,7 +51,11 @@ def validate(config: pb.JobConfig) -> None:
         if source != "path":
             raise InvalidArgument("an RL job needs dataset.path: its task source (a task file, a folder, or a "
                                   "bundled task set such as 'toyrepair')", field="config.dataset.path")
-        resolve_source(config.dataset.path)  # NotFound naming the bundled sets
+        if config.rl.harness != AssistantHarness.name:
+            resolve_source(config.dataset.path)  # NotFound naming the bundled sets
+        elif config.dataset.path != "claw" and not Path(config.dataset.path).is_file():  # "claw": the bundled set
+            raise NotFound(f"assistant task file {config.dataset.path} not found; use 'claw' for the bundled set",
+                           field="config.dataset.path")
     elif source is None:
         raise InvalidArgument("the job has no data; set dataset.experience (a trajectory filter) or dataset.path "
                               "(a JSONL file)", field="config.dataset")

@@ -212,6 +212,29 @@ async def test_rl_job_pushes_every_step_and_samples_on_policy(env: EnvServer, po
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 @needs_sandboxes
+@needs_image("claw")
+async def test_rl_job_runs_on_assistant_tasks(env: EnvServer, policy: Inference, tiny: Path, tmp_path: Path) -> None:
+    """rl.harness orchard-assistant samples the Claw tasks in sandboxes with real mail and calendar servers: each
+    rollout is scored by its task's checks (the tiny model passes none: -1 each) and trained on."""
+    env_address = f"127.0.0.1:{env.server.port}"
+    config = rl_config(tiny, steps=1, harness="orchard-assistant")
+    config.dataset.path = "claw"
+    async with trainer_service(tmp_path / "jobs", inference_address=policy.address, env_address=env_address) as stub:
+        events = await run_job(stub, "rl-claw", config)
+    job = events[-1].job
+    assert job.state == pb.JOB_STATE_SUCCEEDED, job.error
+    [progress] = of(events, "progress")
+    m = progress.metrics
+    assert (m["rollouts"], m["env_steps"], m["reward_mean"]) == (2, 4, -1.0), dict(m)
+    assert m["trained_trajectories"] == 2 and m["logprob_diff_max"] < 1e-3
+    judged = rl_config(tiny, steps=1, harness="orchard-assistant", judge=rpb.JudgeConfig(alpha=0.5))
+    with pytest.raises(Unimplemented, match="leave rl.judge unset"):
+        rl_job.settings(judged, optim.resolve(judged.hyperparameters, pb.JOB_KIND_RL))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@needs_sandboxes
 @needs_image(TASKS[0].image)
 async def test_rl_job_with_bar_judge_teacher_and_staleness(env: EnvServer, policy: Inference, tiny: Path,
                                                            teacher_model: Path, tmp_path: Path) -> None:
