@@ -1,4 +1,4 @@
-"""Smoke test of the SWE and GUI harnesses with the real embedded model (SmolLM2-135M-Instruct on CPU) through the real
+"""Smoke test of the SWE, GUI and assistant harnesses with the real embedded model (SmolLM2-135M-Instruct on CPU) through the real
 inference service and real sandboxes. The model is too weak to solve tasks; this checks that the loop runs and
 that the recorded tokens are consistent: the prompt is the chat template's, log-probs match ScoreTokens on the
 exact sequence, and the mask marks exactly the sampled tokens."""
@@ -17,6 +17,7 @@ from orchard.harness import (
     SamplingConfig,
     SWEHarness,
 )
+from orchard.harness.assistant import AssistantHarness
 from orchard.harness.gui import GUIHarness
 from orchard.inference.v1 import inference_pb2 as ipb
 from orchard.runtime import GrpcServer
@@ -24,6 +25,7 @@ from orchard.sdk import AsyncSandboxClient
 from orchard.services.inference.server import build
 from orchard.services.inference.settings import InferenceSettings
 from orchard.tasks import load_instances
+from orchard.tasks.assistant import load_tasks as load_assistant_tasks
 from orchard.tasks.web import SiteServer, load_tasks
 from orchard.types.v1 import types_pb2 as tpb
 
@@ -96,5 +98,28 @@ async def test_gui_rollout_over_the_accessibility_tree(env: EnvServer, inference
         rendered = await model.render(list(traj.messages[:2]), list(traj.tools), add_generation_prompt=True)
         assert list(traj.prompt_tokens.token_ids) == rendered.token_ids
         assert traj.token_count == len(traj.prompt_tokens.token_ids) + sum(len(s.tokens.token_ids) for s in traj.steps)
+    finally:
+        await model.close()
+
+
+@needs_image("claw")
+async def test_assistant_rollout_with_the_real_model(env: EnvServer, inference: str) -> None:
+    """The Claw path with the real model: the environment's tools reach it through the chat template's tool
+    rendering, its replies are parsed into tool calls (or format errors), and the rollout ends inside its budget
+    with its sandbox gone."""
+    [claw_task] = load_assistant_tasks(ids=["reply-question-000"])
+    model = InferenceModel(inference, sampling=SamplingConfig(temperature=0.7, max_step_tokens=48, seed=7))
+    await model.connect()
+    try:
+        async with AsyncSandboxClient(f"127.0.0.1:{env.server.port}") as client:
+            loop = AgentLoop(model, Limits(max_steps=2, wall_clock_s=240), model.sampling)
+            traj = await loop.run(AssistantHarness(claw_task, client))
+            assert [s async for s in client.list_sandboxes()] == []
+        assert traj.stop_reason in (tpb.STOP_REASON_STEP_LIMIT, tpb.STOP_REASON_SUBMITTED,
+                                    tpb.STOP_REASON_FORMAT_ERROR), traj.stop_detail
+        assert traj.harness == "orchard-assistant" and traj.steps
+        assert {t.name for t in traj.tools} >= {"send_mail", "search_mail", "find_events", "write_file", "finish"}
+        rendered = await model.render(list(traj.messages[:2]), list(traj.tools), add_generation_prompt=True)
+        assert list(traj.prompt_tokens.token_ids) == rendered.token_ids and "send_mail" in rendered.text
     finally:
         await model.close()
