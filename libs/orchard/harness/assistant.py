@@ -12,7 +12,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from orchard.harness.base import ActionResult, Harness, create_retried, tool
+from orchard.harness.base import ActionResult, Harness, call_arguments, create_retried, tool
 from orchard.harness.model import ModelError
 from orchard.harness.reference import tool_call
 from orchard.harness.scripted import ScriptedModel
@@ -84,12 +84,9 @@ class AssistantHarness(Harness):
 
     async def execute(self, action: tpb.ToolCall) -> ActionResult:
         assert self.env is not None, "setup() first"
-        try:
-            args = json.loads(action.arguments or "{}")
-        except json.JSONDecodeError as err:
-            return ActionResult(f"The arguments are not valid JSON ({err}).", status=tpb.ACTION_STATUS_PARSE_ERROR)
-        if not isinstance(args, dict):
-            return ActionResult("The arguments must be a JSON object.", status=tpb.ACTION_STATUS_PARSE_ERROR)
+        args = call_arguments(action)
+        if isinstance(args, ActionResult):
+            return args
         if action.name == "finish":
             self._answer = str(args.get("answer") or "")
             self._grade = await self.judge()

@@ -15,7 +15,7 @@ import re
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from orchard.errors import DeadlineExceeded, ResourceExhausted, Unavailable
 from orchard.types.v1 import types_pb2 as tpb
@@ -75,6 +75,17 @@ async def create_retried(create: Callable[[], Awaitable[T]], *, attempts: int, t
                 raise
             await asyncio.sleep(2**attempt)
     raise ValueError("attempts must be at least 1")
+
+
+def call_arguments(action: tpb.ToolCall) -> dict[str, Any] | ActionResult:
+    """A call's arguments as a JSON object, or the PARSE_ERROR result to show the model instead."""
+    try:
+        args = json.loads(action.arguments or "{}")
+    except json.JSONDecodeError as err:
+        return ActionResult(f"The arguments are not valid JSON ({err}).", status=tpb.ACTION_STATUS_PARSE_ERROR)
+    if not isinstance(args, dict):
+        return ActionResult("The arguments must be a JSON object.", status=tpb.ACTION_STATUS_PARSE_ERROR)
+    return args
 
 
 def parse_tool_calls(text: str) -> list[tpb.ToolCall] | None:

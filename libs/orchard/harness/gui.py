@@ -6,7 +6,6 @@ before the sandbox goes, and that is the rollout's grade (no patch to grade)."""
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Sequence
 from typing import ClassVar, Literal
@@ -17,7 +16,7 @@ from orchard.errors import (
     InvalidArgument,
     PermissionDenied,
 )
-from orchard.harness.base import ActionResult, Harness, create_retried, tool
+from orchard.harness.base import ActionResult, Harness, call_arguments, create_retried, tool
 from orchard.harness.model import ModelError
 from orchard.harness.reference import tool_call
 from orchard.harness.scripted import ScriptedModel
@@ -137,12 +136,9 @@ class GUIHarness(Harness):
 
     async def execute(self, action: tpb.ToolCall) -> ActionResult:
         assert self.sandbox is not None, "setup() first"
-        try:
-            args = json.loads(action.arguments or "{}")
-        except json.JSONDecodeError as err:
-            return ActionResult(f"The arguments are not valid JSON ({err}).", status=tpb.ACTION_STATUS_PARSE_ERROR)
-        if not isinstance(args, dict):
-            return ActionResult("The arguments must be a JSON object.", status=tpb.ACTION_STATUS_PARSE_ERROR)
+        args = call_arguments(action)
+        if isinstance(args, ActionResult):
+            return args
         if action.name == "done":
             self._answer = str(args.get("answer") or "")
             self._grade = await self.judge()

@@ -8,7 +8,7 @@ import json
 import re
 from typing import ClassVar
 
-from orchard.harness.base import ActionResult, Harness, Parsed, call, create_retried, tool
+from orchard.harness.base import ActionResult, Harness, Parsed, call, call_arguments, create_retried, tool
 from orchard.sdk import AsyncSandbox, AsyncSandboxClient
 from orchard.tasks.instance import TaskInstance
 from orchard.tasks.repo import SANDBOX_ENV, setup_repo
@@ -119,12 +119,9 @@ class SWEHarness(Harness):
 
     async def execute(self, action: tpb.ToolCall) -> ActionResult:
         assert self.sandbox is not None, "setup() first"
-        try:
-            args = json.loads(action.arguments or "{}")
-        except json.JSONDecodeError as err:
-            return ActionResult(f"The arguments are not valid JSON ({err}).", status=tpb.ACTION_STATUS_PARSE_ERROR)
-        if not isinstance(args, dict):
-            return ActionResult("The arguments must be a JSON object.", status=tpb.ACTION_STATUS_PARSE_ERROR)
+        args = call_arguments(action)
+        if isinstance(args, ActionResult):
+            return args
         if action.name == "submit":
             diff = await self.sandbox.exec("git add -A && git -c core.quotepath=off diff --cached HEAD",
                                            cwd=self.instance.workdir, env=SANDBOX_ENV, timeout=60)
