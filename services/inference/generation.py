@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 from orchard.errors import InvalidArgument, NotFound
@@ -93,16 +93,17 @@ class Completion:
             self.finish_reason, self.stop_sequence = event.finish_reason, event.stop_sequence
 
 
-async def collect(engine: Engine, prompt_ids: list[int], params: SamplingParams) -> list[Completion]:
+async def collect(engine: Engine, prompt_ids: list[int], params: SamplingParams,
+                  images: Sequence[bytes] = ()) -> list[Completion]:
     """Run a request to the end; the n choices, ordered by index."""
     choices = [Completion(i) for i in range(params.n)]
-    async with contextlib.aclosing(engine.generate(prompt_ids, params)) as events:
+    async with contextlib.aclosing(engine.generate(prompt_ids, params, images)) as events:
         async for event in events:
             choices[event.index].add(event)
     return choices
 
 
-def stream(engine: Engine, prompt_ids: list[int], params: SamplingParams) -> contextlib.aclosing[
-        AsyncIterator[TokenEvent]]:
+def stream(engine: Engine, prompt_ids: list[int], params: SamplingParams,
+           images: Sequence[bytes] = ()) -> contextlib.aclosing[AsyncIterator[TokenEvent]]:
     """engine.generate wrapped so that leaving the `async with` early aborts the sequences at once."""
-    return contextlib.aclosing(engine.generate(prompt_ids, params))
+    return contextlib.aclosing(engine.generate(prompt_ids, params, images))

@@ -22,11 +22,12 @@ from orchard.errors import (
     InvalidArgument,
     OrchardError,
     Unauthenticated,
+    Unimplemented,
 )
 from orchard.runtime.http import HttpSite
 from orchard.services.inference import chat, generation
 from orchard.services.inference import openai_protocol as p
-from orchard.services.inference.engines.base import Engine, SamplingParams
+from orchard.services.inference.engines.base import Engine, SamplingParams, vision_unsupported
 from orchard.services.inference.generation import Completion
 from orchard.services.inference.settings import InferenceSettings
 
@@ -134,6 +135,11 @@ class OpenAIGateway:
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         req = p.ChatCompletionRequest.model_validate(await self._body(request))
+        if (index := req.image_message()) is not None:  # refused, never silently dropped
+            if not self.engine.info.vision:
+                raise vision_unsupported(self.engine.info, f"messages[{index}]")
+            raise Unimplemented(f"messages[{index}] holds an image: this endpoint takes text only so far; send "
+                                "images through the gRPC Chat or Generate RPCs", reason="VISION_UNSUPPORTED")
         tools = req.tool_specs()
         prompt = chat.render(self.engine, req.chat_messages(), tools, True, req.chat_template_kwargs)
         prompt_ids = self.engine.tokenize(prompt)

@@ -68,6 +68,19 @@ class ChatCompletionRequest(_Sampling):
     def tool_specs(self) -> list[ToolSpec]:
         return [] if self.tool_choice == "none" else list(self.tools or [])
 
+    def image_message(self) -> int | None:
+        """The index of the first message with an image content part, if any."""
+        for i, m in enumerate(self.messages):
+            content = m.get("content")
+            if isinstance(content, list) and any(isinstance(part, dict) and part.get("type") in IMAGE_PARTS
+                                                 for part in content):
+                return i
+        return None
+
+
+IMAGE_PARTS = frozenset({"image_url", "image", "input_image"})
+"""Content part types that carry an image in the OpenAI chat format (and its common variants)."""
+
 
 class CompletionRequest(_Sampling):
     """POST /v1/completions."""

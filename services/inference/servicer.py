@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import grpc
@@ -17,7 +17,14 @@ from orchard.errors import InvalidArgument, Unimplemented
 from orchard.inference.v1 import inference_pb2 as pb
 from orchard.inference.v1 import inference_pb2_grpc
 from orchard.services.inference import chat, generation
-from orchard.services.inference.engines.base import ChatMessage, Engine, ModelInfo, SamplingParams, ToolSpec
+from orchard.services.inference.engines.base import (
+    ChatMessage,
+    Engine,
+    ModelInfo,
+    SamplingParams,
+    ToolSpec,
+    vision_unsupported,
+)
 from orchard.services.inference.generation import Completion
 from orchard.types.v1 import types_pb2 as tpb
 
@@ -32,14 +39,17 @@ ChatLike = pb.ChatRequest | pb.StreamChatRequest
 GenerateLike = pb.GenerateRequest | pb.StreamGenerateRequest
 
 
-def message_dict(m: tpb.Message, i: int) -> ChatMessage:
-    """A proto message in the OpenAI chat format."""
+def message_dict(m: tpb.Message, i: int, info: ModelInfo) -> ChatMessage:
+    """A proto message in the OpenAI chat format; with images (for a vision model), content is a list of parts
+    ({"type": "image"} placeholders and {"type": "text"} runs), which the model's chat template renders."""
     if m.role not in ROLES:
         raise InvalidArgument(f"messages[{i}] has no role; set role", field=f"messages[{i}].role")
+    content: str | list[dict[str, str]] = m.content or "".join(p.text for p in m.parts)
     if any(p.HasField("image") for p in m.parts):
-        raise Unimplemented(f"messages[{i}] holds an image; this model takes text only",
-                            reason="VISION_UNSUPPORTED")
-    content = m.content or "".join(p.text for p in m.parts)
+        if not info.vision:
+            raise vision_unsupported(info, f"messages[{i}]")
+        content = [{"type": "text", "text": m.content}] if m.content else []
+        content += [{"type": "image"} if p.HasField("image") else {"type": "text", "text": p.text} for p in m.parts]
     out: ChatMessage = {"role": ROLES[m.role], "content": content}
     if m.name:
         out["name"] = m.name
@@ -49,6 +59,20 @@ def message_dict(m: tpb.Message, i: int) -> ChatMessage:
     if m.tool_call_id:
         out["tool_call_id"] = m.tool_call_id
     return out
+
+
+def image_bytes(image: tpb.Image, where: str) -> bytes:
+    """The encoded bytes of an image; the engine decodes them."""
+    if not image.HasField("data") or not image.data:
+        raise InvalidArgument(f"{where} has no data; send the encoded PNG or JPEG bytes (URLs are not fetched)",
+                              field=where)
+    return image.data
+
+
+def message_images(messages: Sequence[tpb.Message]) -> list[bytes]:
+    """The images of a conversation in the order their placeholders render: by message, then by part."""
+    return [image_bytes(p.image, f"messages[{i}].parts[{j}].image")
+            for i, m in enumerate(messages) for j, p in enumerate(m.parts) if p.HasField("image")]
 
 
 def tool_dict(t: tpb.ToolDefinition, i: int) -> ToolSpec:
@@ -99,27 +123,33 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
 
     # -- shared by the unary and streaming twins ----------------------------------------------------------------
 
-    def _chat_prompt(self, request: ChatLike) -> tuple[list[int], set[str]]:
-        """The prompt ids of a chat request and the names of the tools offered (empty when tool_choice is NONE)."""
+    def _chat_prompt(self, request: ChatLike) -> tuple[list[int], set[str], list[bytes]]:
+        """The prompt ids of a chat request, the names of the tools offered (empty when tool_choice is NONE) and
+        the conversation's images."""
         generation.check_model(self.engine, request.model)
-        messages = [message_dict(m, i) for i, m in enumerate(request.messages)]
+        messages = [message_dict(m, i, self.engine.info) for i, m in enumerate(request.messages)]
         tools = [tool_dict(t, i) for i, t in enumerate(request.tools)]
         if request.tool_choice == pb.TOOL_CHOICE_NONE:
             tools = []
         text = chat.render(self.engine, messages, tools, True, _template_kwargs(request.chat_template_kwargs))
         if request.labels:
             _log.debug("chat call", extra={"labels": dict(request.labels)})
-        return self.engine.tokenize(text), {t["function"]["name"] for t in tools}
+        return (self.engine.tokenize(text), {t["function"]["name"] for t in tools},
+                message_images(request.messages))
 
-    def _generate_prompt(self, request: GenerateLike) -> list[int]:
+    def _generate_prompt(self, request: GenerateLike) -> tuple[list[int], list[bytes]]:
+        """The prompt ids of a generate request and its images."""
         generation.check_model(self.engine, request.model)
+        if request.images and not self.engine.info.vision:
+            raise vision_unsupported(self.engine.info, "images")
+        images = [image_bytes(image, f"images[{k}]") for k, image in enumerate(request.images)]
         which = request.WhichOneof("prompt")
         if which == "text":
-            return self.engine.tokenize(request.text)
+            return self.engine.tokenize(request.text), images
         if which == "token_ids":
             ids = list(request.token_ids.ids)
             generation.check_token_ids(self.engine, ids, "token_ids")
-            return ids
+            return ids, images
         raise InvalidArgument("the prompt is missing; set text or token_ids", field="prompt")
 
     def _message(self, text: str, finish: str | None, tool_names: set[str]) -> tuple[tpb.Message, int]:
@@ -143,12 +173,13 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         return pb.Usage(prompt_tokens=prompt_len, completion_tokens=completion_tokens,
                         total_tokens=prompt_len + completion_tokens)
 
-    async def _stream(self, prompt_ids: list[int], params: SamplingParams, tool_names: set[str] | None,
-                      return_prompt: bool) -> AsyncIterator[tuple[pb.ChoiceDelta | None, pb.StreamSummary | None]]:
+    async def _stream(self, prompt_ids: list[int], images: list[bytes], params: SamplingParams,
+                      tool_names: set[str] | None, return_prompt: bool
+                      ) -> AsyncIterator[tuple[pb.ChoiceDelta | None, pb.StreamSummary | None]]:
         texts = [""] * params.n
         info = self.engine.info  # the version that generates: swaps wait for running requests
         produced = 0
-        async with generation.stream(self.engine, prompt_ids, params) as events:
+        async with generation.stream(self.engine, prompt_ids, params, images) as events:
             async for event in events:
                 produced += len(event.token_ids)
                 delta = pb.ChoiceDelta(index=event.index, text=event.text, token_ids=event.token_ids,
@@ -166,10 +197,10 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
     # -- RPCs ---------------------------------------------------------------------------------------------------
 
     async def Chat(self, request: pb.ChatRequest, context: grpc.aio.ServicerContext) -> pb.ChatResponse:
-        prompt_ids, tool_names = self._chat_prompt(request)
+        prompt_ids, tool_names, images = self._chat_prompt(request)
         params = _params(self.engine, request.sampling, len(prompt_ids), self.max_n)
         info = self.engine.info
-        choices = await generation.collect(self.engine, prompt_ids, params)
+        choices = await generation.collect(self.engine, prompt_ids, params, images)
         return pb.ChatResponse(
             choices=[self._choice(c, tool_names) for c in choices],
             usage=self._usage(len(prompt_ids), sum(len(c.token_ids) for c in choices)),
@@ -178,16 +209,17 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
 
     async def StreamChat(self, request: pb.StreamChatRequest, context: grpc.aio.ServicerContext
                          ) -> AsyncIterator[pb.StreamChatResponse]:
-        prompt_ids, tool_names = self._chat_prompt(request)
+        prompt_ids, tool_names, images = self._chat_prompt(request)
         params = _params(self.engine, request.sampling, len(prompt_ids), self.max_n)
-        async for delta, summary in self._stream(prompt_ids, params, tool_names, request.return_prompt_token_ids):
+        async for delta, summary in self._stream(prompt_ids, images, params, tool_names,
+                                                 request.return_prompt_token_ids):
             yield pb.StreamChatResponse(delta=delta) if delta else pb.StreamChatResponse(summary=summary)
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> pb.GenerateResponse:
-        prompt_ids = self._generate_prompt(request)
+        prompt_ids, images = self._generate_prompt(request)
         params = _params(self.engine, request.sampling, len(prompt_ids), self.max_n)
         info = self.engine.info
-        choices = await generation.collect(self.engine, prompt_ids, params)
+        choices = await generation.collect(self.engine, prompt_ids, params, images)
         return pb.GenerateResponse(
             choices=[self._choice(c, None) for c in choices],
             usage=self._usage(len(prompt_ids), sum(len(c.token_ids) for c in choices)),
@@ -196,9 +228,9 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
 
     async def StreamGenerate(self, request: pb.StreamGenerateRequest, context: grpc.aio.ServicerContext
                              ) -> AsyncIterator[pb.StreamGenerateResponse]:
-        prompt_ids = self._generate_prompt(request)
+        prompt_ids, images = self._generate_prompt(request)
         params = _params(self.engine, request.sampling, len(prompt_ids), self.max_n)
-        async for delta, summary in self._stream(prompt_ids, params, None, request.return_prompt_token_ids):
+        async for delta, summary in self._stream(prompt_ids, images, params, None, request.return_prompt_token_ids):
             yield pb.StreamGenerateResponse(delta=delta) if delta else pb.StreamGenerateResponse(summary=summary)
 
     async def ScoreTokens(self, request: pb.ScoreTokensRequest, context: grpc.aio.ServicerContext
@@ -211,6 +243,9 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
             prompt_ids = list(request.token_ids.ids)
         elif which == "chat":
             prompt_ids = self.engine.tokenize(self._render(request.chat))
+            if message_images(request.chat.messages):  # a vision model renders them; score takes no images yet
+                raise Unimplemented("ScoreTokens does not take images yet; score a conversation without image parts",
+                                    reason="VISION_UNSUPPORTED")
         else:
             raise InvalidArgument("the prompt is missing; set text, token_ids or chat", field="prompt")
         if not prompt_ids:
@@ -235,7 +270,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
                                       weights_version=info.weights_version)
 
     def _render(self, prompt: pb.ChatPrompt) -> str:
-        messages = [message_dict(m, i) for i, m in enumerate(prompt.messages)]
+        messages = [message_dict(m, i, self.engine.info) for i, m in enumerate(prompt.messages)]
         tools = [tool_dict(t, i) for i, t in enumerate(prompt.tools)]
         return chat.render(self.engine, messages, tools, prompt.add_generation_prompt,
                            _template_kwargs(prompt.chat_template_kwargs))

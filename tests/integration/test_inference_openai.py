@@ -148,6 +148,10 @@ async def test_tool_call(api: Endpoint) -> None:
     ({"model": MODEL, "messages": []}, 400, "messages is empty"),
     ({"model": MODEL, "messages": FRANCE, "n": 99}, 400, "n must be between"),
     ({"model": MODEL, "messages": FRANCE, "max_tokens": 10**6}, 400, "exceed the model's context"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "What is this?"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]}]},
+     501, "messages[0] holds an image, but model 'SmolLM2-135M-Instruct' on the transformers engine takes text only"),
 ])
 async def test_errors(api: Endpoint, kwargs: dict[str, object], status: int, needle: str) -> None:
     """Bad requests get OpenAI-shaped errors with the right HTTP status."""

@@ -14,6 +14,7 @@ import pytest
 import pytest_asyncio
 from prometheus_client import REGISTRY
 
+from orchard.errors import from_rpc_error
 from orchard.inference.v1 import inference_pb2 as pb
 from orchard.inference.v1 import inference_pb2_grpc
 from orchard.runtime import GrpcServer
@@ -291,3 +292,35 @@ async def test_chat_tool_call(svc: Service) -> None:
     plain = await svc.stub.Chat(pb.ChatRequest(messages=messages, tools=[weather], tool_choice=pb.TOOL_CHOICE_NONE,
                                                sampling=sampling(max_tokens=8)), timeout=60)
     assert not plain.choices[0].message.tool_calls
+
+
+SCREENSHOT = tpb.Image(data=b"\x89PNG\r\n\x1a\n", mime_type="image/png", width=1, height=1)
+LOOK = tpb.Message(role=tpb.ROLE_USER, parts=[tpb.ContentPart(text="What is on the screen?"),
+                                              tpb.ContentPart(image=SCREENSHOT)])
+
+
+@pytest.mark.parametrize(("method", "request_", "where"), [
+    ("Generate", pb.GenerateRequest(text=STORY, images=[SCREENSHOT]), "images holds an image"),
+    ("StreamGenerate", pb.StreamGenerateRequest(text=STORY, images=[SCREENSHOT]), "images holds an image"),
+    ("Chat", pb.ChatRequest(messages=[*FRANCE, LOOK]), "messages[1] holds an image"),
+    ("ApplyChatTemplate", pb.ApplyChatTemplateRequest(prompt=pb.ChatPrompt(messages=[LOOK])),
+     "messages[0] holds an image"),
+])
+async def test_images_are_refused_by_the_text_only_model(svc: Service, method: str, request_: object,
+                                                         where: str) -> None:
+    """The CPU model takes text only: images answer UNIMPLEMENTED VISION_UNSUPPORTED saying what to serve instead,
+    ListModels says vision is false, and the service keeps serving."""
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        call = getattr(svc.stub, method)(request_, timeout=30)
+        if method.startswith("Stream"):
+            _ = [m async for m in call]
+        else:
+            await call
+    assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert err.value.details() == (f"{where}, but model 'SmolLM2-135M-Instruct' on the transformers engine takes "
+                                   "text only; serve a vision-language model on the vllm engine to send images")
+    assert from_rpc_error(err.value).reason == "VISION_UNSUPPORTED"
+    models = (await svc.stub.ListModels(pb.ListModelsRequest(), timeout=10)).models
+    assert [m.vision for m in models] == [False]
+    reply = await svc.stub.Generate(pb.GenerateRequest(text=STORY, sampling=sampling(max_tokens=2)), timeout=30)
+    assert len(reply.choices[0].token_ids) == 2

@@ -141,8 +141,10 @@ class AgentLoop:
             step.start_time.GetCurrentTime()
             began = time.monotonic()
             seed = None if self.sampling.seed is None else self.sampling.seed + 1000 * traj.sample_index + index
+            # The images of the conversation so far, in message order: seq holds their placeholders.
+            images = [p.image for m in traj.messages for p in m.parts if p.HasField("image")]
             sample = await self.model.generate(seq, min(self.sampling.max_step_tokens, room), seed,
-                                               {"trajectory_id": traj.trajectory_id, "step": str(index)})
+                                               {"trajectory_id": traj.trajectory_id, "step": str(index)}, images)
             step.model_duration.CopyFrom(_seconds(time.monotonic() - began))
             step.completion_token_count = len(sample.token_ids)
             step.weights_version = sample.weights_version

@@ -1,6 +1,7 @@
 """The policy a harness samples from, token-level: render a conversation with the chat template, tokenize, and
 generate from exact token ids with per-token log-probs. `InferenceModel` is the inference service over gRPC
-(`Generate` on token ids, `ApplyChatTemplate`, `Tokenize`), with a deadline and retries on every call."""
+(`Generate` on token ids, `ApplyChatTemplate`, `Tokenize`), with a deadline and retries on every call. A
+conversation's images travel with the token ids: the ids hold their placeholders, the images the pixels."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import abc
 import asyncio
 import logging
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -76,8 +78,12 @@ class Model(abc.ABC):
 
     @abc.abstractmethod
     async def generate(self, token_ids: list[int], max_tokens: int, seed: int | None,
-                       labels: dict[str, str]) -> Sample:
-        """Sample one reply after exactly these token ids, with log-probs."""
+                       labels: dict[str, str], images: Sequence[tpb.Image] = ()) -> Sample:
+        """Sample one reply after exactly these token ids, with log-probs.
+
+        `images` are the conversation's images in the order their placeholders appear in token_ids (only a vision
+        model takes them).
+        """
 
 
 @dataclass(frozen=True)
@@ -146,11 +152,11 @@ class InferenceModel(Model):
         return list(response.token_ids)  # type: ignore[attr-defined]
 
     async def generate(self, token_ids: list[int], max_tokens: int, seed: int | None,
-                       labels: dict[str, str]) -> Sample:
+                       labels: dict[str, str], images: Sequence[tpb.Image] = ()) -> Sample:
         params = ipb.SamplingParams(temperature=self.sampling.temperature, top_p=self.sampling.top_p,
                                     max_tokens=max_tokens, logprobs=True, seed=seed)
         request = ipb.GenerateRequest(model=self.model, token_ids=ipb.TokenIds(ids=token_ids), sampling=params,
-                                      labels=labels)
+                                      labels=labels, images=images)
         response = await self._call("Generate", request, self.timeouts.generate_s)
         choice = response.choices[0]  # type: ignore[attr-defined]
         finish = {ipb.FINISH_REASON_STOP: "stop", ipb.FINISH_REASON_LENGTH: "length"}.get(choice.finish_reason,

@@ -22,6 +22,7 @@ from orchard.errors import InvalidArgument
 from orchard.harness.model import ModelError, Sample
 from orchard.harness.scripted import ScriptedModel
 from orchard.tasks.instance import TaskInstance
+from orchard.types.v1 import types_pb2 as tpb
 
 FLAWS = {"mutated": 4, "partial": 3, "deleted": 2, "unchanged": 1}
 """Kinds of flawed attempt, with their weights among those a task allows: the gold patch with one added line
@@ -192,12 +193,12 @@ class ReferenceModel(ScriptedModel):
         self.seed = seed
 
     async def generate(self, token_ids: list[int], max_tokens: int, seed: int | None,
-                       labels: dict[str, str]) -> Sample:
+                       labels: dict[str, str], images: Sequence[tpb.Image] = ()) -> Sample:
         # ScriptedModel shows its policy only (prompt, step): which rollout this is travels in a context variable.
         rollout = f"sample {seed - int(labels['step'])}" if seed is not None else labels["trajectory_id"]
         token = _ROLLOUT.set(rollout)
         try:
-            return await super().generate(token_ids, max_tokens, seed, labels)
+            return await super().generate(token_ids, max_tokens, seed, labels, images)
         finally:
             _ROLLOUT.reset(token)
 

@@ -88,7 +88,8 @@ class ScriptedModel(Model):
         return encode(text)
 
     async def generate(self, token_ids: list[int], max_tokens: int, seed: int | None,
-                       labels: dict[str, str]) -> Sample:
+                       labels: dict[str, str], images: Sequence[tpb.Image] = ()) -> Sample:
+        # A scripted policy reads the decoded prompt only; the images are not shown to it.
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:

@@ -8,7 +8,7 @@ Log-probs everywhere are the model's own distribution: log_softmax of the raw lo
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -93,6 +93,14 @@ class ModelInfo:
     load_time: float
     """Unix time its current weights were loaded."""
     vision: bool = False
+    """Whether it takes images: image content parts in chat messages, and images with `generate`."""
+
+
+def vision_unsupported(info: ModelInfo, what: str) -> Unimplemented:
+    """The error for an image sent to a text-only model; `what` says where the image was."""
+    return Unimplemented(f"{what} holds an image, but model {info.model_id!r} on the {info.engine} engine takes text "
+                         "only; serve a vision-language model on the vllm engine to send images",
+                         reason="VISION_UNSUPPORTED")
 
 
 class Engine(abc.ABC):
@@ -115,8 +123,12 @@ class Engine(abc.ABC):
         """Abort running requests (their streams end with finish_reason "abort") and release the model."""
 
     @abc.abstractmethod
-    def generate(self, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[TokenEvent]:
+    def generate(self, prompt_ids: list[int], params: SamplingParams,
+                 images: Sequence[bytes] = ()) -> AsyncIterator[TokenEvent]:
         """Sample params.n choices after prompt_ids; events of the choices interleave.
+
+        `images` are the encoded images (PNG or JPEG) of the prompt, in the order their placeholders appear;
+        a text-only engine (info.vision False) raises `vision_unsupported` when given any.
 
         Closing or cancelling the iterator (client gone, deadline) removes its sequences from the batch.
         """

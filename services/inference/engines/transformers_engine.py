@@ -16,6 +16,7 @@ import asyncio
 import concurrent.futures
 import logging
 import time
+from collections import abc as cabc
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from orchard.services.inference.engines.base import (
     ScoreResult,
     TokenEvent,
     ToolSpec,
+    vision_unsupported,
 )
 from orchard.services.inference.engines.model_files import check_checkpoint, resolve_model
 from orchard.services.inference.engines.sampling import Sequence
@@ -109,7 +111,10 @@ class TransformersEngine(Engine):
 
     # -- generation ---------------------------------------------------------------------------------------------
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[TokenEvent]:
+    async def generate(self, prompt_ids: list[int], params: SamplingParams,
+                       images: cabc.Sequence[bytes] = ()) -> AsyncIterator[TokenEvent]:
+        if images:
+            raise vision_unsupported(self.info, "the prompt")
         if not prompt_ids:
             raise InvalidArgument("the prompt is empty; give at least one token", field="prompt")
         if len(self._waiting) + params.n > self._settings.max_queued_sequences:

@@ -4,16 +4,20 @@ vLLM batches continuously, samples (n, seed, stop strings) and computes log-prob
 our requests onto `vllm.SamplingParams` and its outputs back to `TokenEvent`s. The mapping functions are pure and
 take vLLM's output objects by their attributes, so they are unit-tested without vLLM; bench/vllm_engine.py runs
 the real engine on a GPU. vLLM's default logprobs mode is the raw model distribution, as our interface promises.
+A vision-language model (vLLM's `is_multimodal_model`) takes images: its chat template (the processor's) renders
+{"type": "image"} content parts as placeholder tokens, and `generate` hands vLLM the decoded images with the ids.
 """
 
 from __future__ import annotations
 
+import asyncio
+import io
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, Protocol
 
-from orchard.errors import FailedPrecondition
+from orchard.errors import FailedPrecondition, InvalidArgument
 from orchard.services.inference.engines.base import (
     ChatMessage,
     Engine,
@@ -23,6 +27,7 @@ from orchard.services.inference.engines.base import (
     ScoreResult,
     TokenEvent,
     ToolSpec,
+    vision_unsupported,
 )
 from orchard.services.inference.settings import InferenceSettings
 
@@ -90,6 +95,28 @@ def score_result(prompt_logprobs: list[dict[int, Logprob] | None], prompt_len: i
     return ScoreResult(logprobs=lps, top_logprobs=tops)
 
 
+def decode_images(images: Sequence[bytes]) -> list[Any]:
+    """The prompt's encoded images as RGB PIL images; InvalidArgument names the first that does not decode."""
+    from PIL import Image, UnidentifiedImageError  # vLLM depends on Pillow; the CPU install does not
+
+    decoded = []
+    for k, data in enumerate(images):
+        try:
+            with Image.open(io.BytesIO(data)) as image:
+                decoded.append(image.convert("RGB"))
+        except (UnidentifiedImageError, OSError) as err:
+            raise InvalidArgument(f"images[{k}] (image {k} of the prompt) does not decode as an image ({err}); "
+                                  "send PNG or JPEG bytes", field=f"images[{k}]") from None
+    return decoded
+
+
+def engine_prompt(prompt_ids: list[int], images: list[Any]) -> dict[str, Any]:
+    """vLLM's prompt for exact token ids and their decoded images, in placeholder order."""
+    if not images:
+        return {"prompt_token_ids": prompt_ids}
+    return {"prompt_token_ids": prompt_ids, "multi_modal_data": {"image": images}}
+
+
 class VllmEngine(Engine):
     """vLLM's AsyncLLM engine for one model (a hub id or a local folder)."""
 
@@ -99,6 +126,8 @@ class VllmEngine(Engine):
         self._settings = settings
         self._engine: Any = None
         self._tokenizer: Any = None
+        self._chat_template: str | None = None
+        """The processor's chat template for a vision model (it renders image parts); None: the tokenizer's."""
         self._info: ModelInfo | None = None
 
     @property
@@ -112,7 +141,7 @@ class VllmEngine(Engine):
             from vllm.v1.engine.async_llm import AsyncLLM
         except ImportError as err:
             raise FailedPrecondition(f"the vllm engine needs vLLM: pip install 'orchard[vllm]' ({err})") from None
-        from transformers import AutoTokenizer
+        from transformers import AutoProcessor, AutoTokenizer
 
         s = self._settings
         args = AsyncEngineArgs(model=s.model, gpu_memory_utilization=s.gpu_memory_utilization,
@@ -120,25 +149,32 @@ class VllmEngine(Engine):
         self._engine = AsyncLLM.from_engine_args(args)
         self._tokenizer = AutoTokenizer.from_pretrained(s.model)
         config = self._engine.model_config
+        vision = bool(config.is_multimodal_model)
+        if vision:
+            self._chat_template = AutoProcessor.from_pretrained(s.model).chat_template
         model_id = s.model_id or s.model.rstrip("/").split("/")[-1]
         self._info = ModelInfo(model_id=model_id, engine="vllm", checkpoint_path=s.model, weights_version=model_id,
                                max_context_tokens=int(config.max_model_len), vocab_size=int(config.get_vocab_size()),
-                               load_time=time.time())
+                               load_time=time.time(), vision=vision)
 
     async def close(self) -> None:
         if self._engine is not None:
             self._engine.shutdown()
             self._engine = None
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[TokenEvent]:
+    async def generate(self, prompt_ids: list[int], params: SamplingParams,
+                       images: Sequence[bytes] = ()) -> AsyncIterator[TokenEvent]:
         from vllm import SamplingParams as VllmSamplingParams
         from vllm.sampling_params import RequestOutputKind
 
+        if images and not self.info.vision:
+            raise vision_unsupported(self.info, "the prompt")
+        decoded = await asyncio.to_thread(decode_images, images) if images else []
         request_id = uuid.uuid4().hex
         sampling = VllmSamplingParams(**sampling_kwargs(params), output_kind=RequestOutputKind.DELTA)
         done = False
         try:
-            async for output in self._engine.generate({"prompt_token_ids": prompt_ids}, sampling, request_id):
+            async for output in self._engine.generate(engine_prompt(prompt_ids, decoded), sampling, request_id):
                 for out in output.outputs:
                     yield token_event(out, params)
             done = True
@@ -170,4 +206,4 @@ class VllmEngine(Engine):
                             add_generation_prompt: bool = True, template_kwargs: dict[str, Any] | None = None) -> str:
         return str(self._tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
                                                        add_generation_prompt=add_generation_prompt,
-                                                       **(template_kwargs or {})))
+                                                       chat_template=self._chat_template, **(template_kwargs or {})))

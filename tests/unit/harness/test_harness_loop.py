@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Sequence
 from typing import ClassVar
 
 import pytest
@@ -22,6 +23,7 @@ from orchard.harness import (
     run_rollouts,
     tool,
 )
+from orchard.harness.model import Sample
 from orchard.harness.scripted import IM_END, LOGPROB, decode
 from orchard.tasks import load_instances
 from orchard.types.v1 import types_pb2 as tpb
@@ -168,3 +170,52 @@ def test_call_and_tool_helpers() -> None:
     made = call("bash", command="ls")
     assert made.id.startswith("call_") and json.loads(made.arguments) == {"command": "ls"}
     assert json.loads(tool("x", "d", {}, []).parameters) == {"type": "object", "properties": {}, "required": []}
+
+
+class PictureHarness(EchoHarness):
+    """EchoHarness as a GUI harness shapes it: the task shows a picture, and each echo answers with one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.echoes = 0
+
+    def initial_messages(self) -> list[tpb.Message]:
+        system, user = super().initial_messages()
+        user.parts.add(text=user.content)
+        user.parts.add(image=tpb.Image(data=b"task", mime_type="image/png"))
+        user.content = ""
+        return [system, user]
+
+    async def execute(self, action: tpb.ToolCall) -> ActionResult:
+        result = await super().execute(action)
+        if result.submitted:
+            return result
+        self.echoes += 1
+        return ActionResult(result.output, exit_code=0,
+                            images=[tpb.Image(data=f"echo{self.echoes}".encode(), mime_type="image/png")])
+
+
+class RecordingModel(ScriptedModel):
+    """The scripted fake, also recording the images each generate call gets (a scripted policy cannot see them)."""
+
+    def __init__(self, replies: list[str]) -> None:
+        super().__init__(replay(replies))
+        self.images: list[list[bytes]] = []
+
+    async def generate(self, token_ids: list[int], max_tokens: int, seed: int | None, labels: dict[str, str],
+                       images: Sequence[tpb.Image] = ()) -> Sample:
+        self.images.append([image.data for image in images])
+        return await super().generate(token_ids, max_tokens, seed, labels, images)
+
+
+@pytest.mark.parametrize(("harness", "expected"), [
+    (PictureHarness, [[b"task"], [b"task", b"echo1"], [b"task", b"echo1", b"echo2"]]),
+    (EchoHarness, [[], [], []]),
+])
+async def test_loop_passes_the_conversations_images(harness: type[EchoHarness], expected: list[list[bytes]]) -> None:
+    """Every generate call gets all images of the conversation so far, in message order; tokens are kept as ever."""
+    model = RecordingModel([ECHO, ECHO, SUBMIT])
+    traj = await AgentLoop(model).run(harness())
+    assert traj.stop_reason == tpb.STOP_REASON_SUBMITTED and model.images == expected
+    assert decode(sequence(traj)).count("<|im_start|>tool\necho: hi<|im_end|>\n<|im_start|>assistant\n") == 2
+    assert traj.token_count == len(sequence(traj))

@@ -220,7 +220,7 @@ class StreamChatResponse(_message.Message):
     def __init__(self, delta: _Optional[_Union[ChoiceDelta, _Mapping]] = ..., summary: _Optional[_Union[StreamSummary, _Mapping]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("model", "text", "token_ids", "sampling", "return_prompt_token_ids", "labels")
+    __slots__ = ("model", "text", "token_ids", "sampling", "return_prompt_token_ids", "labels", "images")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -234,13 +234,15 @@ class GenerateRequest(_message.Message):
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     RETURN_PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
+    IMAGES_FIELD_NUMBER: _ClassVar[int]
     model: str
     text: str
     token_ids: TokenIds
     sampling: SamplingParams
     return_prompt_token_ids: bool
     labels: _containers.ScalarMap[str, str]
-    def __init__(self, model: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., return_prompt_token_ids: _Optional[bool] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    images: _containers.RepeatedCompositeFieldContainer[_types_pb2.Image]
+    def __init__(self, model: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., return_prompt_token_ids: _Optional[bool] = ..., labels: _Optional[_Mapping[str, str]] = ..., images: _Optional[_Iterable[_Union[_types_pb2.Image, _Mapping]]] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("choices", "usage", "model", "weights_version", "prompt_token_ids")
@@ -257,7 +259,7 @@ class GenerateResponse(_message.Message):
     def __init__(self, choices: _Optional[_Iterable[_Union[Choice, _Mapping]]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., model: _Optional[str] = ..., weights_version: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class StreamGenerateRequest(_message.Message):
-    __slots__ = ("model", "text", "token_ids", "sampling", "return_prompt_token_ids", "labels")
+    __slots__ = ("model", "text", "token_ids", "sampling", "return_prompt_token_ids", "labels", "images")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -271,13 +273,15 @@ class StreamGenerateRequest(_message.Message):
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     RETURN_PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
+    IMAGES_FIELD_NUMBER: _ClassVar[int]
     model: str
     text: str
     token_ids: TokenIds
     sampling: SamplingParams
     return_prompt_token_ids: bool
     labels: _containers.ScalarMap[str, str]
-    def __init__(self, model: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., return_prompt_token_ids: _Optional[bool] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    images: _containers.RepeatedCompositeFieldContainer[_types_pb2.Image]
+    def __init__(self, model: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., return_prompt_token_ids: _Optional[bool] = ..., labels: _Optional[_Mapping[str, str]] = ..., images: _Optional[_Iterable[_Union[_types_pb2.Image, _Mapping]]] = ...) -> None: ...
 
 class StreamGenerateResponse(_message.Message):
     __slots__ = ("delta", "summary")
