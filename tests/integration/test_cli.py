@@ -279,8 +279,16 @@ async def test_train_follows_the_job_and_pushes_its_checkpoint(experience: str, 
                 while b"step " not in await proc.stderr.readline():
                     pass
             proc.send_signal(signal.SIGINT)
-            async with asyncio.timeout(60):
+            try:
+                async with asyncio.timeout(90):
+                    _, err_b = await proc.communicate()
+            except TimeoutError:  # say where it hung: what it printed last, and the job's state
+                proc.kill()
                 _, err_b = await proc.communicate()
+                job = (await stub.GetJob(pb.GetJobRequest(job_id="cli-long"))).job
+                raise AssertionError(f"orchard train did not exit within 90 s of SIGINT (job "
+                                     f"{pb.JobState.Name(job.state)}); its stderr ends: "
+                                     f"{err_b.decode()[-1500:]}") from None
             assert proc.returncode == 130, err_b.decode()
             assert "cancelling job cli-long" in err_b.decode() and "job cli-long CANCELLED at step" in err_b.decode()
             job = (await stub.GetJob(pb.GetJobRequest(job_id="cli-long"))).job
