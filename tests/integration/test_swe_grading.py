@@ -13,7 +13,7 @@ from conftest import EnvServer, needs_image, needs_sandboxes
 from orchard.sdk import AsyncSandboxClient
 from orchard.tasks import grade, load_instances, make_report
 
-TASKS = load_instances("toyrepair")
+TASKS = load_instances("toyrepair-extended")  # the quick 8 and 16 more
 LEAP = next(t for t in TASKS if t.instance_id == "toyrepair-leap-year-logic")
 
 

@@ -14,8 +14,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from orchard.errors import InvalidArgument, NotFound
 
-BUNDLED = {"toyrepair": Path(__file__).resolve().parent / "toyrepair" / "tasks.jsonl"}
-"""Task sets shipped with Orchard, by name."""
+_TOYREPAIR = Path(__file__).resolve().parent / "toyrepair"
+BUNDLED = {"toyrepair": (_TOYREPAIR / "tasks.jsonl",),
+           "toyrepair-extended": (_TOYREPAIR / "tasks.jsonl", _TOYREPAIR / "extended.jsonl")}
+"""Task sets shipped with Orchard, by name, each the task files it is made of: ToyRepair's 8 quick tasks, and
+those with 16 more (the value model's real-run bench needs more tasks to train on than 8 give)."""
 DEFAULT_TEST_CMD = "python -m pytest -rA -p no:cacheprovider"
 
 
@@ -65,15 +68,15 @@ class TaskInstance(BaseModel):
         return list(dict.fromkeys(test_id.split("::", 1)[0] for test_id in self.fail_to_pass + self.pass_to_pass))
 
 
-def resolve_source(source: str | Path) -> Path:
-    """A task file: a bundled task set's name ("toyrepair") or a path."""
+def resolve_source(source: str | Path) -> tuple[Path, ...]:
+    """The task files of a source: a bundled task set's name ("toyrepair") or a path."""
     if str(source) in BUNDLED:
         return BUNDLED[str(source)]
     path = Path(source)
     if not path.is_file():
         raise NotFound(f"task source {str(source)!r} is neither a file nor a bundled task set "
                        f"({', '.join(sorted(BUNDLED))})")
-    return path
+    return (path,)
 
 
 def load_instances(source: str | Path, ids: list[str] | None = None) -> list[TaskInstance]:
@@ -82,7 +85,25 @@ def load_instances(source: str | Path, ids: list[str] | None = None) -> list[Tas
     A relative `repo_dir` is taken relative to the file's folder. Raises InvalidArgument naming the line
     and field at fault.
     """
-    path = resolve_source(source)
+    paths = resolve_source(source)
+    instances = [i for path in paths for i in _read_instances(path)]
+    seen: set[str] = set()
+    for instance in instances:
+        if instance.instance_id in seen:
+            raise InvalidArgument(f"{' + '.join(map(str, paths))}: instance id {instance.instance_id!r} appears "
+                                  "twice")
+        seen.add(instance.instance_id)
+    if ids:
+        known = {i.instance_id: i for i in instances}
+        missing = [i for i in ids if i not in known]
+        if missing:
+            raise NotFound(f"{source} has no instances {missing}; it has {sorted(known)}")
+        return [known[i] for i in ids]
+    return instances
+
+
+def _read_instances(path: Path) -> list[TaskInstance]:
+    """The instances of one JSON or JSON-lines file, a relative `repo_dir` made relative to its folder."""
     text = path.read_text()
     if text.lstrip().startswith("["):
         try:
@@ -111,15 +132,4 @@ def load_instances(source: str | Path, ids: list[str] | None = None) -> list[Tas
         if instance.repo_dir is not None and not instance.repo_dir.is_absolute():
             instance = instance.model_copy(update={"repo_dir": path.parent / instance.repo_dir})
         instances.append(instance)
-    seen: set[str] = set()
-    for instance in instances:
-        if instance.instance_id in seen:
-            raise InvalidArgument(f"{path}: instance id {instance.instance_id!r} appears twice")
-        seen.add(instance.instance_id)
-    if ids:
-        known = {i.instance_id: i for i in instances}
-        missing = [i for i in ids if i not in known]
-        if missing:
-            raise NotFound(f"{path} has no instances {missing}; it has {sorted(known)}")
-        return [known[i] for i in ids]
     return instances

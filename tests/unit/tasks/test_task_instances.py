@@ -16,10 +16,14 @@ RECORD = {"instance_id": "a__b-1", "repo": "a/b", "base_commit": "abc", "problem
 
 
 def test_bundled_toyrepair_is_complete() -> None:
-    tasks = load_instances("toyrepair")
-    assert 6 <= len(tasks) <= 10
-    assert any(t.instance_id.startswith("toyrepair-trivial-") for t in tasks)
-    for task in tasks:
+    quick, extended = load_instances("toyrepair"), load_instances("toyrepair-extended")
+    assert 6 <= len(quick) <= 10 and len(extended) == len(quick) + 16
+    assert extended[:len(quick)] == quick  # the extended set is the quick one and 16 more
+    assert any(t.instance_id.startswith("toyrepair-trivial-") for t in quick)
+    # The reference policy finds a task by its problem statement in the prompt: none may hold another.
+    statements = [t.problem_statement for t in extended]
+    assert not [(a, b) for a in statements for b in statements if a is not b and a in b]
+    for task in extended:
         assert task.patch.startswith("diff --git") and task.test_patch.startswith("diff --git")
         assert task.fail_to_pass and task.pass_to_pass and len(task.base_commit) == 40
         assert task.repo_dir is not None and task.repo_dir.is_dir() and repo_files(task.repo_dir)
@@ -50,6 +54,18 @@ def test_errors_name_the_line_and_field(tmp_path: Path, content: str, message: s
     (tmp_path / "b.jsonl").write_text(content)
     with pytest.raises(InvalidArgument, match=message.replace("(", r"\(").replace(")", r"\)")):
         load_instances(tmp_path / "b.jsonl")
+
+
+def test_a_bundled_set_of_several_files_checks_ids_across_them(monkeypatch: pytest.MonkeyPatch,
+                                                                tmp_path: Path) -> None:
+    (tmp_path / "a.jsonl").write_text(json.dumps(RECORD) + "\n")
+    (tmp_path / "b.jsonl").write_text(json.dumps({**RECORD, "instance_id": "c"}) + "\n")
+    monkeypatch.setitem(BUNDLED, "two", (tmp_path / "a.jsonl", tmp_path / "b.jsonl"))
+    assert [i.instance_id for i in load_instances("two")] == ["a__b-1", "c"]
+    assert [i.instance_id for i in load_instances("two", ids=["c"])] == ["c"]
+    (tmp_path / "b.jsonl").write_text(json.dumps(RECORD) + "\n")
+    with pytest.raises(InvalidArgument, match="a.jsonl \\+ .*b.jsonl: instance id 'a__b-1' appears twice"):
+        load_instances("two")
 
 
 def test_unknown_source_and_ids() -> None:
