@@ -11,13 +11,14 @@ equal: the tie-break of the ranking alone). "More runs do not lower best@8": the
 two weakest runs only. Writes <out>/value_real_run.json, <out>/value_real_run.png and the runs' trajectories under
 <out>/runs (bench/value_backbones.py reads them); prints one JSON object (progress on stderr).
 
-    python bench/value_real_run.py [--seeds 2] [--folds 4] [--max-steps 20] [--batch 8] [--epochs E] [--lr LR]
+    python bench/value_real_run.py [--tasks toyrepair-extended] [--seeds 2] [--folds 4] [--max-steps 20] [--batch 8] [--epochs E] [--lr LR]
                                    [--max-context-tokens T] [--no-more-runs] [--out .state/bench/value_real_run]
                                    [--quick]
 
 AUC and ECE are over the candidates the model scored (Rerank does not score excluded ones, empty patches), pooled
-over the folds' models; `auc_within_task` averages each task's
-own AUC, which is what reranking needs.
+over the folds' models (each fold's model scores its own tasks, so this also asks the folds' scores to be on one
+scale); `auc_fold_mean` averages each fold's own AUC (one model's candidates), `auc_within_task` each task's own
+AUC, which is what reranking needs.
 """
 
 from __future__ import annotations
@@ -49,7 +50,6 @@ from orchard.value.v1 import value_pb2 as vpb
 from orchard.value.v1 import value_pb2_grpc
 
 ORCHARD = str(Path(sys.executable).with_name("orchard"))
-TASKS = "toyrepair"
 HISTORY_Q = (0.1, 0.3, 0.5, 0.7, 0.9)
 PREFIX_Q = (0.1, 0.3)
 """The history prefix of the "more runs" comparison: the two weakest policies' runs only."""
@@ -121,7 +121,7 @@ def rollout(stack: Stack, run_id: str, quality: float, samples: int, seed: int, 
     shutil.rmtree(args.out / "runs" / run_id, ignore_errors=True)  # orchard rollout appends to a run's file
     started = time.perf_counter()
     done = subprocess.run(
-        [ORCHARD, "rollout", "--policy", f"reference:{quality}", "--tasks", TASKS, "-n", str(samples),
+        [ORCHARD, "rollout", "--policy", f"reference:{quality}", "--tasks", args.tasks, "-n", str(samples),
          "--seed", str(seed), "--run-id", run_id, "--concurrency", str(args.concurrency), "--out",
          str(args.out / "runs"), "--env-address", stack.address["env"], "--nats-url", stack.nats_url],
         check=False, capture_output=True, text=True, timeout=1800)
@@ -175,11 +175,11 @@ async def train_fold(stack: Stack, job_id: str, config: pb.JobConfig) -> dict[st
             "metrics": {"loss": round(job.progress.loss, 4), **{k: round(m[k], 4) for k in JOB_METRICS if k in m}}}
 
 
-def best_of_n_eval(stack: Stack, run_id: str, held: list[str], report: Path) -> dict[str, Any]:
+def best_of_n_eval(stack: Stack, run_id: str, held: list[str], report: Path, tasks: str) -> dict[str, Any]:
     """`orchard eval --best-of 8 --run` on the held-out tasks; its JSON report."""
     started = time.perf_counter()
     done = subprocess.run(
-        [ORCHARD, "eval", "--best-of", "8", "--run", run_id, "--ids", *held, "--tasks", TASKS, "--report",
+        [ORCHARD, "eval", "--best-of", "8", "--run", run_id, "--ids", *held, "--tasks", tasks, "--report",
          str(report), "--experience-address", stack.address["experience"], "--value-address",
          stack.address["value"]], check=False, capture_output=True, text=True, timeout=900)
     if done.returncode != 0:
@@ -209,6 +209,8 @@ def merged(reports: list[dict[str, Any]]) -> dict[str, Any]:
         row["vote"] = vm.best_at_n(vote, row["n"])
     report["picks"] = [p for r in reports for p in r["picks"]]
     report["fold_auc"] = [r["auc"] for r in reports]
+    folds_scored = [a for a in report["fold_auc"] if a is not None]
+    report["auc_fold_mean"] = sum(folds_scored) / len(folds_scored) if folds_scored else None
     return report
 
 
@@ -217,7 +219,8 @@ def summary(report: dict[str, Any]) -> dict[str, Any]:
     at = {row["n"]: row for row in report["curve"]}
     out = {"pass@1": report["pass@1"], "random@8": at[8]["random"], "best@8": at[8]["best"],
            "pass@8": at[8]["pass"], "vote@8": at[8]["vote"], "auc": report["auc"],
-           "auc_within_task": report["auc_within_task"], "ece": report["ece"]}
+           "auc_within_task": report["auc_within_task"], "auc_fold_mean": report["auc_fold_mean"],
+           "ece": report["ece"]}
     out["best@8_over_random@8"] = out["best@8"] / out["random@8"] if out["random@8"] else None
     out["curve"] = report["curve"]
     return {k: round(v, 4) if isinstance(v, float) else v for k, v in out.items()}
@@ -232,7 +235,7 @@ async def cross_validate(stack: Stack, seed: int, folds: list[list[str]], runs: 
         eval_file.write_text("".join(f"{t}\n" for t in held))
         job_id = f"value-{tag}-s{seed}-f{k}"
         trained = await train_fold(stack, job_id, job_config(runs, held, eval_file, seed, args))
-        report = best_of_n_eval(stack, eval_run, held, args.out / "folds" / f"{job_id}.json")
+        report = best_of_n_eval(stack, eval_run, held, args.out / "folds" / f"{job_id}.json", args.tasks)
         log(f"  fold {k} {held}: {trained['steps']} steps, {trained['train_seconds']}s; training set "
             f"{trained['metrics'].get('candidates', 0):.0f} candidates ({trained['metrics'].get('duplicates_left_out', 0):.0f} "
             f"duplicates left out); best@8 {report['best@8']:.2f}, AUC {report['auc']}")
@@ -254,10 +257,9 @@ async def run_seed(stack: Stack, seed: int, more_runs: bool, args: argparse.Name
         if len(stored) != run["rollouts"]:
             raise SystemExit(f"the experience service holds {len(stored)} of run {run['run_id']}'s "
                              f"{run['rollouts']} rollouts")
-    tasks = sorted(i.instance_id for i in load_instances(TASKS))
+    tasks = sorted(i.instance_id for i in load_instances(args.tasks))
     random.Random(seed).shuffle(tasks)
-    size = len(tasks) // args.folds
-    folds = [tasks[k * size:(k + 1) * size] for k in range(args.folds)]
+    folds = [tasks[k::args.folds] for k in range(args.folds)]
     result = await cross_validate(stack, seed, folds, [r["run_id"] for r in history], evaluation["run_id"], "all",
                                   args)
     log(f"seed {seed}: best@8 {result['best@8']:.3f} vs random@8 {result['random@8']:.3f} (pass@8 "
@@ -305,7 +307,9 @@ def plot(curves: list[list[dict[str, float]]], path: Path, title: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=2, help="independent repeats (fresh rollouts and folds)")
-    parser.add_argument("--folds", type=int, default=4, help="cross-validation folds over the 8 tasks")
+    parser.add_argument("--tasks", default="toyrepair-extended", help="the task set (bundled name or file); "
+                        "toyrepair-extended is ToyRepair's 8 tasks and 16 more")
+    parser.add_argument("--folds", type=int, default=4, help="cross-validation folds over the tasks")
     parser.add_argument("--history-samples", type=int, default=4, help="rollouts per task of each history policy")
     parser.add_argument("--epochs", type=int, default=0, help="value job epochs (0: the recipe's)")
     parser.add_argument("--max-steps", type=int, default=20, help="value job steps (0: the recipe's epochs, at "
@@ -342,7 +346,7 @@ def main() -> None:
         values = [s[key] for s in seeds if s[key] is not None]
         return round(sum(values) / len(values), 4) if values else None
 
-    keys = ("pass@1", "random@8", "best@8", "pass@8", "vote@8", "auc", "auc_within_task", "ece",
+    keys = ("pass@1", "random@8", "best@8", "pass@8", "vote@8", "auc", "auc_within_task", "auc_fold_mean", "ece",
             "best@8_over_random@8")
     average = {k: mean(k) for k in keys}
     average["best@8_over_random@8"] = round(average["best@8"] / average["random@8"], 4)  # type: ignore[operator]
@@ -355,7 +359,7 @@ def main() -> None:
     timings = {"services_start_s": round(ready_s, 1), "total_s": round(total_s, 1),
                "rollout_s": round(sum(r["seconds"] for s in seeds for r in [*s["history"], s["eval_run"]]), 1),
                "train_s_per_fold": [f["train_seconds"] for s in seeds for f in s["folds"]]}
-    record = {"bench": "value_real_run", "task_set": TASKS, "settings": settings, "mean": average, "seeds": seeds,
+    record = {"bench": "value_real_run", "task_set": args.tasks, "settings": settings, "mean": average, "seeds": seeds,
               "timings": timings}
     json_path, png_path = args.out / "value_real_run.json", args.out / "value_real_run.png"
     json_path.write_text(json.dumps(record, indent=2) + "\n")
