@@ -10,6 +10,9 @@ Choices [I]:
 - Batches keep a task's candidates together, so the pairwise term sees the within-task pairs.
 - The held-out figures are computed on tasks the model never trained on, each task's candidates in a seeded
   random order (best@N takes the first N).
+- The lexical part (orchard.value.lexical) is fitted alone first, LEXICAL_STEPS steps of the same balanced
+  batches (a second or two: it is linear), then trained on with the rest at LEXICAL_LR_SCALE times the
+  backbone's rate: a few dozen CPU steps of the encoder alone do not learn the outcome's phrases on a small store.
 """
 
 from __future__ import annotations
@@ -37,6 +40,10 @@ from orchard.value.model import ValueModel, resolve_backbone
 log = logging.getLogger("orchard.trainer.value")
 
 HEAD_LR_SCALE = 100.0
+LEXICAL_STEPS = 200
+LEXICAL_LR = 1e-2
+LEXICAL_LR_SCALE = LEXICAL_LR / 3e-5
+"""The lexical part's rate relative to the backbone's: LEXICAL_LR at the recipe's default rate."""
 DEFAULT_PAIRWISE_WEIGHT = 1.0
 DEFAULT_EVAL_FRACTION = 0.1
 DEFAULT_BEST_AT_N = (1, 2, 4, 8, 16)
@@ -89,10 +96,33 @@ def training_plan(vd: value_data.ValueData, o: optim.Optim, *, epochs_given: boo
 
 
 def make_optimizer(model: ValueModel, o: optim.Optim) -> torch.optim.Optimizer:
-    """AdamW with the head's learning rate HEAD_LR_SCALE times the backbone's ("scale" of each group)."""
-    return torch.optim.AdamW([{"params": list(model.backbone.parameters()), "scale": 1.0},
-                              {"params": list(model.head.parameters()), "scale": HEAD_LR_SCALE}],
-                             lr=o.learning_rate, betas=o.betas, weight_decay=o.weight_decay, foreach=False)
+    """AdamW with the head's learning rate HEAD_LR_SCALE times the backbone's and the lexical part's
+    LEXICAL_LR_SCALE times ("scale" of each group; the lexical part has no weight decay: most of its buckets
+    are absent from a batch)."""
+    groups = [{"params": list(model.backbone.parameters()), "scale": 1.0},
+              {"params": list(model.head.parameters()), "scale": HEAD_LR_SCALE}]
+    if model.lexical_parameters():
+        groups.append({"params": model.lexical_parameters(), "scale": LEXICAL_LR_SCALE, "weight_decay": 0.0})
+    return torch.optim.AdamW(groups, lr=o.learning_rate, betas=o.betas, weight_decay=o.weight_decay, foreach=False)
+
+
+def fit_lexical(lexical: torch.nn.Module, vd: value_data.ValueData, *, seed: int, batch_size: int,
+                pairwise_weight: float, steps: int = LEXICAL_STEPS) -> float:
+    """The lexical part fitted alone on `steps` batches of the job's balanced epochs; its last loss."""
+    plan: list[list[value_data.Example]] = []
+    epoch = 0
+    while len(plan) < steps:
+        plan += value_data.batches(value_data.epoch_sample(vd, epoch, seed), batch_size)
+        epoch += 1
+    opt = torch.optim.Adam(lexical.parameters(), lr=LEXICAL_LR)
+    loss = torch.zeros(())
+    for batch in plan[:steps]:
+        loss, _ = value_loss(lexical([e.text for e in batch]), [e.resolved for e in batch],
+                             [e.task_id for e in batch], pairwise_weight)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    return float(loss.detach())
 
 
 def train_step(model: ValueModel, opt: torch.optim.Optimizer, batch: Sequence[value_data.Example], lr: float,
@@ -144,6 +174,13 @@ def run(ctx: JobContext) -> None:
     torch.manual_seed(o.seed)
     plan, epochs = training_plan(vd, o, epochs_given=bool(config.hyperparameters.epochs))
     total = min(len(plan), o.max_steps) if o.max_steps else len(plan)
+    lexical_loss = None
+    if resume is None and model.lexical is not None:
+        started = time.perf_counter()
+        lexical_loss = fit_lexical(model.lexical, vd, seed=o.seed, batch_size=o.global_batch_size,
+                                   pairwise_weight=pairwise_weight)
+        log.info("lexical part fitted: %d steps in %.1fs, loss %.4f", LEXICAL_STEPS, time.perf_counter() - started,
+                 lexical_loss)
     opt = make_optimizer(model, o)
     start = 0
     if resume is not None:
@@ -166,5 +203,7 @@ def run(ctx: JobContext) -> None:
         report["held_out_tasks"] = sorted({e.task_id for e in vd.held_out})
         log.info("held-out best-of-N:\n%s", vm.format_best_of_n(report))
     final = {**step_metrics, **vd.stats, **report_metrics(report)}
+    if lexical_loss is not None:
+        final["lexical_fit_loss"] = lexical_loss
     ctx.progress(total, total, loss_value, epoch=total * epochs / max(len(plan), 1), **final)
     _save(ctx, model, None, total, {"loss": loss_value, **final}, is_final=True, report=report or None)

