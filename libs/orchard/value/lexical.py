@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 import zlib
 from collections.abc import Sequence
-from itertools import accumulate
+from itertools import accumulate, pairwise
 
 import torch
 
@@ -28,7 +28,7 @@ def feature_ids(text: str, features: int = FEATURES) -> list[int]:
     """The sorted, distinct hash buckets of `text`'s lower-cased words (and punctuation runs) and adjacent pairs.
     crc32, not hash(): the buckets must be the same in every process that loads the checkpoint."""
     tokens = _TOKEN.findall(text.lower())
-    grams = [*tokens, *(f"{a} {b}" for a, b in zip(tokens, tokens[1:], strict=False))]
+    grams = [*tokens, *(f"{a} {b}" for a, b in pairwise(tokens))]
     return sorted({zlib.crc32(g.encode()) % features for g in grams})
 
 
