@@ -55,6 +55,7 @@ def fold_figures(name: str, history: list[tpb.Trajectory], candidates: list[tpb.
     plan = plan[:args.steps]
     path, label = backbone_path(name)
     model = ValueModel.load(path, base_model=label, max_context_tokens=args.max_context_tokens)
+    model.lexical = None  # the encoders compared alone: the lexical part would be the same for both
     opt = value_job.make_optimizer(model, o)
     model.train(True)
     started = time.perf_counter()
