@@ -7,8 +7,8 @@ fold's value job (trainer gRPC, JOB_KIND_VALUE) trains on the history without it
 checked by the trainer against a .txt of them), its checkpoint is loaded into the value service and `orchard eval
 --best-of 8 --run` reranks the held-out tasks' candidates. The folds' candidates are merged into one best-of-N
 report per seed. Baselines on the same candidates: random@N, and the majority vote over patch clusters (every score
-equal: the tie-break of the ranking alone). "More runs do not lower best@8": the first seed is also trained on the
-two weakest runs only. Writes <out>/value_real_run.json, <out>/value_real_run.png and the runs' trajectories under
+equal: the tie-break of the ranking alone). "More runs do not lower best@8": every seed is also trained on the
+two weakest runs only (--no-more-runs skips it). Writes <out>/value_real_run.json, <out>/value_real_run.png and the runs' trajectories under
 <out>/runs (bench/value_backbones.py reads them); prints one JSON object (progress on stderr).
 
     python bench/value_real_run.py [--tasks toyrepair-extended] [--seeds 2] [--folds 4] [--max-steps 20] [--batch 8] [--epochs E] [--lr LR]
@@ -307,6 +307,7 @@ def plot(curves: list[list[dict[str, float]]], path: Path, title: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=2, help="independent repeats (fresh rollouts and folds)")
+    parser.add_argument("--first-seed", type=int, default=0, help="the first repeat's seed (a seed repeats exactly)")
     parser.add_argument("--tasks", default="toyrepair-extended", help="the task set (bundled name or file); "
                         "toyrepair-extended is ToyRepair's 8 tasks and 16 more")
     parser.add_argument("--folds", type=int, default=4, help="cross-validation folds over the tasks")
@@ -334,7 +335,8 @@ def main() -> None:
         stack.start()
         ready_s = time.perf_counter() - started
         log(f"stack ready in {ready_s:.0f}s ({work})")
-        seeds = [asyncio.run(run_seed(stack, s, s == 0 and not args.no_more_runs, args)) for s in range(args.seeds)]
+        seeds = [asyncio.run(run_seed(stack, s, not args.no_more_runs, args))
+                 for s in range(args.first_seed, args.first_seed + args.seeds)]
     finally:
         stack.stop()
         for name in ("up.log", "trainer.log"):
@@ -353,8 +355,8 @@ def main() -> None:
     average["curve"] = [{"n": row["n"], **{k: round(sum(s["curve"][i][k] for s in seeds) / len(seeds), 4)
                                            for k in ("random", "best", "pass", "vote")}} for i, row in
                         enumerate(seeds[0]["curve"])]
-    settings = {k: getattr(args, k) for k in ("seeds", "folds", "history_samples", "epochs", "max_steps", "lr", "batch",
-                                              "max_context_tokens", "concurrency")}
+    settings = {k: getattr(args, k) for k in ("seeds", "first_seed", "folds", "history_samples", "epochs",
+                                              "max_steps", "lr", "batch", "max_context_tokens", "concurrency")}
     settings |= {"history_qualities": list(HISTORY_Q), "eval_quality": EVAL_Q, "eval_samples_per_task": 8}
     timings = {"services_start_s": round(ready_s, 1), "total_s": round(total_s, 1),
                "rollout_s": round(sum(r["seconds"] for s in seeds for r in [*s["history"], s["eval_run"]]), 1),
@@ -366,13 +368,16 @@ def main() -> None:
     plot([s["curve"] for s in seeds], png_path,
          f"best-of-N on ToyRepair, reference:{EVAL_Q} candidates, value model cross-validated by task\n"
          f"({args.folds} folds, {args.seeds} seeds; history reference:{','.join(map(str, HISTORY_Q))})")
-    more = next((s["more_runs"] for s in seeds if "more_runs" in s), None)
+    more_seeds = [s["more_runs"] for s in seeds if "more_runs" in s]
+    more = None if not more_seeds else {
+        k: round(sum(m[k] for m in more_seeds) / len(more_seeds), 4)
+        for k in ("best@8_prefix", "best@8_all", "auc_prefix", "auc_all_runs")}
     print(json.dumps({
         "bench": "value_real_run", **{k: average[k] for k in keys},
         "per_seed": [{k: s[k] for k in keys} for s in seeds],
         "best@8_clears_random@8_plus_10pt": average["best@8"] >= average["random@8"] + 0.10,
-        "more_runs": None if more is None else {k: more[k] for k in ("best@8_prefix", "best@8_all", "auc_prefix",
-                                                                     "auc_all_runs")},
+        "more_runs": more, "more_runs_per_seed": [{k: m[k] for k in ("best@8_prefix", "best@8_all", "auc_prefix",
+                                                                        "auc_all_runs")} for m in more_seeds],
         "training_set": [f["metrics"] for f in seeds[0]["folds"]],
         **timings, "json": str(json_path), "png": str(png_path),
     }))
