@@ -270,25 +270,47 @@ async def test_train_follows_the_job_and_pushes_its_checkpoint(experience: str, 
             code, out, err = await orchard_async("train", "--run", "no-such-run", "--job-id", "cli-empty", *addresses)
             assert code == 1 and "job cli-empty FAILED" in err and "selects no records" in err
 
-            # Ctrl-C while it trains: the job is cancelled before the command exits.
+            # Ctrl-C while it trains: the job is cancelled before the command exits. A terminal's Ctrl-C reaches a
+            # foreground command whose SIGINT is not ignored: the child starts with SIGINT at its default and
+            # unblocked, whatever this test process inherited or a library set below Python.
+            def default_sigint() -> None:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+                signal.signal(signal.SIGINT, signal.SIG_DFL)
+
             proc = await asyncio.create_subprocess_exec(
                 ORCHARD, "train", "--run", "before", "--epochs", "100000", "--batch", "2", "--job-id", "cli-long",
-                *addresses, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-            assert proc.stderr is not None
+                *addresses, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                preexec_fn=default_sigint)
+            assert proc.stderr is not None and proc.stdout is not None
+            lines: list[bytes] = []
+
+            async def read_stderr() -> None:  # all of it, kept even if the wait below times out
+                assert proc.stderr is not None
+                while line := await proc.stderr.readline():
+                    lines.append(line)
+
+            reader = asyncio.create_task(read_stderr())
             async with asyncio.timeout(120):
-                while b"step " not in await proc.stderr.readline():
-                    pass
+                while not any(b"step " in line for line in lines):
+                    await asyncio.sleep(0.05)
             proc.send_signal(signal.SIGINT)
             try:
                 async with asyncio.timeout(90):
-                    _, err_b = await proc.communicate()
-            except TimeoutError:  # say where it hung: what it printed last, and the job's state
+                    await proc.wait()
+                    await reader
+            except TimeoutError:  # say where it hung: what it printed last, its signal state, the job's state
+                status = Path(f"/proc/{proc.pid}/status").read_text() if Path(f"/proc/{proc.pid}/status").exists() \
+                    else ""
+                signals = [line for line in status.splitlines() if line.startswith(("SigBlk", "SigIgn", "SigCgt"))]
                 proc.kill()
-                _, err_b = await proc.communicate()
+                await proc.wait()
+                reader.cancel()
                 job = (await stub.GetJob(pb.GetJobRequest(job_id="cli-long"))).job
                 raise AssertionError(f"orchard train did not exit within 90 s of SIGINT (job "
-                                     f"{pb.JobState.Name(job.state)}); its stderr ends: "
-                                     f"{err_b.decode()[-1500:]}") from None
+                                     f"{pb.JobState.Name(job.state)}, step {job.progress.step}; {signals}); its "
+                                     f"stderr ends: {b''.join(lines).decode()[-1500:]}") from None
+            await proc.stdout.read()
+            err_b = b"".join(lines)
             assert proc.returncode == 130, err_b.decode()
             assert "cancelling job cli-long" in err_b.decode() and "job cli-long CANCELLED at step" in err_b.decode()
             job = (await stub.GetJob(pb.GetJobRequest(job_id="cli-long"))).job
