@@ -6,8 +6,8 @@ service) make the history, a middling one 8 fresh candidates per task for evalua
 fold's value job (trainer gRPC, JOB_KIND_VALUE) trains on the history without its held-out tasks (decontamination
 checked by the trainer against a .txt of them), its checkpoint is loaded into the value service and `orchard eval
 --best-of 8 --run` reranks the held-out tasks' candidates. The folds' candidates are merged into one best-of-N
-report per seed. Baselines on the same candidates: random@N, and the majority vote over patch clusters (every score
-equal: the tie-break of the ranking alone). "More runs do not lower best@8": every seed is also trained on the
+report per seed. Baselines on the same candidates: random@N, the majority vote over patch clusters (no model), and
+best@N ranked by score alone (tie margin 0; the service's default margin lets near-ties go to the larger cluster). "More runs do not lower best@8": every seed is also trained on the
 two weakest runs only (--no-more-runs skips it). Writes <out>/value_real_run.json, <out>/value_real_run.png and the runs' trajectories under
 <out>/runs (bench/value_backbones.py reads them); prints one JSON object (progress on stderr).
 
@@ -196,17 +196,18 @@ def merged(reports: list[dict[str, Any]]) -> dict[str, Any]:
     rows = [c for r in reports for c in r["candidates_scored"]]
     # The patch cluster id stands in for the patch: equal ids tie-break as equal patches, "" is an empty patch.
     candidates = [vm.Candidate(c["task_id"], c["score"], c["resolved"], c["cluster"], c["excluded"]) for c in rows]
-    report: dict[str, Any] = vm.best_of_n_report(candidates, CURVE)
+    margins = {r["tie_margin"] for r in reports}
+    if len(margins) != 1:
+        raise SystemExit(f"the folds were ranked with different tie margins: {sorted(margins)}")
+    report: dict[str, Any] = vm.best_of_n_report(candidates, CURVE, margins.pop())
     scored = [c for c in candidates if not c.excluded]
     report["excluded"] = len(candidates) - len(scored)
     within = [a for task in sorted({c.task_id for c in scored})
               if (a := vm.auc([c.score for c in scored if c.task_id == task],
                               [c.resolved for c in scored if c.task_id == task])) is not None]
     report["auc_within_task"] = sum(within) / len(within) if within else None
-    # The baseline without a model: every score equal, so the pick is the largest patch cluster (a majority vote).
-    vote = [vm.Candidate(c.task_id, 0.5, c.resolved, c.patch, c.excluded) for c in candidates]
-    for row in report["curve"]:
-        row["vote"] = vm.best_at_n(vote, row["n"])
+    for row in report["curve"]:  # the ranking by score alone, cluster size breaking exact ties only
+        row["best_score_only"] = vm.best_at_n(candidates, row["n"], tie_margin=0.0)
     report["picks"] = [p for r in reports for p in r["picks"]]
     report["fold_auc"] = [r["auc"] for r in reports]
     folds_scored = [a for a in report["fold_auc"] if a is not None]
@@ -218,7 +219,8 @@ def summary(report: dict[str, Any]) -> dict[str, Any]:
     """The headline figures of a merged report."""
     at = {row["n"]: row for row in report["curve"]}
     out = {"pass@1": report["pass@1"], "random@8": at[8]["random"], "best@8": at[8]["best"],
-           "pass@8": at[8]["pass"], "vote@8": at[8]["vote"], "auc": report["auc"],
+           "pass@8": at[8]["pass"], "vote@8": at[8]["vote"], "best@8_score_only": at[8]["best_score_only"],
+           "tie_margin": report["tie_margin"], "auc": report["auc"],
            "auc_within_task": report["auc_within_task"], "auc_fold_mean": report["auc_fold_mean"],
            "ece": report["ece"]}
     out["best@8_over_random@8"] = out["best@8"] / out["random@8"] if out["random@8"] else None
@@ -289,6 +291,7 @@ def plot(curves: list[list[dict[str, float]]], path: Path, title: str) -> None:
 
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
     for key, label, style in (("pass", "pass@N (oracle)", "k--"), ("best", "best@N (value model)", "o-"),
+                              ("best_score_only", "best@N by score alone (tie margin 0)", "x:"),
                               ("vote", "majority vote@N (patch clusters, no model)", "^-."),
                               ("random", "random@N (baseline)", "s:")):
         ax.plot(ns, mean(key), style, label=label)
@@ -348,12 +351,13 @@ def main() -> None:
         values = [s[key] for s in seeds if s[key] is not None]
         return round(sum(values) / len(values), 4) if values else None
 
-    keys = ("pass@1", "random@8", "best@8", "pass@8", "vote@8", "auc", "auc_within_task", "auc_fold_mean", "ece",
-            "best@8_over_random@8")
+    keys = ("pass@1", "random@8", "best@8", "pass@8", "vote@8", "best@8_score_only", "auc", "auc_within_task",
+            "auc_fold_mean", "ece", "best@8_over_random@8")
     average = {k: mean(k) for k in keys}
     average["best@8_over_random@8"] = round(average["best@8"] / average["random@8"], 4)  # type: ignore[operator]
     average["curve"] = [{"n": row["n"], **{k: round(sum(s["curve"][i][k] for s in seeds) / len(seeds), 4)
-                                           for k in ("random", "best", "pass", "vote")}} for i, row in
+                                           for k in ("random", "best", "pass", "vote", "best_score_only")}}
+                        for i, row in
                         enumerate(seeds[0]["curve"])]
     settings = {k: getattr(args, k) for k in ("seeds", "first_seed", "folds", "history_samples", "epochs",
                                               "max_steps", "lr", "batch", "max_context_tokens", "concurrency")}
@@ -373,7 +377,7 @@ def main() -> None:
         k: round(sum(m[k] for m in more_seeds) / len(more_seeds), 4)
         for k in ("best@8_prefix", "best@8_all", "auc_prefix", "auc_all_runs")}
     print(json.dumps({
-        "bench": "value_real_run", **{k: average[k] for k in keys},
+        "bench": "value_real_run", "tie_margin": seeds[0]["tie_margin"], **{k: average[k] for k in keys},
         "per_seed": [{k: s[k] for k in keys} for s in seeds],
         "best@8_clears_random@8_plus_10pt": average["best@8"] >= average["random@8"] + 0.10,
         "more_runs": more, "more_runs_per_seed": [{k: m[k] for k in ("best@8_prefix", "best@8_all", "auc_prefix",

@@ -38,7 +38,7 @@ import torch
 from orchard.errors import FailedPrecondition
 from orchard.trainers import toy
 from orchard.trainers.value_loss import value_loss
-from orchard.value.metrics import Candidate, best_of_n_report, sigmoid
+from orchard.value.metrics import TIE_MARGIN, Candidate, best_of_n_report, sigmoid
 
 SKILLS = (1.0, 1.75, 2.5, 3.25, 4.0)
 """The five historical experiments' policies, in the order they ran."""
@@ -230,13 +230,13 @@ def figures(report: dict[str, Any], n: int = N_CANDIDATES) -> dict[str, float | 
     """The headline figures of a best-of-N report: pass@1, random@n, best@n, pass@n, AUC and ECE."""
     row = next(r for r in report["curve"] if r["n"] == n)
     return {"pass@1": report["pass@1"], f"random@{n}": row["random"], f"best@{n}": row["best"],
-            f"pass@{n}": row["pass"], "auc": report["auc"], "ece": report["ece"]}
+            f"pass@{n}": row["pass"], f"vote@{n}": row["vote"], "auc": report["auc"], "ece": report["ece"]}
 
 
-def untrained(init: int, seed: int, eval_tasks: int = 128) -> dict[str, object]:
+def untrained(init: int, seed: int, eval_tasks: int = 128, tie_margin: float = TIE_MARGIN) -> dict[str, object]:
     """The control: the best-of-N report of a model with random weights (torch seed `init`) on the same held-out
     candidates as `proof(seed)`. One random direction can rank well by chance; average many."""
-    return best_of_n_report(score(new_model(init), eval_candidates(seed, eval_tasks)))
+    return best_of_n_report(score(new_model(init), eval_candidates(seed, eval_tasks)), tie_margin=tie_margin)
 
 
 def majority_vote(seed: int, eval_tasks: int = 128) -> dict[str, object]:

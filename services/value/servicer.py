@@ -115,6 +115,10 @@ class ValueServicer(value_pb2_grpc.ValueServiceServicer):
     async def Rerank(self, request: pb.RerankRequest, context: grpc.aio.ServicerContext) -> pb.RerankResponse:
         candidates = request.candidates
         check_candidates(candidates, self.settings.max_candidates)
+        margin = request.tie_margin if request.HasField("tie_margin") else self.settings.tie_margin
+        if not 0 <= margin <= 1:  # NaN fails too
+            raise InvalidArgument(f"tie_margin must be within [0, 1] (a score difference), got {margin}",
+                                  field="tie_margin")
         reasons = [exclusion_reason(c) for c in candidates]
         kept = [(i, c) for i, c in enumerate(candidates) if not reasons[i]]
         texts = await asyncio.to_thread(render_all, kept, request.problem_statement, self.settings.max_text_chars)
@@ -122,7 +126,7 @@ class ValueServicer(value_pb2_grpc.ValueServiceServicer):
         scores = [0.0] * len(candidates)
         for (i, _), logit in zip(kept, await self._logits(served, texts) if texts else [], strict=True):
             scores[i] = sigmoid(logit)
-        order = rank(scores, [patch_of(c) for c in candidates], [bool(r) for r in reasons])
+        order = rank(scores, [patch_of(c) for c in candidates], [bool(r) for r in reasons], margin)
         ranked = [pb.RankedCandidate(candidate_id=candidates[r.index].candidate_id, rank=place, score=r.score,
                                      cluster_id=r.cluster, cluster_size=r.cluster_size, excluded=r.excluded,
                                      exclusion_reason=reasons[r.index])
@@ -133,7 +137,8 @@ class ValueServicer(value_pb2_grpc.ValueServiceServicer):
                   extra={"task_id": request.task_id, "candidates": len(candidates),
                          "excluded": len(candidates) - len(kept), "best_candidate_id": best,
                          "model_version": served.version})
-        return pb.RerankResponse(ranked=ranked, best_candidate_id=best, model_version=served.version)
+        return pb.RerankResponse(ranked=ranked, best_candidate_id=best, model_version=served.version,
+                                 tie_margin=margin)
 
     async def LoadModel(self, request: pb.LoadModelRequest, context: grpc.aio.ServicerContext
                         ) -> pb.LoadModelResponse:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from orchard.runtime.settings import ServiceSettings
+from orchard.value.metrics import TIE_MARGIN
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
@@ -31,6 +32,9 @@ class ValueSettings(ServiceSettings):
     max_text_chars: int = Field(default=1_000_000, ge=1)
     """Longest rendered candidate (task, compact trajectory, patch) in characters; longer ones are refused. The model
     reads only its context's worth of tokens (head and tail), so this bounds the tokenizer's work."""
+    tie_margin: float = Field(default=TIE_MARGIN, ge=0, le=1)
+    """Rerank's default tie margin: scores within it of the best remaining one count as a tie, which the larger patch
+    cluster wins (0 breaks exact ties only). A request's tie_margin overrides it."""
     torch_threads: int = Field(default=1, ge=0)
     """torch intra-op threads; 0 = torch's default. 1 is fastest on a shared CPU (no spin-waits)."""
 

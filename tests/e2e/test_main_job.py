@@ -230,7 +230,7 @@ def test_main_job(tmp_path: Path) -> None:
             assert best.returncode == 0, best.stdout + best.stderr
             table = best.stdout[best.stdout.index("best-of-N over 2 tasks x up to 8 candidates"):].splitlines()
             print("\n".join(table))
-            assert table[1].split() == ["N", "random@N", "best@N", "pass@N"]
+            assert table[1].split() == ["N", "random@N", "best@N", "pass@N", "vote@N"]
             assert [row.split()[0] for row in table[2:6]] == ["1", "2", "4", "8"]
             assert table[6].startswith(f"picks ({done.group(1)}): ")
             report = json.loads((tmp_path / "runs" / "main-e2e-best-of-8" / "best_of_n.json").read_text())

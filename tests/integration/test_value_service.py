@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import re
 import shutil
 import signal
@@ -29,7 +30,7 @@ from orchard.services.value.server import build
 from orchard.services.value.servicer import ValueServicer
 from orchard.services.value.settings import ValueSettings
 from orchard.types.v1 import types_pb2 as tpb
-from orchard.value.metrics import normalise_patch, sigmoid
+from orchard.value.metrics import TIE_MARGIN, normalise_patch, rank, sigmoid
 from orchard.value.model import HEAD_FILE, ValueModel, resolve_backbone
 from orchard.value.render import render_candidate
 from orchard.value.v1 import value_pb2 as pb
@@ -172,7 +173,7 @@ async def test_score_matches_the_model_in_request_order(service: Service, checkp
 async def test_rerank_excludes_failed_checks_and_breaks_ties_by_cluster(service: Service,
                                                                         checkpoints: Checkpoints) -> None:
     """Excluded candidates go last with score 0 and a reason, unscored; the rest by score, and equal scores by
-    patch-cluster size (then input order)."""
+    patch-cluster size (then input order), with tie margin 0."""
     same = trajectory("python -m pytest -q", "4 passed in 0.02s")
     passing = pb.CandidateChecks(patch_applies=True, repro_tests_pass=True, regression_tests_pass=True)
     candidates = [
@@ -191,7 +192,8 @@ async def test_rerank_excludes_failed_checks_and_breaks_ties_by_cluster(service:
         render_candidate(same, problem=TASK, patch=long_patch("B"))
     texts_before = service.servicer.batcher.stats.texts
     reply = await service.stub.Rerank(pb.RerankRequest(task_id="calc-1", problem_statement=TASK,
-                                                       candidates=candidates), timeout=60)
+                                                       candidates=candidates, tie_margin=0.0), timeout=60)
+    assert reply.tie_margin == 0.0
     # Five scored candidates, three of them one text: three texts go through the model.
     assert service.servicer.batcher.stats.texts - texts_before == 3
     kept = [c for c in candidates if not c.candidate_id.startswith("x-")]
@@ -252,6 +254,33 @@ def many_steps(n: int) -> tpb.Trajectory:
         messages += [tpb.Message(role=tpb.ROLE_ASSISTANT, content=f"{'think ' * 100}\n```bash\necho {i}\n```"),
                      tpb.Message(role=tpb.ROLE_TOOL, content=f"<returncode>1</returncode>\n{'x' * 1500}")]
     return tpb.Trajectory(messages=messages, final_patch=patch("return a + b"))
+
+
+async def test_rerank_gives_near_ties_to_the_larger_patch_cluster(service: Service) -> None:
+    """Unset, the margin is the service's setting (0.05); scores within the margin of the best remaining one go to
+    the larger cluster first (the rule of orchard.value.metrics.rank, which the unit tests pin). A margin of 1 makes
+    every score a tie: a majority vote. A margin outside [0, 1] is refused."""
+    candidates = [candidate("solo", "return a + b"), candidate("p1", "return b + a", trajectory=trajectory("ls", "x")),
+                  candidate("p2", "return b + a"), candidate("other", "return sum([a, b])")]
+    patches = [c.patch for c in candidates]
+    for margin in (None, 0.0, 0.2, 1.0):
+        reply = await service.stub.Rerank(pb.RerankRequest(problem_statement=TASK, candidates=candidates,
+                                                           tie_margin=margin), timeout=60)
+        used = TIE_MARGIN if margin is None else margin
+        assert reply.tie_margin == pytest.approx(used)
+        score = {r.candidate_id: r.score for r in reply.ranked}
+        ranked = rank([score[c.candidate_id] for c in candidates], patches, tie_margin=used)
+        expected = [candidates[r.index].candidate_id for r in ranked]
+        assert [r.candidate_id for r in reply.ranked] == expected, (margin, scores)
+        if margin == 1.0:  # the pair first, whatever the scores
+            assert sorted(expected[:2]) == ["p1", "p2"] and reply.ranked[0].cluster_size == 2
+    for bad in (-0.1, 1.5, math.nan):
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await service.stub.Rerank(pb.RerankRequest(problem_statement=TASK, candidates=candidates,
+                                                       tie_margin=bad), timeout=30)
+        err = from_rpc_error(caught.value)
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT and err.field == "tie_margin"
+        assert "within [0, 1]" in err.message
 
 
 BAD = [

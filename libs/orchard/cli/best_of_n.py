@@ -7,7 +7,8 @@ can be merged) and a PNG plot (recipes §2.6).
 Every candidate was graded when it was generated (its outcome reward), so "grading the pick" reads the pick's
 grade; the patch check the reranker gets is whether the patch applied in that grading. The curve's smaller N take
 each task's first N candidates (in sample order) and rank them as the service does (`orchard.value.metrics.rank`
-on the service's scores)."""
+on the service's scores, with the tie margin the service used). The majority vote over patch clusters (no model)
+is reported next to best@N as the baseline a value model has to beat."""
 
 from __future__ import annotations
 
@@ -34,6 +35,17 @@ def _policy(text: str) -> str:
     return text
 
 
+def _margin(text: str) -> float:
+    """`--tie-margin`: a score difference within [0, 1]."""
+    try:
+        margin = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 <= margin <= 1:
+        raise argparse.ArgumentTypeError(f"must be within [0, 1] (a score difference), got {text}")
+    return margin
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The eval flags of best-of-N (generation and reranking)."""
     g = p.add_argument_group("best-of-N (--best-of N)")
@@ -41,6 +53,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "them from --run), rerank them with the value service and report best@N against random@N and "
                    "pass@N, with the best@N curve (JSON and PNG)")
     g.add_argument("--value-address", default="127.0.0.1:50057", help="the value service (orchard up starts it)")
+    g.add_argument("--tie-margin", type=_margin, default=None, metavar="M", help="scores within M of the best "
+                   "count as a tie, which the larger patch cluster wins; 0 ranks by score alone (default: the value "
+                   "service's setting, 0.05 unless changed)")
     g.add_argument("--ids", nargs="*", default=None, help="only these task ids")
     g.add_argument("--policy", type=_policy, default=None, metavar="reference:Q", help="generate with this policy instead of the served model (see "
                    "`orchard rollout --policy`)")
@@ -107,7 +122,7 @@ def _slim(trajectory: tpb.Trajectory) -> tpb.Trajectory:
 
 
 async def rerank(address: str, task_id: str, group: list[tpb.Trajectory],
-                 applied: dict[str, bool]) -> value_pb2.RerankResponse:
+                 applied: dict[str, bool], tie_margin: float | None = None) -> value_pb2.RerankResponse:
     """The value service's ranking of one task's candidates. No problem statement is sent: the service then renders
     each candidate's task from its trajectory's first user message, as the value job did in training."""
     import grpc
@@ -115,7 +130,7 @@ async def rerank(address: str, task_id: str, group: list[tpb.Trajectory],
     from orchard.cli.train import _rpc_error
     from orchard.value.v1 import value_pb2, value_pb2_grpc
 
-    request = value_pb2.RerankRequest(task_id=task_id)
+    request = value_pb2.RerankRequest(task_id=task_id, tie_margin=tie_margin)
     for t in group:
         checks = value_pb2.CandidateChecks()
         if t.final_patch.strip():
@@ -143,8 +158,9 @@ def plot(report: dict[str, Any], path: Path) -> bool:
     ns = [r["n"] for r in rows]
     fig, ax = plt.subplots(figsize=(5, 3.5))
     for key, label, style in (("pass", "pass@N (oracle)", "k--"), ("best", "best@N (value model)", "o-"),
-                              ("random", "random@N", "s:")):
-        ax.plot(ns, [100 * r[key] for r in rows], style, label=label)
+                              ("vote", "majority vote@N (no model)", "^-."), ("random", "random@N", "s:")):
+        if all(key in r for r in rows):
+            ax.plot(ns, [100 * r[key] for r in rows], style, label=label)
     ax.set_xscale("log", base=2)
     ax.set_xticks(ns, [str(n) for n in ns])
     ax.set_xlabel("N candidates per task")
@@ -195,10 +211,12 @@ async def evaluate(args: argparse.Namespace) -> int:
     candidates: list[vm.Candidate] = []
     listed: list[dict[str, Any]] = []
     picks = []
+    margin = vm.TIE_MARGIN  # every response says the margin it ranked with
     for task_id, group in tasks.items():
         group = group[:args.best_of]
         applied = {t.trajectory_id: bool(grades[t.trajectory_id].patch_applied) for t in group}  # type: ignore[union-attr]
-        response = await rerank(args.value_address, task_id, group, applied)
+        response = await rerank(args.value_address, task_id, group, applied, args.tie_margin)
+        margin = response.tie_margin
         ranked = {r.candidate_id: r for r in response.ranked}
         for t in group:
             r = ranked[t.trajectory_id]
@@ -210,8 +228,9 @@ async def evaluate(args: argparse.Namespace) -> int:
         picks.append({"task_id": task_id, "pick": best, "score": ranked[best].score if best else None,
                       "resolved": bool(best) and grades[best].resolved,  # type: ignore[union-attr]
                       "excluded": sum(r.excluded for r in response.ranked)})
+    # The curve's smaller N are ranked locally with the margin the service used, so best@N matches its picks.
     report: dict[str, Any] = vm.best_of_n_report(candidates, sorted({*[n for n in CURVE if n <= args.best_of],
-                                                                     args.best_of}))
+                                                                     args.best_of}), margin)
     report |= {"best_of": args.best_of, "value_model": served.version, "run_id": trajectories[0].run_id,
                "picks": picks, f"best@{args.best_of}": sum(p["resolved"] for p in picks) / len(picks),
                "candidates_scored": listed}

@@ -68,3 +68,32 @@ def test_auc_and_ece_leave_excluded_candidates_out() -> None:
     assert report["auc"] == 0.0  # counting the excluded one would give 0.5
     assert report["ece"] == pytest.approx(vm.ece([0.9, 0.6], [False, True]))
     assert report["candidates"] == 3
+
+
+def test_scores_within_the_tie_margin_go_to_the_larger_patch_cluster() -> None:
+    """Each place goes to the largest cluster among the scores within the margin of the best remaining one, so a
+    near-tie takes the majority patch and a clear lead does not; margin 0 ranks by score alone."""
+    other, third = PATCH.replace("return 2", "return 3"), PATCH.replace("return 2", "return 4")
+    scores = [0.99, 0.96, 0.95, 0.90, 0.2]
+    patches = [other, PATCH, PATCH, third, PATCH]
+    assert [r.index for r in vm.rank(scores, patches, tie_margin=0.0)] == [0, 1, 2, 3, 4]
+    # 0.96 and 0.95 are within 0.05 of 0.99: the 3-candidate cluster first, its best score leading; 0.2 is not near.
+    assert [r.index for r in vm.rank(scores, patches, tie_margin=0.05)] == [1, 2, 0, 3, 4]
+    assert [r.index for r in vm.rank(scores, patches, tie_margin=1.0)] == [1, 2, 4, 0, 3]  # a majority vote
+    assert [r.index for r in vm.rank(scores, patches)] == [1, 2, 0, 3, 4]  # TIE_MARGIN is the default
+    for bad in (-0.01, 1.5, float("nan")):
+        with pytest.raises(ValueError, match=r"within \[0, 1\]"):
+            vm.rank(scores, patches, tie_margin=bad)
+
+
+def test_the_report_carries_the_majority_vote_and_the_margin() -> None:
+    """vote@N is the pick with every score equal (no model); best@N follows the margin it was given."""
+    cands = [vm.Candidate("a", 0.90, False, "p1"), vm.Candidate("a", 0.88, True, "p2"),
+             vm.Candidate("a", 0.87, True, "p2"), vm.Candidate("a", 0.10, False, "")]
+    assert vm.vote_at_n(cands, 4) == 1.0 and vm.vote_at_n(cands, 1) == 0.0
+    assert vm.best_at_n(cands, 4, tie_margin=0.0) == 0.0
+    assert vm.best_at_n(cands, 4, tie_margin=0.05) == 1.0
+    report = vm.best_of_n_report(cands, (1, 2, 4), tie_margin=0.0)
+    assert report["tie_margin"] == 0.0 and [row["vote"] for row in report["curve"]] == [0.0, 0.0, 1.0]
+    table = vm.format_best_of_n(report)
+    assert "tie margin 0" in table and "vote@N" in table

@@ -26,7 +26,7 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from orchard.types.v1 import types_pb2 as orchard_dot_types_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1corchard/value/v1/value.proto\x12\x10orchard.value.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1corchard/types/v1/types.proto\"\xb1\x01\n\x0f\x43\x61ndidateChecks\x12\x1a\n\rpatch_applies\x18\x01 \x01(\x08H\x00\x88\x01\x01\x12\x1d\n\x10repro_tests_pass\x18\x02 \x01(\x08H\x01\x88\x01\x01\x12\"\n\x15regression_tests_pass\x18\x03 \x01(\x08H\x02\x88\x01\x01\x42\x10\n\x0e_patch_appliesB\x13\n\x11_repro_tests_passB\x18\n\x16_regression_tests_pass\"\xb0\x01\n\tCandidate\x12\x14\n\x0c\x63\x61ndidate_id\x18\x01 \x01(\t\x12\x19\n\x11problem_statement\x18\x02 \x01(\t\x12\x30\n\ntrajectory\x18\x03 \x01(\x0b\x32\x1c.orchard.types.v1.Trajectory\x12\r\n\x05patch\x18\x04 \x01(\t\x12\x31\n\x06\x63hecks\x18\x05 \x01(\x0b\x32!.orchard.value.v1.CandidateChecks\"E\n\x0fScoredCandidate\x12\x14\n\x0c\x63\x61ndidate_id\x18\x01 \x01(\t\x12\r\n\x05score\x18\x02 \x01(\x01\x12\r\n\x05logit\x18\x03 \x01(\x01\"?\n\x0cScoreRequest\x12/\n\ncandidates\x18\x01 \x03(\x0b\x32\x1b.orchard.value.v1.Candidate\"Y\n\rScoreResponse\x12\x31\n\x06scores\x18\x01 \x03(\x0b\x32!.orchard.value.v1.ScoredCandidate\x12\x15\n\rmodel_version\x18\x02 \x01(\t\"\x9a\x01\n\x0fRankedCandidate\x12\x14\n\x0c\x63\x61ndidate_id\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\r\n\x05score\x18\x03 \x01(\x01\x12\x12\n\ncluster_id\x18\x04 \x01(\t\x12\x14\n\x0c\x63luster_size\x18\x05 \x01(\x05\x12\x10\n\x08\x65xcluded\x18\x06 \x01(\x08\x12\x18\n\x10\x65xclusion_reason\x18\x07 \x01(\t\"l\n\rRerankRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x19\n\x11problem_statement\x18\x02 \x01(\t\x12/\n\ncandidates\x18\x03 \x03(\x0b\x32\x1b.orchard.value.v1.Candidate\"u\n\x0eRerankResponse\x12\x31\n\x06ranked\x18\x01 \x03(\x0b\x32!.orchard.value.v1.RankedCandidate\x12\x19\n\x11\x62\x65st_candidate_id\x18\x02 \x01(\t\x12\x15\n\rmodel_version\x18\x03 \x01(\t\"\x9c\x02\n\nValueModel\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x17\n\x0f\x63heckpoint_path\x18\x03 \x01(\t\x12\x12\n\nbase_model\x18\x04 \x01(\t\x12\x1a\n\x12max_context_tokens\x18\x05 \x01(\x05\x12\x0b\n\x03job\x18\x06 \x01(\t\x12:\n\x07metrics\x18\x07 \x03(\x0b\x32).orchard.value.v1.ValueModel.MetricsEntry\x12-\n\tload_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"<\n\x10LoadModelRequest\x12\x17\n\x0f\x63heckpoint_path\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\"Z\n\x11LoadModelResponse\x12+\n\x05model\x18\x01 \x01(\x0b\x32\x1c.orchard.value.v1.ValueModel\x12\x18\n\x10previous_version\x18\x02 \x01(\t\"\x11\n\x0fGetModelRequest\"?\n\x10GetModelResponse\x12+\n\x05model\x18\x01 \x01(\x0b\x32\x1c.orchard.value.v1.ValueModel2\xce\x02\n\x0cValueService\x12H\n\x05Score\x12\x1e.orchard.value.v1.ScoreRequest\x1a\x1f.orchard.value.v1.ScoreResponse\x12K\n\x06Rerank\x12\x1f.orchard.value.v1.RerankRequest\x1a .orchard.value.v1.RerankResponse\x12T\n\tLoadModel\x12\".orchard.value.v1.LoadModelRequest\x1a#.orchard.value.v1.LoadModelResponse\x12Q\n\x08GetModel\x12!.orchard.value.v1.GetModelRequest\x1a\".orchard.value.v1.GetModelResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1corchard/value/v1/value.proto\x12\x10orchard.value.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1corchard/types/v1/types.proto\"\xb1\x01\n\x0f\x43\x61ndidateChecks\x12\x1a\n\rpatch_applies\x18\x01 \x01(\x08H\x00\x88\x01\x01\x12\x1d\n\x10repro_tests_pass\x18\x02 \x01(\x08H\x01\x88\x01\x01\x12\"\n\x15regression_tests_pass\x18\x03 \x01(\x08H\x02\x88\x01\x01\x42\x10\n\x0e_patch_appliesB\x13\n\x11_repro_tests_passB\x18\n\x16_regression_tests_pass\"\xb0\x01\n\tCandidate\x12\x14\n\x0c\x63\x61ndidate_id\x18\x01 \x01(\t\x12\x19\n\x11problem_statement\x18\x02 \x01(\t\x12\x30\n\ntrajectory\x18\x03 \x01(\x0b\x32\x1c.orchard.types.v1.Trajectory\x12\r\n\x05patch\x18\x04 \x01(\t\x12\x31\n\x06\x63hecks\x18\x05 \x01(\x0b\x32!.orchard.value.v1.CandidateChecks\"E\n\x0fScoredCandidate\x12\x14\n\x0c\x63\x61ndidate_id\x18\x01 \x01(\t\x12\r\n\x05score\x18\x02 \x01(\x01\x12\r\n\x05logit\x18\x03 \x01(\x01\"?\n\x0cScoreRequest\x12/\n\ncandidates\x18\x01 \x03(\x0b\x32\x1b.orchard.value.v1.Candidate\"Y\n\rScoreResponse\x12\x31\n\x06scores\x18\x01 \x03(\x0b\x32!.orchard.value.v1.ScoredCandidate\x12\x15\n\rmodel_version\x18\x02 \x01(\t\"\x9a\x01\n\x0fRankedCandidate\x12\x14\n\x0c\x63\x61ndidate_id\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\r\n\x05score\x18\x03 \x01(\x01\x12\x12\n\ncluster_id\x18\x04 \x01(\t\x12\x14\n\x0c\x63luster_size\x18\x05 \x01(\x05\x12\x10\n\x08\x65xcluded\x18\x06 \x01(\x08\x12\x18\n\x10\x65xclusion_reason\x18\x07 \x01(\t\"\x94\x01\n\rRerankRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x19\n\x11problem_statement\x18\x02 \x01(\t\x12/\n\ncandidates\x18\x03 \x03(\x0b\x32\x1b.orchard.value.v1.Candidate\x12\x17\n\ntie_margin\x18\x04 \x01(\x01H\x00\x88\x01\x01\x42\r\n\x0b_tie_margin\"\x89\x01\n\x0eRerankResponse\x12\x31\n\x06ranked\x18\x01 \x03(\x0b\x32!.orchard.value.v1.RankedCandidate\x12\x19\n\x11\x62\x65st_candidate_id\x18\x02 \x01(\t\x12\x15\n\rmodel_version\x18\x03 \x01(\t\x12\x12\n\ntie_margin\x18\x04 \x01(\x01\"\x9c\x02\n\nValueModel\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x17\n\x0f\x63heckpoint_path\x18\x03 \x01(\t\x12\x12\n\nbase_model\x18\x04 \x01(\t\x12\x1a\n\x12max_context_tokens\x18\x05 \x01(\x05\x12\x0b\n\x03job\x18\x06 \x01(\t\x12:\n\x07metrics\x18\x07 \x03(\x0b\x32).orchard.value.v1.ValueModel.MetricsEntry\x12-\n\tload_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"<\n\x10LoadModelRequest\x12\x17\n\x0f\x63heckpoint_path\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\"Z\n\x11LoadModelResponse\x12+\n\x05model\x18\x01 \x01(\x0b\x32\x1c.orchard.value.v1.ValueModel\x12\x18\n\x10previous_version\x18\x02 \x01(\t\"\x11\n\x0fGetModelRequest\"?\n\x10GetModelResponse\x12+\n\x05model\x18\x01 \x01(\x0b\x32\x1c.orchard.value.v1.ValueModel2\xce\x02\n\x0cValueService\x12H\n\x05Score\x12\x1e.orchard.value.v1.ScoreRequest\x1a\x1f.orchard.value.v1.ScoreResponse\x12K\n\x06Rerank\x12\x1f.orchard.value.v1.RerankRequest\x1a .orchard.value.v1.RerankResponse\x12T\n\tLoadModel\x12\".orchard.value.v1.LoadModelRequest\x1a#.orchard.value.v1.LoadModelResponse\x12Q\n\x08GetModel\x12!.orchard.value.v1.GetModelRequest\x1a\".orchard.value.v1.GetModelResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -47,22 +47,22 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SCORERESPONSE']._serialized_end=697
   _globals['_RANKEDCANDIDATE']._serialized_start=700
   _globals['_RANKEDCANDIDATE']._serialized_end=854
-  _globals['_RERANKREQUEST']._serialized_start=856
-  _globals['_RERANKREQUEST']._serialized_end=964
-  _globals['_RERANKRESPONSE']._serialized_start=966
-  _globals['_RERANKRESPONSE']._serialized_end=1083
-  _globals['_VALUEMODEL']._serialized_start=1086
-  _globals['_VALUEMODEL']._serialized_end=1370
-  _globals['_VALUEMODEL_METRICSENTRY']._serialized_start=1324
-  _globals['_VALUEMODEL_METRICSENTRY']._serialized_end=1370
-  _globals['_LOADMODELREQUEST']._serialized_start=1372
-  _globals['_LOADMODELREQUEST']._serialized_end=1432
-  _globals['_LOADMODELRESPONSE']._serialized_start=1434
-  _globals['_LOADMODELRESPONSE']._serialized_end=1524
-  _globals['_GETMODELREQUEST']._serialized_start=1526
-  _globals['_GETMODELREQUEST']._serialized_end=1543
-  _globals['_GETMODELRESPONSE']._serialized_start=1545
-  _globals['_GETMODELRESPONSE']._serialized_end=1608
-  _globals['_VALUESERVICE']._serialized_start=1611
-  _globals['_VALUESERVICE']._serialized_end=1945
+  _globals['_RERANKREQUEST']._serialized_start=857
+  _globals['_RERANKREQUEST']._serialized_end=1005
+  _globals['_RERANKRESPONSE']._serialized_start=1008
+  _globals['_RERANKRESPONSE']._serialized_end=1145
+  _globals['_VALUEMODEL']._serialized_start=1148
+  _globals['_VALUEMODEL']._serialized_end=1432
+  _globals['_VALUEMODEL_METRICSENTRY']._serialized_start=1386
+  _globals['_VALUEMODEL_METRICSENTRY']._serialized_end=1432
+  _globals['_LOADMODELREQUEST']._serialized_start=1434
+  _globals['_LOADMODELREQUEST']._serialized_end=1494
+  _globals['_LOADMODELRESPONSE']._serialized_start=1496
+  _globals['_LOADMODELRESPONSE']._serialized_end=1586
+  _globals['_GETMODELREQUEST']._serialized_start=1588
+  _globals['_GETMODELREQUEST']._serialized_end=1605
+  _globals['_GETMODELRESPONSE']._serialized_start=1607
+  _globals['_GETMODELRESPONSE']._serialized_end=1670
+  _globals['_VALUESERVICE']._serialized_start=1673
+  _globals['_VALUESERVICE']._serialized_end=2007
 # @@protoc_insertion_point(module_scope)

@@ -77,24 +77,28 @@ class RankedCandidate(_message.Message):
     def __init__(self, candidate_id: _Optional[str] = ..., rank: _Optional[int] = ..., score: _Optional[float] = ..., cluster_id: _Optional[str] = ..., cluster_size: _Optional[int] = ..., excluded: _Optional[bool] = ..., exclusion_reason: _Optional[str] = ...) -> None: ...
 
 class RerankRequest(_message.Message):
-    __slots__ = ("task_id", "problem_statement", "candidates")
+    __slots__ = ("task_id", "problem_statement", "candidates", "tie_margin")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     PROBLEM_STATEMENT_FIELD_NUMBER: _ClassVar[int]
     CANDIDATES_FIELD_NUMBER: _ClassVar[int]
+    TIE_MARGIN_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     problem_statement: str
     candidates: _containers.RepeatedCompositeFieldContainer[Candidate]
-    def __init__(self, task_id: _Optional[str] = ..., problem_statement: _Optional[str] = ..., candidates: _Optional[_Iterable[_Union[Candidate, _Mapping]]] = ...) -> None: ...
+    tie_margin: float
+    def __init__(self, task_id: _Optional[str] = ..., problem_statement: _Optional[str] = ..., candidates: _Optional[_Iterable[_Union[Candidate, _Mapping]]] = ..., tie_margin: _Optional[float] = ...) -> None: ...
 
 class RerankResponse(_message.Message):
-    __slots__ = ("ranked", "best_candidate_id", "model_version")
+    __slots__ = ("ranked", "best_candidate_id", "model_version", "tie_margin")
     RANKED_FIELD_NUMBER: _ClassVar[int]
     BEST_CANDIDATE_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TIE_MARGIN_FIELD_NUMBER: _ClassVar[int]
     ranked: _containers.RepeatedCompositeFieldContainer[RankedCandidate]
     best_candidate_id: str
     model_version: str
-    def __init__(self, ranked: _Optional[_Iterable[_Union[RankedCandidate, _Mapping]]] = ..., best_candidate_id: _Optional[str] = ..., model_version: _Optional[str] = ...) -> None: ...
+    tie_margin: float
+    def __init__(self, ranked: _Optional[_Iterable[_Union[RankedCandidate, _Mapping]]] = ..., best_candidate_id: _Optional[str] = ..., model_version: _Optional[str] = ..., tie_margin: _Optional[float] = ...) -> None: ...
 
 class ValueModel(_message.Message):
     __slots__ = ("name", "version", "checkpoint_path", "base_model", "max_context_tokens", "job", "metrics", "load_time")

@@ -77,8 +77,8 @@ class ValueServiceServicer:
 
     def Rerank(self, request, context):
         """Rerank ranks the N candidates of one task, best first: candidates that fail checks
-        go last, then higher scores first, ties broken by patch-cluster size (a majority
-        vote over normalised patches).
+        go last, then higher scores first, near-ties (RerankRequest.tie_margin) going to the
+        larger patch cluster (a majority vote over normalised patches).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
