@@ -271,7 +271,7 @@ async def test_rerank_gives_near_ties_to_the_larger_patch_cluster(service: Servi
         score = {r.candidate_id: r.score for r in reply.ranked}
         ranked = rank([score[c.candidate_id] for c in candidates], patches, tie_margin=used)
         expected = [candidates[r.index].candidate_id for r in ranked]
-        assert [r.candidate_id for r in reply.ranked] == expected, (margin, scores)
+        assert [r.candidate_id for r in reply.ranked] == expected, (margin, score)
         if margin == 1.0:  # the pair first, whatever the scores
             assert sorted(expected[:2]) == ["p1", "p2"] and reply.ranked[0].cluster_size == 2
     for bad in (-0.1, 1.5, math.nan):
