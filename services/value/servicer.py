@@ -15,7 +15,7 @@ from orchard.services.reward.render import problem_statement
 from orchard.services.value.batcher import Batcher
 from orchard.services.value.checkpoints import ServedModel, ValueModels
 from orchard.services.value.settings import ValueSettings
-from orchard.value.metrics import cluster_id, rank, sigmoid
+from orchard.value.metrics import check_tie_margin, cluster_id, rank, sigmoid
 from orchard.value.render import render_candidate
 from orchard.value.v1 import value_pb2 as pb
 from orchard.value.v1 import value_pb2_grpc
@@ -116,9 +116,10 @@ class ValueServicer(value_pb2_grpc.ValueServiceServicer):
         candidates = request.candidates
         check_candidates(candidates, self.settings.max_candidates)
         margin = request.tie_margin if request.HasField("tie_margin") else self.settings.tie_margin
-        if not 0 <= margin <= 1:  # NaN fails too
-            raise InvalidArgument(f"tie_margin must be within [0, 1] (a score difference), got {margin}",
-                                  field="tie_margin")
+        try:
+            check_tie_margin(margin)
+        except ValueError as err:
+            raise InvalidArgument(f"tie_margin {err}", field="tie_margin") from None
         reasons = [exclusion_reason(c) for c in candidates]
         kept = [(i, c) for i, c in enumerate(candidates) if not reasons[i]]
         texts = await asyncio.to_thread(render_all, kept, request.problem_statement, self.settings.max_text_chars)

@@ -37,13 +37,16 @@ def _policy(text: str) -> str:
 
 def _margin(text: str) -> float:
     """`--tie-margin`: a score difference within [0, 1]."""
+    from orchard.value.metrics import check_tie_margin
+
     try:
         margin = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0 <= margin <= 1:
-        raise argparse.ArgumentTypeError(f"must be within [0, 1] (a score difference), got {text}")
-    return margin
+    try:
+        return check_tie_margin(margin)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -159,8 +162,7 @@ def plot(report: dict[str, Any], path: Path) -> bool:
     fig, ax = plt.subplots(figsize=(5, 3.5))
     for key, label, style in (("pass", "pass@N (oracle)", "k--"), ("best", "best@N (value model)", "o-"),
                               ("vote", "majority vote@N (no model)", "^-."), ("random", "random@N", "s:")):
-        if all(key in r for r in rows):
-            ax.plot(ns, [100 * r[key] for r in rows], style, label=label)
+        ax.plot(ns, [100 * r[key] for r in rows], style, label=label)
     ax.set_xscale("log", base=2)
     ax.set_xticks(ns, [str(n) for n in ns])
     ax.set_xlabel("N candidates per task")

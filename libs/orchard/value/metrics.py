@@ -53,14 +53,20 @@ it lifted best@8 from 0.750 to 0.854 there, and from 0.771 to 0.833 on seeds 2-3
 (README, "Value model")."""
 
 
+def check_tie_margin(tie_margin: float) -> float:
+    """`tie_margin` itself when it is within [0, 1] (NaN is not); ValueError saying so otherwise."""
+    if not 0 <= tie_margin <= 1:
+        raise ValueError(f"must be within [0, 1] (a score difference), got {tie_margin}")
+    return tie_margin
+
+
 def rank(scores: Sequence[float], patches: Sequence[str], excluded: Sequence[bool] | None = None,
          tie_margin: float = TIE_MARGIN) -> list[Ranked]:
     """The candidates best first: excluded ones (and empty patches) last; the others one place at a time, each
     place going to the largest patch cluster (a majority vote over normalised patches) among the candidates
     scoring within `tie_margin` of the best remaining score, then to the higher score, then to input order.
     `tie_margin` 0 ranks by score alone, cluster size breaking exact ties only."""
-    if not 0 <= tie_margin <= 1:
-        raise ValueError(f"tie_margin must be within [0, 1], got {tie_margin}")
+    check_tie_margin(tie_margin)
     clusters = [cluster_id(p) for p in patches]
     sizes = Counter(c for c in clusters if c)
     out = excluded if excluded is not None else [False] * len(scores)
