@@ -6,12 +6,14 @@ cd "$(dirname "$0")/.."
 
 # 1. System packages: bubblewrap (sandboxes), debootstrap (images), git (patches), nftables/iproute2/nsenter
 #    (egress allowlists), e2fsprogs/losetup (disk caps), openssl (the TLS tests make their certificates),
-#    podman/runc (a Docker-compatible engine for the docker backend's tests), postgresql (the experience
+#    podman/runc (a Docker-compatible engine for the docker backend's tests) with the CNI dnsname plugin (compose
+#    services reach each other by name: without it the composed experience service cannot resolve "nats"), postgresql (the experience
 #    service's PostgreSQL store; its tests start their own server, the package's own cluster is left alone),
 #    chromium (browser sandboxes drive it through Playwright).
 missing=()
 for pair in bwrap:bubblewrap debootstrap:debootstrap git:git nft:nftables ip:iproute2 mkfs.ext4:e2fsprogs \
             nsenter:util-linux losetup:mount openssl:openssl podman:podman runc:runc \
+            /usr/lib/cni/dnsname:golang-github-containernetworking-plugin-dnsname \
             pg_ctlcluster:postgresql chromium:chromium; do
   command -v "${pair%%:*}" >/dev/null 2>&1 || missing+=("${pair#*:}")
 done

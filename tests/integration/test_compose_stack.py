@@ -96,7 +96,8 @@ def published_port(env: dict[str, str], service: str, port: int) -> int:
     return int(compose(env, "port", service, str(port)).stdout.strip().rsplit(":", 1)[1])
 
 
-def wait_serving(port: int, timeout_s: float = 90) -> None:
+def wait_serving(env: dict[str, str], service: str, port: int, timeout_s: float = 90) -> None:
+    """Until the service's gRPC health check on host port `port` says SERVING; fails with its container's log."""
     deadline = time.monotonic() + timeout_s
     with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
         stub = health_pb2_grpc.HealthStub(channel)
@@ -109,7 +110,12 @@ def wait_serving(port: int, timeout_s: float = 90) -> None:
                 last: Any = err
             else:
                 last = "not SERVING"
-            assert time.monotonic() < deadline, f"the composed env service did not serve within {timeout_s}s: {last}"
+            if time.monotonic() >= deadline:
+                logs = subprocess.run([COMPOSE, "-p", PROJECT, "-f", str(COMPOSE_FILE), "logs", "--tail", "40",
+                                       service], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60,
+                                      check=False)
+                pytest.fail(f"the composed {service} service did not serve within {timeout_s}s: {last}\n"
+                            f"its log:\n{logs.stdout[-4000:]}{logs.stderr[-2000:]}")
             time.sleep(0.5)
 
 
@@ -126,8 +132,8 @@ async def test_compose_up_runs_a_sandbox_command_and_stores_a_rollout(
 
     env_port = published_port(env, "env", 50051)
     experience_port = published_port(env, "experience", 50055)
-    wait_serving(env_port)
-    wait_serving(experience_port)
+    wait_serving(env, "env", env_port)
+    wait_serving(env, "experience", experience_port)
     # The image's health check command (podman runs no health checks without systemd, so run it by hand).
     compose(env, "exec", "-T", "env", "python", "-m", "orchard.runtime.healthcheck", "50051")
     # NATS with JetStream, reached from the env container by its compose service name.
