@@ -386,8 +386,14 @@ async def test_browser_crash_fails_its_sandboxes(client: AsyncSandboxClient, sit
     victims = [await client.create_browser([f"127.0.0.1:{site.server_port}"]) for _ in range(2)]
     pids = chromium_main_pids()
     assert pids
+    killed = 0
     for pid in pids:
-        os.kill(pid, signal.SIGKILL)
+        try:
+            os.kill(pid, signal.SIGKILL)
+            killed += 1
+        except ProcessLookupError:  # a helper (crashpad's handler) that left with the browser killed before it
+            continue
+    assert killed
 
     async def failed() -> bool:
         return all([(await sb.refresh()).state == "failed" for sb in victims])
