@@ -54,23 +54,25 @@ REPORT_FILE = "best_of_n.json"
 """The held-out best-of-N report, written into the final checkpoint."""
 
 
-def settings(cfg: pb.ValueConfig) -> tuple[float, float, tuple[int, ...]]:
-    """(pairwise weight, eval fraction, best@N sizes) with defaults filled in."""
+def settings(cfg: pb.ValueConfig) -> tuple[float, float, tuple[int, ...], float]:
+    """(pairwise weight, eval fraction, best@N sizes, the curve's tie margin) with defaults filled in."""
     return (cfg.pairwise_weight if cfg.HasField("pairwise_weight") else DEFAULT_PAIRWISE_WEIGHT,
             cfg.eval_fraction if cfg.HasField("eval_fraction") else DEFAULT_EVAL_FRACTION,
-            tuple(sorted(set(cfg.best_at_n))) or DEFAULT_BEST_AT_N)
+            tuple(sorted(set(cfg.best_at_n))) or DEFAULT_BEST_AT_N,
+            cfg.tie_margin if cfg.HasField("tie_margin") else vm.TIE_MARGIN)
 
 
 def held_out_report(model: ValueModel, examples: Sequence[value_data.Example], ns: Sequence[int],
-                    seed: int) -> dict[str, Any]:
-    """AUC, ECE and the best@N curve of the model on held-out candidates (each task's in a seeded order)."""
+                    seed: int, tie_margin: float = vm.TIE_MARGIN) -> dict[str, Any]:
+    """AUC, ECE and the best@N curve of the model on held-out candidates (each task's in a seeded order), the
+    curve ranked with `tie_margin`."""
     if not examples:
         return {}
     probabilities = [vm.sigmoid(x) for x in model.score([e.text for e in examples])]
     candidates = [vm.Candidate(e.task_id, p, e.resolved, e.patch) for e, p in zip(examples, probabilities,
                                                                                  strict=True)]
     random.Random(seed).shuffle(candidates)
-    return vm.best_of_n_report(candidates, ns)
+    return vm.best_of_n_report(candidates, ns, tie_margin=tie_margin)
 
 
 def report_metrics(report: dict[str, Any]) -> dict[str, float]:
@@ -158,7 +160,7 @@ def _save(ctx: JobContext, model: ValueModel, opt: torch.optim.Optimizer | None,
 def run(ctx: JobContext) -> None:
     """The value job, from its latest checkpoint when there is one."""
     config = ctx.config
-    pairwise_weight, eval_fraction, ns = settings(config.value)
+    pairwise_weight, eval_fraction, ns, tie_margin = settings(config.value)
     o = optim.resolve(config.hyperparameters, config.kind)
     data = asyncio.run(load_dataset(config.dataset, ctx.runtime.experience_address))
     if data.openai_samples:
@@ -198,7 +200,7 @@ def run(ctx: JobContext) -> None:
         ctx.progress(step + 1, total, loss_value, epoch=(step + 1) * epochs / max(len(plan), 1), **step_metrics)
         if o.save_every_steps and (step + 1) % o.save_every_steps == 0 and step + 1 < total:
             _save(ctx, model, opt, step + 1, {"loss": loss_value}, is_final=False)
-    report = held_out_report(model, vd.held_out, ns, o.seed)
+    report = held_out_report(model, vd.held_out, ns, o.seed, tie_margin)
     if report:
         report["held_out_tasks"] = sorted({e.task_id for e in vd.held_out})
         log.info("held-out best-of-N:\n%s", vm.format_best_of_n(report))

@@ -117,6 +117,13 @@ def validate_value(config: pb.JobConfig) -> None:
     if cfg.max_context_tokens < 0:
         raise InvalidArgument("value.max_context_tokens must be >= 0 (0 takes max_seq_len)",
                               field="config.value.max_context_tokens")
+    if cfg.HasField("tie_margin"):
+        from orchard.value.metrics import check_tie_margin
+
+        try:
+            check_tie_margin(cfg.tie_margin)
+        except ValueError as err:
+            raise InvalidArgument(f"value.tie_margin {err}", field="config.value.tie_margin") from None
     if any(n < 1 for n in cfg.best_at_n):
         raise InvalidArgument("value.best_at_n sizes must be >= 1", field="config.value.best_at_n")
     if config.compute.cpu_processes > 1:

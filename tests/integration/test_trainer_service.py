@@ -169,6 +169,10 @@ async def test_bad_requests_get_clear_statuses(tiny: Path, data: Path, tmp_path:
         c, msg = await code(value)
         assert c == grpc.StatusCode.INVALID_ARGUMENT and "eval_fraction" in msg
         value.value.eval_fraction = 0.2
+        value.value.tie_margin = 1.5
+        c, msg = await code(value)
+        assert c == grpc.StatusCode.INVALID_ARGUMENT and "value.tie_margin must be within [0, 1]" in msg, msg
+        value.value.ClearField("tie_margin")
         value.base_model = str(tmp_path / "no-backbone")
         c, msg = await code(value)
         assert c == grpc.StatusCode.INVALID_ARGUMENT and "no-backbone" in msg and "config.json" in msg

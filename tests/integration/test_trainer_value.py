@@ -20,6 +20,7 @@ from orchard.trainer.v1 import trainer_pb2 as pb
 from orchard.types.v1 import types_pb2 as tpb
 from orchard.services.value.server import build as build_value
 from orchard.services.value.settings import ValueSettings
+from orchard.value.metrics import TIE_MARGIN
 from orchard.value.model import ValueModel
 from orchard.value.v1 import value_pb2 as vpb
 from orchard.value.v1 import value_pb2_grpc
@@ -121,6 +122,7 @@ async def test_value_job_learns_from_the_experience_store(tmp_path: Path, experi
         assert served.config.metrics["auc"] == m["auc"]
         report = json.loads((Path(checkpoint.path) / "best_of_n.json").read_text())
         assert [row["n"] for row in report["curve"]] == [1, 2, 4] and len(report["held_out_tasks"]) == 2
+        assert report["tie_margin"] == TIE_MARGIN  # value.tie_margin unset
 
     # The value service loads the job's checkpoint and, for a held-out task, ranks its resolved candidate first.
     held = int(report["held_out_tasks"][0].removeprefix("task-"))

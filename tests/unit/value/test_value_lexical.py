@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from orchard.errors import FailedPrecondition
+from orchard.trainer.v1 import trainer_pb2 as pb
 from orchard.trainers import value_job
 from orchard.trainers.value_data import Example, ValueData
 from orchard.value import metrics as vm
@@ -81,3 +82,25 @@ def test_checkpoints_keep_the_part_and_older_ones_load_without_it(tmp_path: Path
     (tmp_path / "new" / LEXICAL_FILE).unlink()
     with pytest.raises(FailedPrecondition, match="declares a lexical part but has no value_lexical.safetensors"):
         ValueModel.load(tmp_path / "new")
+
+
+def test_the_value_job_takes_its_held_out_tie_margin_from_the_job_config() -> None:
+    assert value_job.settings(pb.ValueConfig())[3] == vm.TIE_MARGIN
+    assert value_job.settings(pb.ValueConfig(tie_margin=0.0))[3] == 0.0  # set, even to zero, overrides
+
+    # Scores from the lexical part alone: "lone" nudges one unresolved candidate 0.025 above a resolved pair
+    # that submitted the same patch, which the default margin counts as a near-tie and a margin of 0 does not.
+    model = ValueModel.load(resolve_backbone("")[0])
+    assert model.lexical is not None
+    with torch.no_grad():
+        for p in model.head.parameters():
+            p.zero_()
+        model.lexical.bag.weight.zero_()
+        model.lexical.bias.zero_()
+        model.lexical.bag.weight[feature_ids("lone")] = 0.1 / len(feature_ids("lone"))
+    held = [Example("t", "r", "a", "lone", False, "patch-a"), Example("t", "r", "b", "pair", True, "patch-b"),
+            Example("t", "r", "c", "pair", True, "patch-b")]
+    by_score = value_job.held_out_report(model, held, [3], seed=0, tie_margin=0.0)
+    by_default = value_job.held_out_report(model, held, [3], seed=0)
+    assert (by_score["tie_margin"], by_default["tie_margin"]) == (0.0, vm.TIE_MARGIN)
+    assert by_score["curve"][0]["best"] == 0.0 and by_default["curve"][0]["best"] == 1.0

@@ -285,18 +285,20 @@ class RlConfig(_message.Message):
     def __init__(self, algorithm: _Optional[_Union[RlAlgorithm, str]] = ..., harness: _Optional[str] = ..., policy_model: _Optional[str] = ..., group_size: _Optional[int] = ..., bar: _Optional[_Union[BarConfig, _Mapping]] = ..., prompts_per_step: _Optional[int] = ..., oversample_prompts: _Optional[int] = ..., group_filter: _Optional[_Union[GroupFilter, str]] = ..., clip_eps_low: _Optional[float] = ..., clip_eps_high: _Optional[float] = ..., kl_coef: _Optional[float] = ..., entropy_coef: _Optional[float] = ..., loss_aggregation: _Optional[_Union[LossAggregation, str]] = ..., sampling: _Optional[_Union[_inference_pb2.SamplingParams, _Mapping]] = ..., max_turns: _Optional[int] = ..., max_trajectory_tokens: _Optional[int] = ..., rollout_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_concurrent_rollouts: _Optional[int] = ..., outcome_reward: _Optional[_Union[_reward_pb2.OutcomeRewardConfig, _Mapping]] = ..., judge: _Optional[_Union[_reward_pb2.JudgeConfig, _Mapping]] = ..., opd: _Optional[_Union[OpdConfig, _Mapping]] = ..., max_staleness: _Optional[int] = ...) -> None: ...
 
 class ValueConfig(_message.Message):
-    __slots__ = ("head", "pairwise_weight", "max_context_tokens", "eval_fraction", "best_at_n")
+    __slots__ = ("head", "pairwise_weight", "max_context_tokens", "eval_fraction", "best_at_n", "tie_margin")
     HEAD_FIELD_NUMBER: _ClassVar[int]
     PAIRWISE_WEIGHT_FIELD_NUMBER: _ClassVar[int]
     MAX_CONTEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     EVAL_FRACTION_FIELD_NUMBER: _ClassVar[int]
     BEST_AT_N_FIELD_NUMBER: _ClassVar[int]
+    TIE_MARGIN_FIELD_NUMBER: _ClassVar[int]
     head: ValueHead
     pairwise_weight: float
     max_context_tokens: int
     eval_fraction: float
     best_at_n: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, head: _Optional[_Union[ValueHead, str]] = ..., pairwise_weight: _Optional[float] = ..., max_context_tokens: _Optional[int] = ..., eval_fraction: _Optional[float] = ..., best_at_n: _Optional[_Iterable[int]] = ...) -> None: ...
+    tie_margin: float
+    def __init__(self, head: _Optional[_Union[ValueHead, str]] = ..., pairwise_weight: _Optional[float] = ..., max_context_tokens: _Optional[int] = ..., eval_fraction: _Optional[float] = ..., best_at_n: _Optional[_Iterable[int]] = ..., tie_margin: _Optional[float] = ...) -> None: ...
 
 class JobConfig(_message.Message):
     __slots__ = ("kind", "base_model", "dataset", "output_dir", "hyperparameters", "compute", "extra_args", "sft", "credit_assignment_sft", "rl", "value")
