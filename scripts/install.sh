@@ -6,9 +6,9 @@ cd "$(dirname "$0")/.."
 
 # 1. System packages: bubblewrap (sandboxes), debootstrap (images), git (patches), nftables/iproute2/nsenter
 #    (egress allowlists), e2fsprogs/losetup (disk caps), openssl (the TLS tests make their certificates),
-#    podman/runc (a Docker-compatible engine for the docker backend's tests) with the CNI dnsname plugin (compose
-#    services reach each other by name: without it the composed experience service cannot resolve "nats"), postgresql (the experience
-#    service's PostgreSQL store; its tests start their own server, the package's own cluster is left alone),
+#    podman/runc (a Docker-compatible engine for the docker backend's tests) with the CNI dnsname plugin
+#    (composed services find each other by name; without it experience cannot resolve "nats"), postgresql (the
+#    experience service's PostgreSQL store; its tests start their own server, the package's own cluster is left alone),
 #    chromium (browser sandboxes drive it through Playwright).
 missing=()
 for pair in bwrap:bubblewrap debootstrap:debootstrap git:git nft:nftables ip:iproute2 mkfs.ext4:e2fsprogs \
