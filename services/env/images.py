@@ -27,6 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from orchard.errors import FailedPrecondition, InvalidArgument, Unavailable
+from orchard.progress import ProgressLine
 
 HOST_IMAGE = "host"
 """The special image that is the machine's own root filesystem."""
@@ -194,22 +195,22 @@ class ProgressParser:
         return BuildProgress(self.stage, min(done, total) if total else done, total, message)
 
 
-_rendered_stage: str | None = None
+class BuildProgressView:
+    """Shows a build's progress on stderr: one updating line on a terminal, else a line per stage and one every
+    few seconds (a callable for ImageStore.build's `progress`)."""
 
+    def __init__(self) -> None:
+        self._line = ProgressLine()
+        self._stage: str | None = None
 
-def render_progress(p: BuildProgress) -> None:
-    """Show build progress on stderr: one updating line on a terminal, else one line per stage."""
-    global _rendered_stage
-    count = f"{p.done}/{p.total} " if p.total else f"{p.done} " if p.done else ""
-    text = f"[{p.stage}] {count}{p.message}"
-    if sys.stderr.isatty():
-        width = shutil.get_terminal_size().columns - 1
-        end = "\n" if p.stage in ("done", "failed") else ""
-        sys.stderr.write(f"\r{text[:width]}\x1b[K{end}")
-    elif p.stage != _rendered_stage:
-        sys.stderr.write(text + "\n")
-    sys.stderr.flush()
-    _rendered_stage = p.stage
+    def __call__(self, p: BuildProgress) -> None:
+        count = f"{p.done}/{p.total} " if p.total else f"{p.done} " if p.done else ""
+        text = f"[{p.stage}] {count}{p.message}"
+        if p.stage in ("done", "failed"):
+            self._line.finish(text)
+        else:
+            self._line.update(text, force=p.stage != self._stage)
+        self._stage = p.stage
 
 
 class ImageStore:

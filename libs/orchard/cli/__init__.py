@@ -109,9 +109,9 @@ def _images(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 
 
 def cmd_image_build(args: argparse.Namespace) -> int:
-    from orchard.services.env.images import render_progress
+    from orchard.services.env.images import BuildProgressView
 
-    image = asyncio.run(_images(args).build(args.name, force=args.force, progress=render_progress))
+    image = asyncio.run(_images(args).build(args.name, force=args.force, progress=BuildProgressView()))
     print(f"\nbuilt {image.name}: {image.size_bytes / 2**20:.0f} MiB at {image.rootfs}", file=sys.stderr)
     return 0
 

@@ -14,6 +14,8 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from orchard.progress import ProgressLine
+
 if TYPE_CHECKING:
     from orchard.events import EventPublisher
     from orchard.harness.runner import RolloutResult
@@ -107,7 +109,7 @@ def progress(done: int, total: int, resolved: int, graded: int, started: float, 
     width = 30
     filled = width * done // max(total, 1)
     rate = f"{100 * resolved / graded:.0f}%" if graded else "-"
-    return (f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} rollouts  {outcome} {resolved}/{graded} "
+    return (f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total} rollouts  {outcome} {resolved}/{graded} "
             f"({rate})  {done / max(time.monotonic() - started, 1e-9):.2f}/s")
 
 
@@ -126,7 +128,8 @@ def checked_run_id(run_id: str) -> str:
 
 
 class RunLog:
-    """A run's trajectories.jsonl, written as each rollout ends, and its live progress line on stderr."""
+    """A run's trajectories.jsonl, written as each rollout ends, and its live progress line on stderr (redrawn on
+    a terminal, a plain line every few seconds in a log)."""
 
     def __init__(self, stack: contextlib.ExitStack | contextlib.AsyncExitStack, folder: Path, total: int,
                  outcome: str = "resolved") -> None:
@@ -136,6 +139,7 @@ class RunLog:
         self.total, self.outcome = total, outcome
         self.done = self.resolved = self.graded = 0
         self.started = time.monotonic()
+        self._line = ProgressLine()
 
     def __call__(self, result: RolloutResult) -> None:
         from google.protobuf import json_format
@@ -146,8 +150,11 @@ class RunLog:
         if result.grade is not None:
             self.graded += 1
             self.resolved += result.grade.resolved
-        print(progress(self.done, self.total, self.resolved, self.graded, self.started, self.outcome), end="",
-              file=sys.stderr, flush=True)
+        self._line.update(progress(self.done, self.total, self.resolved, self.graded, self.started, self.outcome))
+
+    def finish(self) -> None:
+        """Leave the progress line with the run's final counts."""
+        self._line.finish()
 
 
 async def rollout(args: argparse.Namespace) -> int:
@@ -204,7 +211,7 @@ async def rollout(args: argparse.Namespace) -> int:
                                      concurrency=args.concurrency, grade_patches=not args.no_grade,
                                      on_result=log)
         elapsed = time.monotonic() - log.started
-        print(file=sys.stderr)
+        log.finish()
     # 3. Leaving the block flushed every event to the bus (or raised Unavailable naming how many were not):
     # the experience service can now serve the whole run.
     grades = [r.grade for r in results if r.grade is not None]

@@ -160,7 +160,7 @@ async def rollout(args: argparse.Namespace) -> int:
         results = await run_rollouts(tasks, args.samples, loop=loop, client=client, make_harness=setup.harness,
                                      concurrency=args.concurrency, grade_patches=not args.no_grade, on_result=log)
         elapsed = time.monotonic() - log.started
-        print(file=sys.stderr)
+        log.finish()
     grades = [r.grade for r in results if r.grade is not None]
     if grades:
         out, text = report(kind, grades, tasks, run_id=run_id, model=model.name)

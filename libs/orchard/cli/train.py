@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from orchard.progress import ProgressLine
+
 if TYPE_CHECKING:  # the CLI imports this module at start: gRPC stubs are imported when the command runs
     import grpc
 
@@ -102,11 +104,10 @@ def _rpc_error(err: grpc.aio.AioRpcError, service: str, address: str, flag: str)
 
 
 class Progress:
-    """The job's progress on stderr: one updating line on a terminal, one line per step in a log."""
+    """The job's progress on stderr: one updating line on a terminal, a plain line every few seconds in a log."""
 
     def __init__(self) -> None:
-        self.tty = sys.stderr.isatty()
-        self.dangling = False
+        self._line = ProgressLine()
         self.started = time.monotonic()
 
     def step(self, p: pb.JobProgress) -> None:
@@ -116,17 +117,13 @@ class Progress:
         text = (f"[{'#' * filled}{'.' * (width - filled)}] step {p.step}/{p.total_steps or '?'}  loss {p.loss:.4f}"
                 f"  {'-' if speed is None else f'{speed:,.0f}'} tokens/s  epoch {p.epoch:.2f}  "
                 f"{time.monotonic() - self.started:.0f}s")
-        if self.tty:
-            print(f"\r{text}", end="", file=sys.stderr, flush=True)
-            self.dangling = True
-        else:
-            print(text, file=sys.stderr, flush=True)
+        self._line.update(text, force=p.total_steps > 0 and p.step == p.total_steps)
 
     def line(self, text: str) -> None:
-        if self.dangling:
-            print(file=sys.stderr)
-            self.dangling = False
-        print(text, file=sys.stderr, flush=True)
+        self._line.line(text)
+
+    def finish(self) -> None:
+        self._line.finish()
 
 
 async def follow(stub: trainer_pb2_grpc.TrainerServiceStub, job_id: str, progress: Progress,
@@ -296,6 +293,7 @@ async def train(args: argparse.Namespace) -> int:
                       f"rollouts of run{'s' if len(args.run) > 1 else ''} {runs} ({args.trainer_address})")
         try:
             job = await follow(stub, job.job_id, progress, args.trainer_address)
+            progress.finish()
         except asyncio.CancelledError:  # Ctrl-C: the job must not train on unattended
             await cancel(stub, job.job_id, progress)
             raise

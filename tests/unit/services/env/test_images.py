@@ -30,7 +30,7 @@ from orchard.services.env.images import (
     pip_download_args,
     pip_install_args,
     recipe_key,
-    render_progress,
+    BuildProgressView,
 )
 
 SAMPLE = Path(__file__).with_name("debootstrap_sample.log")
@@ -143,13 +143,11 @@ def test_progress_from_real_debootstrap_output() -> None:
     assert parser.feed("W: Failure trying to run: chroot x").message == "W: Failure trying to run: chroot x"
 
 
-def test_render_progress_prints_one_line_per_stage(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(images, "_rendered_stage", None)  # forget what an earlier render printed
+def test_build_progress_in_a_log_prints_one_line_per_stage(capsys: pytest.CaptureFixture[str]) -> None:
+    view = BuildProgressView()
     for step in [BuildProgress("download", 1, None, "Retrieving a 1"), BuildProgress("download", 2, None, "b"),
                  BuildProgress("unpack", 1, 2, "Unpacking a..."), BuildProgress("done", 1, 1, "built")]:
-        render_progress(step)
+        view(step)
     assert capsys.readouterr().err.splitlines() == [
         "[download] 1 Retrieving a 1", "[unpack] 1/2 Unpacking a...", "[done] 1/1 built"]
 
