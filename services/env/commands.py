@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 import shlex
+import shutil
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -24,6 +25,7 @@ from orchard.errors import (
 from orchard.runtime import tenancy
 from orchard.services.env import metrics
 from orchard.services.env.agent_client import PtySession, terminal_size
+from orchard.services.env.exec_output import ExecOutput, StreamPosition
 from orchard.services.env.files import resolve_path
 from orchard.services.env.models import Exec, ExecState, Sandbox, SandboxState
 
@@ -63,6 +65,15 @@ class Commands:
         self._queued = 0  # execs in state QUEUED, kept as a count: StartExec must not scan every exec
         self._ptys = 0  # terminal sessions open
         self._exec_slots = asyncio.Semaphore(self.settings.max_concurrent_execs)
+        self._spool = self.settings.state_dir / "execs"
+        # Ended execs in the order they ended, and the bytes their output holds on disk: what retention drops.
+        self._ended: dict[str, None] = {}
+        self._ended_spooled = 0
+
+    def start(self) -> None:
+        """Remove the output files a previous run left (its records lived in its memory)."""
+        shutil.rmtree(self._spool, ignore_errors=True)
+        self._spool.mkdir(parents=True, exist_ok=True)
 
     @property
     def queued(self) -> int:
@@ -76,16 +87,35 @@ class Commands:
                 await self._finish(ex, ExecState.CANCELLED, error=f"the sandbox was {reason}")
 
     def forget_ended_before(self, horizon: float) -> None:
-        """Drop the records of execs that ended before horizon (epoch seconds)."""
-        for exec_id in [e.exec_id for e in self.execs.values()
-                        if e.state.done and e.end_time is not None and e.end_time < horizon]:
-            del self.execs[exec_id]
+        """Drop the records of execs that ended before horizon (epoch seconds), and their output."""
+        for exec_id in list(self._ended):
+            ex = self.execs[exec_id]
+            if ex.end_time is not None and ex.end_time >= horizon:
+                break
+            self._forget(ex)
+
+    def _forget(self, ex: Exec) -> None:
+        del self._ended[ex.exec_id]
+        self._ended_spooled -= ex.out.spooled_bytes
+        del self.execs[ex.exec_id]
+        ex.out.close()
+
+    def _retain(self, ex: Exec) -> None:
+        """Keep an ended exec's record; forget the oldest ones while their output on disk is over the bound."""
+        self._ended[ex.exec_id] = None
+        self._ended_spooled += ex.out.spooled_bytes
+        while self._ended_spooled > self.settings.max_retained_output_bytes and len(self._ended) > 1:
+            oldest = self.execs[next(iter(self._ended))]
+            log.info("forgot a finished command early: finished output on disk is over max_retained_output_bytes",
+                     extra={"exec_id": oldest.exec_id, "spooled_bytes": oldest.out.spooled_bytes})
+            self._forget(oldest)
 
     def get_exec(self, exec_id: str) -> Exec:
         ex = self.execs.get(exec_id)
         if ex is None or not tenancy.may_access(ex.tenant):
             raise NotFound(f"exec {exec_id!r} not found (finished commands are kept "
-                           f"{self.settings.exec_retention_s:g}s)")
+                           f"{self.settings.exec_retention_s:g}s, or until their output passes "
+                           f"{self.settings.max_retained_output_bytes >> 20} MiB on disk)")
         return ex
 
     def start_exec(self, req: ExecRequest) -> Exec:
@@ -113,12 +143,13 @@ class Commands:
                                   field="max_output_bytes")
         if self._queued >= s.max_queued_execs:
             raise ResourceExhausted(f"{self._queued} commands are already waiting; retry later", retry_after=1.0)
+        exec_id = f"ex-{uuid.uuid4().hex[:16]}"
         ex = Exec(
-            exec_id=f"ex-{uuid.uuid4().hex[:16]}", sandbox_id=sandbox.sandbox_id, command=command,
+            exec_id=exec_id, sandbox_id=sandbox.sandbox_id, command=command,
             argv=["bash", "-lc" if req.login_shell else "-c", command],
             cwd=resolve_path(sandbox.workdir, req.cwd), env=dict(req.env or {}), stdin=req.stdin,
             timeout_s=req.timeout_s or s.default_exec_timeout_s, max_output=req.max_output or s.default_output_bytes,
-            tenant=sandbox.tenant,
+            out=ExecOutput(self._spool / exec_id, s.exec_output_memory_bytes), tenant=sandbox.tenant,
         )
         self.execs[ex.exec_id] = ex
         self._queued += 1
@@ -139,7 +170,7 @@ class Commands:
                     max_output=ex.max_output, on_id=lambda rid: setattr(ex, "agent_id", rid),
                 ):
                     if event.kind == "out":
-                        ex.chunks.append((event.fd, event.data))
+                        ex.out.append(event.fd, event.data)
                         await ex.notify()
                     elif event.kind == "exit":
                         ex.totals = event.totals
@@ -180,6 +211,7 @@ class Commands:
             self._queued -= 1
         ex.state, ex.error = state, error
         ex.end_time = time.time()
+        self._retain(ex)
         ex.ended.set()
         metrics.observe_exec(ex)
         await ex.notify()
@@ -200,15 +232,35 @@ class Commands:
     async def stream_exec(self, exec_id: str) -> AsyncIterator[tuple[int, bytes]]:
         """Yield (fd, chunk) from the first byte on, as they come, until the exec ends."""
         ex = self.get_exec(exec_id)
-        sent = 0
+        at = StreamPosition()
         while True:
             async with ex.changed:
-                await ex.changed.wait_for(lambda: len(ex.chunks) > sent or ex.state.done)
-            while sent < len(ex.chunks):
-                yield ex.chunks[sent]
-                sent += 1
-            if ex.state.done and sent == len(ex.chunks):
+                await ex.changed.wait_for(lambda: ex.out.has_more(at) or ex.state.done)
+            while ex.out.has_more(at):
+                chunks, at = await ex.out.read_stream(at)
+                for chunk in chunks:
+                    yield chunk
+            if ex.state.done and not ex.out.has_more(at):
                 return
+
+    async def read_output(self, exec_id: str, fd: int, offset: int, limit: int) -> tuple[bytes, int, bool]:
+        """Up to `limit` bytes of a stream from `offset`: (data, bytes kept so far, whether that is all)."""
+        ex = self.get_exec(exec_id)
+        if fd not in (1, 2):
+            raise InvalidArgument("stream must be OUTPUT_STREAM_STDOUT or OUTPUT_STREAM_STDERR", field="stream")
+        if offset < 0:
+            raise InvalidArgument("offset must not be negative", field="offset")
+        if limit < 0:
+            raise InvalidArgument("limit must not be negative", field="limit")
+        done = ex.state.done  # before the read: output that arrives during it is read next time
+        data = await ex.out.read(fd, offset, min(limit or self.read_cap, self.read_cap))
+        kept = ex.out.kept[fd - 1]
+        return data, kept, done and offset + len(data) >= kept
+
+    @property
+    def read_cap(self) -> int:
+        """Most bytes of output one response carries per stream: two of them fit in one gRPC message."""
+        return max(1 << 20, (self.settings.max_message_bytes - (1 << 20)) // 2)
 
     async def cancel_exec(self, exec_id: str) -> Exec:
         ex = self.get_exec(exec_id)
@@ -272,12 +324,12 @@ class Commands:
             raise InvalidArgument("patch is empty", field="patch")
         ex = await self.run_to_end(sandbox_id, ["git", "apply", "--verbose", "--numstat", "--apply", "-"],
                                    stdin=patch.encode(), cwd=cwd, timeout_s=timeout_s or PATCH_TIMEOUT_S)
-        output = ex.output(2).decode(errors="replace").strip()
+        output = (await ex.output(2)).decode(errors="replace").strip()
         if ex.state is not ExecState.SUCCEEDED:
             detail = output or ex.error or f"git apply exited with {ex.exit_code}"
             if ex.exit_code == 127:
                 detail = "git is not installed in this sandbox's image"
             raise FailedPrecondition(f"patch does not apply; no file was changed: {detail}", field="patch")
-        files = [line.split("\t", 2)[2] for line in ex.output(1).decode(errors="replace").splitlines()
+        files = [line.split("\t", 2)[2] for line in (await ex.output(1)).decode(errors="replace").splitlines()
                  if line.count("\t") >= 2]
         return files, output

@@ -127,6 +127,7 @@ class SandboxManager:
         """Take back the sandboxes a previous run left that its backend kept running and whose ttl has not run
         out; remember the others as ended, so GetSandbox says why. Then sweep."""
         self._records.mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(self.commands.start)
         left = records.load_all(self._records)
         now = time.time()
         taken: dict[str, AgentClient] = {}

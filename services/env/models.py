@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from orchard.runtime.tenancy import DEFAULT_TENANT
 from orchard.services.env.agent_client import AgentClient
 from orchard.services.env.backends.base import EgressRule, Resources
+from orchard.services.env.exec_output import ExecOutput
 
 if TYPE_CHECKING:
     from orchard.services.env.browser import BrowserSession
@@ -93,7 +94,7 @@ class Sandbox:
 
 @dataclass
 class Exec:
-    """One command: its request, its state, and its output as chunks (fd, bytes) in arrival order."""
+    """One command: its request, its state, and its output."""
 
     exec_id: str
     sandbox_id: str
@@ -104,12 +105,13 @@ class Exec:
     stdin: bytes
     timeout_s: float
     max_output: int
+    out: ExecOutput
+    """Its kept output, in arrival order."""
     tenant: str = DEFAULT_TENANT
     """The tenant of its sandbox."""
     create_time: float = field(default_factory=time.time)
     state: ExecState = ExecState.QUEUED
     exit_code: int = -1
-    chunks: list[tuple[int, bytes]] = field(default_factory=list)
     totals: tuple[int, int] = (0, 0)
     error: str = ""
     oom_killed: bool = False
@@ -122,8 +124,9 @@ class Exec:
     ended: asyncio.Event = field(default_factory=asyncio.Event)
     """Set once the exec is done (waiters wait on it: no wake-up per output chunk)."""
 
-    def output(self, fd: int) -> bytes:
-        return b"".join(data for chunk_fd, data in self.chunks if chunk_fd == fd)
+    async def output(self, fd: int, offset: int = 0, limit: int | None = None) -> bytes:
+        """Kept bytes of stdout (1) or stderr (2), all of them or `limit` from `offset`."""
+        return await self.out.read(fd, offset, limit)
 
     def truncated(self, fd: int) -> bool:
         return self.totals[fd - 1] > self.max_output

@@ -288,13 +288,13 @@ class HttpGateway:
 
     # ---- commands (jobs) ----
 
-    def _job(self, ex: Exec) -> m.JobResponse:
+    async def _job(self, ex: Exec) -> m.JobResponse:
         error: str | None = ex.error or None
         if ex.state is ExecState.CANCELLED and "cancel" not in ex.error:
             error = f"cancelled: {ex.error}"
         return m.JobResponse(
             job_id=ex.exec_id, sandbox_id=ex.sandbox_id, command=ex.command, status=JOB_STATUS[ex.state],
-            stdout=ex.output(1).decode(errors="replace"), stderr=ex.output(2).decode(errors="replace"),
+            stdout=(await ex.output(1)).decode(errors="replace"), stderr=(await ex.output(2)).decode(errors="replace"),
             exit_code=ex.exit_code if ex.state.done and ex.exit_code != -1 else None,
             created_at=ex.create_time, started_at=ex.start_time, completed_at=ex.end_time, error=error,
             stdout_truncated=ex.truncated(1), stderr_truncated=ex.truncated(2),
@@ -319,10 +319,10 @@ class HttpGateway:
         if not body.wait:
             return m.respond(m.ExecResponse(job_id=ex.exec_id, status=JOB_STATUS[ex.state]))
         # Not done in time: the job as it stands ("queued"/"running"); upstream clients then poll it.
-        return m.respond(self._job(await self._wait(ex.exec_id, ex.timeout_s + EXEC_WAIT_SLACK_S)))
+        return m.respond(await self._job(await self._wait(ex.exec_id, ex.timeout_s + EXEC_WAIT_SLACK_S)))
 
     async def get_job(self, request: web.Request) -> web.Response:
-        return m.respond(self._job(self.manager.commands.get_exec(request.match_info["job_id"])))
+        return m.respond(await self._job(self.manager.commands.get_exec(request.match_info["job_id"])))
 
     async def wait_job(self, request: web.Request) -> web.Response:
         query = m.parse_query(request, m.WaitQuery)
@@ -330,7 +330,7 @@ class HttpGateway:
         if not ex.state.done:
             raise DeadlineExceeded(f"job {ex.exec_id!r} is still {JOB_STATUS[ex.state]} after {query.timeout:g}s; "
                                    f"wait again or poll GET /jobs/{ex.exec_id}")
-        return m.respond(self._job(ex))
+        return m.respond(await self._job(ex))
 
     async def pty(self, request: web.Request) -> web.WebSocketResponse:
         return await serve_pty(request, self.manager, http_status)

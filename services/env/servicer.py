@@ -75,7 +75,8 @@ def snapshot_pb(snap: Snapshot) -> pb.Snapshot:
                        labels=snap.labels, tenant=snap.tenant)
 
 
-def exec_pb(ex: Exec, *, with_output: bool = True) -> pb.Exec:
+async def exec_pb(ex: Exec, *, read_cap: int = 0) -> pb.Exec:
+    """The exec as a message, with up to read_cap bytes of each stream (none when 0)."""
     msg = pb.Exec(
         name=f"sandboxes/{ex.sandbox_id}/execs/{ex.exec_id}", exec_id=ex.exec_id, sandbox_id=ex.sandbox_id,
         command=ex.command, state=ex.state.value, exit_code=ex.exit_code,
@@ -84,8 +85,10 @@ def exec_pb(ex: Exec, *, with_output: bool = True) -> pb.Exec:
         create_time=_ts(ex.create_time), start_time=_ts(ex.start_time), end_time=_ts(ex.end_time),
         timeout=_dur(ex.timeout_s), oom_killed=ex.oom_killed,
     )
-    if with_output:
-        msg.stdout, msg.stderr = ex.output(1), ex.output(2)
+    if read_cap:
+        msg.stdout, msg.stderr = await ex.output(1, 0, read_cap), await ex.output(2, 0, read_cap)
+        msg.stdout_partial = ex.out.kept[0] > len(msg.stdout)
+        msg.stderr_partial = ex.out.kept[1] > len(msg.stderr)
     if ex.start_time is not None and ex.end_time is not None:
         msg.duration.CopyFrom(_dur(ex.end_time - ex.start_time))
     return msg
@@ -117,6 +120,9 @@ class EnvServicer(env_pb2_grpc.EnvServiceServicer):
 
     def __init__(self, manager: SandboxManager) -> None:
         self.manager = manager
+
+    async def _exec_pb(self, ex: Exec) -> pb.Exec:
+        return await exec_pb(ex, read_cap=self.manager.commands.read_cap)
 
     async def CreateSandbox(self, request: pb.CreateSandboxRequest, context: grpc.aio.ServicerContext
                             ) -> pb.CreateSandboxResponse:
@@ -195,25 +201,32 @@ class EnvServicer(env_pb2_grpc.EnvServiceServicer):
         ))
         if request.HasField("wait") and (wait_s := _seconds(request.wait, "wait")) > 0:
             ex = await self.manager.commands.wait_exec(ex.exec_id, wait_s)
-        return pb.StartExecResponse(exec=exec_pb(ex))
+        return pb.StartExecResponse(exec=await self._exec_pb(ex))
 
     async def GetExec(self, request: pb.GetExecRequest, context: grpc.aio.ServicerContext) -> pb.GetExecResponse:
-        return pb.GetExecResponse(exec=exec_pb(self.manager.commands.get_exec(request.exec_id)))
+        return pb.GetExecResponse(exec=await self._exec_pb(self.manager.commands.get_exec(request.exec_id)))
 
     async def WaitExec(self, request: pb.WaitExecRequest, context: grpc.aio.ServicerContext) -> pb.WaitExecResponse:
         ex = await self.manager.commands.wait_exec(request.exec_id, _seconds(request.timeout, "timeout"))
-        return pb.WaitExecResponse(exec=exec_pb(ex), done=ex.state.done)
+        return pb.WaitExecResponse(exec=await self._exec_pb(ex), done=ex.state.done)
 
     async def StreamExec(self, request: pb.StreamExecRequest, context: grpc.aio.ServicerContext
                          ) -> AsyncIterator[pb.StreamExecResponse]:
         async for fd, data in self.manager.commands.stream_exec(request.exec_id):
             yield pb.StreamExecResponse(stdout=data) if fd == 1 else pb.StreamExecResponse(stderr=data)
         ex = self.manager.commands.get_exec(request.exec_id)
-        yield pb.StreamExecResponse(exit=exec_pb(ex, with_output=False))
+        yield pb.StreamExecResponse(exit=await exec_pb(ex))
+
+    async def ReadExecOutput(self, request: pb.ReadExecOutputRequest, context: grpc.aio.ServicerContext
+                             ) -> pb.ReadExecOutputResponse:
+        data, kept, eof = await self.manager.commands.read_output(request.exec_id, int(request.stream),
+                                                                  request.offset, request.limit)
+        return pb.ReadExecOutputResponse(data=data, kept_bytes=kept, eof=eof)
 
     async def CancelExec(self, request: pb.CancelExecRequest, context: grpc.aio.ServicerContext
                          ) -> pb.CancelExecResponse:
-        return pb.CancelExecResponse(exec=exec_pb(await self.manager.commands.cancel_exec(request.exec_id)))
+        ex = await self.manager.commands.cancel_exec(request.exec_id)
+        return pb.CancelExecResponse(exec=await self._exec_pb(ex))
 
     async def ApplyPatch(self, request: pb.ApplyPatchRequest, context: grpc.aio.ServicerContext
                          ) -> pb.ApplyPatchResponse:

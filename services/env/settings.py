@@ -57,6 +57,12 @@ class EnvSettings(ServiceSettings):
     """Longest a WaitExec call blocks."""
     exec_retention_s: float = Field(default=3600.0, ge=0)
     """How long finished commands stay readable."""
+    exec_output_memory_bytes: int = Field(default=16 << 10, ge=0)
+    """Bytes of each command's output held in memory; the rest spools to a file under <state_dir>/execs, deleted
+    with the command's record."""
+    max_retained_output_bytes: int = Field(default=8 << 30, ge=0)
+    """Most bytes of finished commands' spooled output kept on disk; past it the oldest finished records are
+    forgotten before their retention ends."""
     sweep_interval_s: float = Field(default=1.0, gt=0)
     """How often expired sandboxes and old commands are swept."""
     agent_start_timeout_s: float = Field(default=15.0, gt=0)

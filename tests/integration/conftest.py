@@ -18,6 +18,7 @@ from orchard.env.v1 import env_pb2 as pb
 from orchard.env.v1 import env_pb2_grpc
 from orchard.errors import FailedPrecondition
 from orchard.runtime import GrpcServer
+from orchard.sdk.transport import CHANNEL_OPTIONS
 from orchard.services.env.images import ImageStore, default_images_dir
 from orchard.services.env.manager import SandboxManager
 from orchard.services.env.server import build
@@ -92,7 +93,7 @@ async def start_env(tmp_path: Path) -> AsyncIterator[StartEnv]:
         except BaseException:
             await manager.close()
             raise
-        channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+        channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=CHANNEL_OPTIONS)  # the SDK's limits
         env = EnvServer(env_pb2_grpc.EnvServiceStub(channel), manager, settings, server, channel)
         started.append(env)
         return env

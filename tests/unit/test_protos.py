@@ -23,7 +23,7 @@ SERVICES: dict[str, tuple[str, str, list[str]]] = {
         [
             "CreateSandbox", "GetSandbox", "ListSandboxes", "DeleteSandbox", "Heartbeat", "SetNetworkPolicy",
             "SnapshotSandbox", "GetSnapshot", "ListSnapshots", "DeleteSnapshot",
-            "StartExec", "GetExec", "WaitExec", "StreamExec", "CancelExec",
+            "StartExec", "GetExec", "WaitExec", "StreamExec", "ReadExecOutput", "CancelExec",
             "ApplyPatch", "UploadFile", "DownloadFile", "ListFiles", "OpenPty",
             "Screenshot", "Act", "GetPageContent",
         ],

@@ -112,7 +112,7 @@ def cmd_image_build(args: argparse.Namespace) -> int:
     from orchard.services.env.images import BuildProgressView
 
     image = asyncio.run(_images(args).build(args.name, force=args.force, progress=BuildProgressView()))
-    print(f"\nbuilt {image.name}: {image.size_bytes / 2**20:.0f} MiB at {image.rootfs}", file=sys.stderr)
+    print(f"built {image.name}: {image.size_bytes / 2**20:.0f} MiB at {image.rootfs}", file=sys.stderr)
     return 0
 
 

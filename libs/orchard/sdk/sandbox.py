@@ -67,6 +67,29 @@ def duration(seconds: float) -> Duration:
     return d
 
 
+async def complete_output(transport: Transport, ex: pb.Exec) -> JobResult:
+    """The result of `ex` with all of its kept output: a stream that did not fit in one message
+    (stdout_partial / stderr_partial) is read to its end with ReadExecOutput."""
+    for name, stream in (("stdout", pb.OUTPUT_STREAM_STDOUT), ("stderr", pb.OUTPUT_STREAM_STDERR)):
+        if not getattr(ex, f"{name}_partial"):
+            continue
+        parts = [getattr(ex, name)]
+        offset = len(parts[0])
+        while True:
+            response = await transport.unary("ReadExecOutput", pb.ReadExecOutputRequest(
+                exec_id=ex.exec_id, stream=stream, offset=offset), idempotent=True)
+            parts.append(response.data)
+            offset += len(response.data)
+            if not response.data or offset >= response.kept_bytes:
+                break
+        whole = pb.Exec()
+        whole.CopyFrom(ex)
+        setattr(whole, name, b"".join(parts))
+        setattr(whole, f"{name}_partial", False)
+        ex = whole
+    return job_result(ex)
+
+
 class AsyncExecHandle:
     """A command started in a sandbox: wait for it, stream its output, describe or cancel it."""
 
@@ -83,7 +106,7 @@ class AsyncExecHandle:
     async def describe(self) -> JobResult:
         """The command's current state, with its output so far."""
         response = await self._transport.unary("GetExec", pb.GetExecRequest(exec_id=self.job_id), idempotent=True)
-        return job_result(response.exec)
+        return await complete_output(self._transport, response.exec)
 
     async def wait(self, timeout: float | None = None) -> JobResult:
         """Wait until the command ends and return its result.
@@ -105,13 +128,13 @@ class AsyncExecHandle:
             response = await self._transport.unary("WaitExec", request, idempotent=True,
                                                    timeout=wait_s + RPC_MARGIN_S)
             if response.done:
-                return job_result(response.exec)
+                return await complete_output(self._transport, response.exec)
 
     async def cancel(self) -> JobResult:
         """Kill the command (and its whole process tree) if it is queued or running; returns its final state."""
         response = await self._transport.unary("CancelExec", pb.CancelExecRequest(exec_id=self.job_id),
                                                idempotent=True)
-        return job_result(response.exec)
+        return await complete_output(self._transport, response.exec)
 
     async def stream(self) -> AsyncIterator[tuple[str, bytes]]:
         """Yield ("stdout" | "stderr", chunk) from the first byte on, as the command writes; ends when it ends."""
@@ -210,21 +233,23 @@ class AsyncSandbox:
 
     async def start(self, command: Command, timeout: float | None = 300, cwd: str | None = None,
                     env: Mapping[str, str] | None = None, login_shell: bool = False,
-                    stdin: bytes | str | None = None) -> AsyncExecHandle:
+                    stdin: bytes | str | None = None, *, max_output: int | None = None) -> AsyncExecHandle:
         """Queue a command and return its handle at once.
 
         A string runs as `bash -c <command>`; a list is argv, quoted by the service. Commands
         of one sandbox run one at a time, in the order they were started. The whole process tree
-        is killed after `timeout` seconds (None: the service default).
+        is killed after `timeout` seconds (None: the service default). `max_output` caps the bytes kept of
+        each of stdout and stderr (None: the service default, 16 MiB).
         """
-        return await self._start(command, timeout, cwd, env, login_shell, stdin, wait_s=0.0)
+        return await self._start(command, timeout, cwd, env, login_shell, stdin, wait_s=0.0, max_output=max_output)
 
     async def _start(self, command: Command, timeout: float | None, cwd: str | None,
                      env: Mapping[str, str] | None, login_shell: bool, stdin: bytes | str | None,
-                     *, wait_s: float) -> AsyncExecHandle:
+                     *, wait_s: float, max_output: int | None = None) -> AsyncExecHandle:
         request = pb.StartExecRequest(
             sandbox_id=self.sandbox_id, cwd=cwd or "", env=dict(env or {}), timeout=duration(timeout or 0),
             login_shell=login_shell, stdin=stdin.encode() if isinstance(stdin, str) else stdin or b"",
+            max_output_bytes=max_output or 0,
         )
         if isinstance(command, str):
             request.shell = command
@@ -240,16 +265,18 @@ class AsyncSandbox:
 
     async def exec(self, command: Command, timeout: float | None = 300, cwd: str | None = None,
                    env: Mapping[str, str] | None = None, login_shell: bool = False,
-                   stdin: bytes | str | None = None) -> JobResult:
+                   stdin: bytes | str | None = None, *, max_output: int | None = None) -> JobResult:
         """Run a command to its end and return its result; a failing command is a result, not an error.
+        `max_output` caps the bytes kept of each of stdout and stderr (None: the service default, 16 MiB).
 
         Raises DeadlineExceeded if it has not ended `timeout` + 60 s after it was queued (it is
         cancelled then). Cancelling the caller cancels the command too.
         """
         # Start and wait in one call: a short command's result comes back without a WaitExec round trip.
-        handle = await self._start(command, timeout, cwd, env, login_shell, stdin, wait_s=MAX_WAIT_S)
+        handle = await self._start(command, timeout, cwd, env, login_shell, stdin, wait_s=MAX_WAIT_S,
+                                   max_output=max_output)
         if handle.last.state in DONE_STATES:
-            return job_result(handle.last)
+            return await complete_output(self._transport, handle.last)
         try:
             return await handle.wait(handle.timeout + EXEC_MARGIN_S)
         except (DeadlineExceeded, asyncio.CancelledError):
@@ -263,7 +290,7 @@ class AsyncSandbox:
     async def get_job(self, job_id: str) -> JobResult:
         """The state (and output so far) of a command of this service, by id."""
         response = await self._transport.unary("GetExec", pb.GetExecRequest(exec_id=job_id), idempotent=True)
-        return job_result(response.exec)
+        return await complete_output(self._transport, response.exec)
 
     async def attach(self, job_id: str) -> AsyncExecHandle:
         """A handle on a command of this sandbox by id, e.g. one started by another process; its stream()

@@ -167,16 +167,17 @@ class Sandbox:
 
     def exec(self, command: Command, timeout: float | None = 300, cwd: str | None = None,
              env: Mapping[str, str] | None = None, login_shell: bool = False,
-             stdin: bytes | str | None = None) -> JobResult:
+             stdin: bytes | str | None = None, *, max_output: int | None = None) -> JobResult:
         """Run a command to its end (string: `bash -c`; list: argv, quoted by the service)."""
-        return self._run.run(self._sandbox.exec(command, timeout, cwd, env, login_shell, stdin))
+        return self._run.run(self._sandbox.exec(command, timeout, cwd, env, login_shell, stdin,
+                                                max_output=max_output))
 
     def start(self, command: Command, timeout: float | None = 300, cwd: str | None = None,
               env: Mapping[str, str] | None = None, login_shell: bool = False,
-              stdin: bytes | str | None = None) -> ExecHandle:
+              stdin: bytes | str | None = None, *, max_output: int | None = None) -> ExecHandle:
         """Queue a command and return its handle at once."""
-        return ExecHandle(self._run.run(self._sandbox.start(command, timeout, cwd, env, login_shell, stdin)),
-                          self._run)
+        return ExecHandle(self._run.run(self._sandbox.start(command, timeout, cwd, env, login_shell, stdin,
+                                                            max_output=max_output)), self._run)
 
     exec_async = start
 

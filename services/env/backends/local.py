@@ -19,13 +19,14 @@ import logging
 import os
 import shutil
 import signal
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from orchard.errors import FailedPrecondition, Unavailable
 from orchard.services.env.agent_client import AgentClient
 from orchard.services.env.backends.base import EgressRule, SandboxSpec, SnapshotFiles
 from orchard.services.env.backends.cgroups import Cgroups, check_limits, enter_argv
+from orchard.services.env.backends.confinement import default_confinement
 from orchard.services.env.backends.disk import check_disk, mount_layer
 from orchard.services.env.backends.network import SandboxNetworks
 from orchard.services.env.images import ImageStore
@@ -80,6 +81,18 @@ async def _copy_tree(source: Path, target: Path) -> None:
         raise FailedPrecondition(f"cannot copy a sandbox's writable layer: {detail}")
 
 
+@contextlib.contextmanager
+def _seccomp_fd(bpf: bytes) -> Iterator[int]:
+    """The filter in a memfd at offset 0 for bwrap's --seccomp to read, closed here once bwrap has started."""
+    fd = os.memfd_create("orchard-seccomp", os.MFD_CLOEXEC)
+    try:
+        os.write(fd, bpf)
+        os.lseek(fd, 0, os.SEEK_SET)
+        yield fd
+    finally:
+        os.close(fd)
+
+
 def _files_size(root: Path) -> int:
     total = 0
     for folder, _, files in os.walk(root):
@@ -108,6 +121,7 @@ class LocalBackend:
         self._lock_fd: int | None = None
         self._cgroups = Cgroups(settings.state_dir)
         self._net = SandboxNetworks(settings.state_dir)
+        self._confinement = default_confinement()  # FailedPrecondition at start without libseccomp
         if shutil.which(settings.bwrap_path) is None:
             raise FailedPrecondition(f"bubblewrap ({settings.bwrap_path!r}) is not installed; run scripts/install.sh "
                                      "or `apt-get install bubblewrap`")
@@ -153,8 +167,9 @@ class LocalBackend:
         _unmount(path / "layer")  # a disk cap's filesystem; its loop device goes with it
         shutil.rmtree(path, ignore_errors=True)
 
-    def _bwrap_argv(self, spec: SandboxSpec, rootfs: Path, host_image: bool) -> list[str]:
-        argv = [self._settings.bwrap_path, "--bind", str(rootfs), "/", "--dev", "/dev", "--proc", "/proc"]
+    def _bwrap_argv(self, spec: SandboxSpec, rootfs: Path, host_image: bool, seccomp_fd: int) -> list[str]:
+        argv = [self._settings.bwrap_path, "--bind", str(rootfs), "/", "--dev", "/dev", "--proc", "/proc",
+                *self._confinement.bwrap_args]
         if host_image:
             # The host's root is the lower layer: hide the host's /tmp and every sandbox's state from it.
             # A disk cap caps /tmp alike (it lives in memory: a tmpfs).
@@ -173,7 +188,8 @@ class LocalBackend:
             argv.append("--share-net")  # keep the namespace with the allowlist it is started in (network.py)
         for key, value in spec.env.items():
             argv += ["--setenv", key, value]
-        argv += ["--chdir", spec.workdir, "/usr/bin/python3", "-I", "-S", "-c", AGENT_SOURCE]
+        argv += ["--seccomp", str(seccomp_fd), "--chdir", spec.workdir, "/usr/bin/python3", "-I", "-S", "-c",
+                 AGENT_SOURCE]
         return argv
 
     async def create(self, spec: SandboxSpec) -> AgentClient:
@@ -199,13 +215,13 @@ class LocalBackend:
             _mount_overlay(layers, image.rootfs, layer / "upper", layer / "work", rootfs)
             self._layers[spec.sandbox_id] = spec.layers if layers else ()
             (rootfs / spec.workdir.lstrip("/")).mkdir(parents=True, exist_ok=True)
-            with open(home / "agent.log", "wb") as agent_log:
-                argv = self._bwrap_argv(spec, rootfs, image.is_host)
+            with open(home / "agent.log", "wb") as agent_log, _seccomp_fd(self._confinement.seccomp_bpf) as fd:
+                argv = self._bwrap_argv(spec, rootfs, image.is_host, fd)
                 if res.cpu_millis or res.memory_bytes or res.pids:
                     argv = enter_argv(await asyncio.to_thread(self._cgroups.create, spec.sandbox_id, res), argv)
                 argv = [*self._net.enter_argv(spec.sandbox_id), *argv]
                 proc = await asyncio.create_subprocess_exec(
-                    *argv,
+                    *argv, pass_fds=(fd,),
                     stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=agent_log,
                 )
             self._procs[spec.sandbox_id] = proc

@@ -36,6 +36,12 @@ class ExecState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EXEC_STATE_TIMED_OUT: _ClassVar[ExecState]
     EXEC_STATE_CANCELLED: _ClassVar[ExecState]
 
+class OutputStream(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    OUTPUT_STREAM_UNSPECIFIED: _ClassVar[OutputStream]
+    OUTPUT_STREAM_STDOUT: _ClassVar[OutputStream]
+    OUTPUT_STREAM_STDERR: _ClassVar[OutputStream]
+
 class FileType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     FILE_TYPE_UNSPECIFIED: _ClassVar[FileType]
@@ -70,6 +76,9 @@ EXEC_STATE_SUCCEEDED: ExecState
 EXEC_STATE_FAILED: ExecState
 EXEC_STATE_TIMED_OUT: ExecState
 EXEC_STATE_CANCELLED: ExecState
+OUTPUT_STREAM_UNSPECIFIED: OutputStream
+OUTPUT_STREAM_STDOUT: OutputStream
+OUTPUT_STREAM_STDERR: OutputStream
 FILE_TYPE_UNSPECIFIED: FileType
 FILE_TYPE_FILE: FileType
 FILE_TYPE_DIRECTORY: FileType
@@ -391,7 +400,7 @@ class DeleteSnapshotResponse(_message.Message):
     def __init__(self, snapshot: _Optional[_Union[Snapshot, _Mapping]] = ...) -> None: ...
 
 class Exec(_message.Message):
-    __slots__ = ("name", "exec_id", "sandbox_id", "command", "state", "exit_code", "stdout", "stderr", "stdout_truncated", "stderr_truncated", "stdout_total_bytes", "stderr_total_bytes", "error", "create_time", "start_time", "end_time", "duration", "timeout", "oom_killed")
+    __slots__ = ("name", "exec_id", "sandbox_id", "command", "state", "exit_code", "stdout", "stderr", "stdout_truncated", "stderr_truncated", "stdout_total_bytes", "stderr_total_bytes", "error", "create_time", "start_time", "end_time", "duration", "timeout", "oom_killed", "stdout_partial", "stderr_partial")
     NAME_FIELD_NUMBER: _ClassVar[int]
     EXEC_ID_FIELD_NUMBER: _ClassVar[int]
     SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
@@ -411,6 +420,8 @@ class Exec(_message.Message):
     DURATION_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     OOM_KILLED_FIELD_NUMBER: _ClassVar[int]
+    STDOUT_PARTIAL_FIELD_NUMBER: _ClassVar[int]
+    STDERR_PARTIAL_FIELD_NUMBER: _ClassVar[int]
     name: str
     exec_id: str
     sandbox_id: str
@@ -430,7 +441,9 @@ class Exec(_message.Message):
     duration: _duration_pb2.Duration
     timeout: _duration_pb2.Duration
     oom_killed: bool
-    def __init__(self, name: _Optional[str] = ..., exec_id: _Optional[str] = ..., sandbox_id: _Optional[str] = ..., command: _Optional[str] = ..., state: _Optional[_Union[ExecState, str]] = ..., exit_code: _Optional[int] = ..., stdout: _Optional[bytes] = ..., stderr: _Optional[bytes] = ..., stdout_truncated: _Optional[bool] = ..., stderr_truncated: _Optional[bool] = ..., stdout_total_bytes: _Optional[int] = ..., stderr_total_bytes: _Optional[int] = ..., error: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., duration: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., oom_killed: _Optional[bool] = ...) -> None: ...
+    stdout_partial: bool
+    stderr_partial: bool
+    def __init__(self, name: _Optional[str] = ..., exec_id: _Optional[str] = ..., sandbox_id: _Optional[str] = ..., command: _Optional[str] = ..., state: _Optional[_Union[ExecState, str]] = ..., exit_code: _Optional[int] = ..., stdout: _Optional[bytes] = ..., stderr: _Optional[bytes] = ..., stdout_truncated: _Optional[bool] = ..., stderr_truncated: _Optional[bool] = ..., stdout_total_bytes: _Optional[int] = ..., stderr_total_bytes: _Optional[int] = ..., error: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., duration: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., oom_killed: _Optional[bool] = ..., stdout_partial: _Optional[bool] = ..., stderr_partial: _Optional[bool] = ...) -> None: ...
 
 class StartExecRequest(_message.Message):
     __slots__ = ("sandbox_id", "argv", "shell", "cwd", "env", "stdin", "timeout", "login_shell", "max_output_bytes", "wait")
@@ -518,6 +531,28 @@ class StreamExecResponse(_message.Message):
     stderr: bytes
     exit: Exec
     def __init__(self, stdout: _Optional[bytes] = ..., stderr: _Optional[bytes] = ..., exit: _Optional[_Union[Exec, _Mapping]] = ...) -> None: ...
+
+class ReadExecOutputRequest(_message.Message):
+    __slots__ = ("exec_id", "stream", "offset", "limit")
+    EXEC_ID_FIELD_NUMBER: _ClassVar[int]
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    exec_id: str
+    stream: OutputStream
+    offset: int
+    limit: int
+    def __init__(self, exec_id: _Optional[str] = ..., stream: _Optional[_Union[OutputStream, str]] = ..., offset: _Optional[int] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class ReadExecOutputResponse(_message.Message):
+    __slots__ = ("data", "kept_bytes", "eof")
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    KEPT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    EOF_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    kept_bytes: int
+    eof: bool
+    def __init__(self, data: _Optional[bytes] = ..., kept_bytes: _Optional[int] = ..., eof: _Optional[bool] = ...) -> None: ...
 
 class CancelExecRequest(_message.Message):
     __slots__ = ("exec_id",)

@@ -107,6 +107,11 @@ class EnvServiceStub:
                 request_serializer=orchard_dot_env_dot_v1_dot_env__pb2.StreamExecRequest.SerializeToString,
                 response_deserializer=orchard_dot_env_dot_v1_dot_env__pb2.StreamExecResponse.FromString,
                 _registered_method=True)
+        self.ReadExecOutput = channel.unary_unary(
+                '/orchard.env.v1.EnvService/ReadExecOutput',
+                request_serializer=orchard_dot_env_dot_v1_dot_env__pb2.ReadExecOutputRequest.SerializeToString,
+                response_deserializer=orchard_dot_env_dot_v1_dot_env__pb2.ReadExecOutputResponse.FromString,
+                _registered_method=True)
         self.CancelExec = channel.unary_unary(
                 '/orchard.env.v1.EnvService/CancelExec',
                 request_serializer=orchard_dot_env_dot_v1_dot_env__pb2.CancelExecRequest.SerializeToString,
@@ -262,6 +267,13 @@ class EnvServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReadExecOutput(self, request, context):
+        """Reads part of an exec's kept stdout or stderr by offset (for output larger than one message holds).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def CancelExec(self, request, context):
         """CancelExec kills a queued or running exec and its whole process tree.
         """
@@ -400,6 +412,11 @@ def add_EnvServiceServicer_to_server(servicer, server):
                     servicer.StreamExec,
                     request_deserializer=orchard_dot_env_dot_v1_dot_env__pb2.StreamExecRequest.FromString,
                     response_serializer=orchard_dot_env_dot_v1_dot_env__pb2.StreamExecResponse.SerializeToString,
+            ),
+            'ReadExecOutput': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReadExecOutput,
+                    request_deserializer=orchard_dot_env_dot_v1_dot_env__pb2.ReadExecOutputRequest.FromString,
+                    response_serializer=orchard_dot_env_dot_v1_dot_env__pb2.ReadExecOutputResponse.SerializeToString,
             ),
             'CancelExec': grpc.unary_unary_rpc_method_handler(
                     servicer.CancelExec,
@@ -828,6 +845,33 @@ class EnvService:
             '/orchard.env.v1.EnvService/StreamExec',
             orchard_dot_env_dot_v1_dot_env__pb2.StreamExecRequest.SerializeToString,
             orchard_dot_env_dot_v1_dot_env__pb2.StreamExecResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReadExecOutput(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/orchard.env.v1.EnvService/ReadExecOutput',
+            orchard_dot_env_dot_v1_dot_env__pb2.ReadExecOutputRequest.SerializeToString,
+            orchard_dot_env_dot_v1_dot_env__pb2.ReadExecOutputResponse.FromString,
             options,
             channel_credentials,
             insecure,
