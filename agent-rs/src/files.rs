@@ -184,6 +184,9 @@ pub fn read_part(header: &Value) -> Result<(Vec<(&'static str, Value)>, Vec<u8>)
     if meta.is_dir() {
         return Err(Failure::errno(21, path)); // EISDIR
     }
+    if !meta.is_file() {
+        return Err(Failure::errno(19, path)); // ENODEV: /dev/zero would stream forever, a FIFO block a reader
+    }
     let mut data = Vec::new();
     let mut chunk = vec![0u8; left.min(1 << 20)];
     while left > 0 {

@@ -37,6 +37,7 @@ _ERRNO_ERRORS: dict[int, type[OrchardError]] = {
     errno.ENOSPC: ResourceExhausted,
     errno.EDQUOT: ResourceExhausted,
     errno.ENAMETOOLONG: InvalidArgument,
+    errno.ENODEV: FailedPrecondition,  # the agents' answer to reading what is not a regular file
 }
 
 

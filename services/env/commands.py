@@ -80,10 +80,10 @@ class Commands:
         """Commands waiting for their sandbox's earlier commands or a global slot."""
         return self._queued
 
-    async def cancel_all(self, sandbox_id: str, reason: str) -> None:
-        """End every unfinished exec of a sandbox that is going away."""
+    async def cancel_all(self, key: str, reason: str) -> None:
+        """End every unfinished exec of a sandbox (by its key) that is going away."""
         for ex in list(self.execs.values()):
-            if ex.sandbox_id == sandbox_id and not ex.state.done:
+            if ex.sandbox_key == key and not ex.state.done:
                 await self._finish(ex, ExecState.CANCELLED, error=f"the sandbox was {reason}")
 
     def forget_ended_before(self, horizon: float) -> None:
@@ -150,6 +150,7 @@ class Commands:
             cwd=resolve_path(sandbox.workdir, req.cwd), env=dict(req.env or {}), stdin=req.stdin,
             timeout_s=req.timeout_s or s.default_exec_timeout_s, max_output=req.max_output or s.default_output_bytes,
             out=ExecOutput(self._spool / exec_id, s.exec_output_memory_bytes), tenant=sandbox.tenant,
+            sandbox_key=sandbox.key,
         )
         self.execs[ex.exec_id] = ex
         self._queued += 1
@@ -163,7 +164,7 @@ class Commands:
             ex.state = ExecState.RUNNING
             self._queued -= 1
             ex.start_time = time.time()
-            oom_kills = await self.backend.oom_kills(sandbox.sandbox_id)
+            oom_kills = await self.backend.oom_kills(sandbox.key)
             try:
                 async for event in sandbox.client.exec(
                     ex.argv, cwd=ex.cwd, env=ex.env, stdin=ex.stdin, timeout=ex.timeout_s,
@@ -176,13 +177,13 @@ class Commands:
                         ex.totals = event.totals
                         ex.exit_code = event.exit_code
                         ex.oom_killed = ex.exit_code != 0 and \
-                            await self.backend.oom_kills(sandbox.sandbox_id) > oom_kills
+                            await self.backend.oom_kills(sandbox.key) > oom_kills
                         state, error = self._outcome(ex, event.reason, event.error, sandbox.resources.memory_bytes)
                         await self._finish(ex, state, error=error)
             except OrchardError as err:
                 if isinstance(err, Unavailable) and sandbox.state is SandboxState.READY:
                     reason = err.message
-                    if await self.backend.oom_kills(sandbox.sandbox_id) > oom_kills:
+                    if await self.backend.oom_kills(sandbox.key) > oom_kills:
                         reason = (f"the sandbox ran out of memory (limit {sandbox.resources.memory_bytes >> 20} MiB) "
                                   "and the kernel killed its agent")
                     self._manager.mark_failed(sandbox, reason)
@@ -267,7 +268,7 @@ class Commands:
         if ex.state is ExecState.QUEUED:
             await self._finish(ex, ExecState.CANCELLED, error="cancelled before it started")
         elif ex.state is ExecState.RUNNING:
-            sandbox = self._manager.sandboxes.get(ex.sandbox_id)
+            sandbox = self._manager.sandboxes.get(ex.sandbox_key)
             if sandbox is not None and sandbox.client is not None and ex.agent_id is not None:
                 await sandbox.client.cancel(ex.agent_id, "cancelled")
             try:

@@ -17,6 +17,12 @@ if TYPE_CHECKING:
     from orchard.services.env.manager import SandboxManager
 
 CHUNK = 1 << 20
+MAX_PATH_BYTES = 4095
+"""Longest path the file RPCs take (Linux's PATH_MAX, less the NUL)."""
+MAX_NAME_BYTES = 255
+"""Longest name of one path component (NAME_MAX)."""
+MAX_DEPTH = 256
+"""Most directories deep a path may go (uploads create the missing ones)."""
 
 
 @dataclass(frozen=True)
@@ -33,7 +39,17 @@ def resolve_path(workdir: str, path: str) -> str:
     """An absolute, normalized path inside the sandbox; relative paths start at workdir."""
     if "\x00" in path:
         raise InvalidArgument("path contains a NUL byte", field="path")
-    return posixpath.normpath(posixpath.join(workdir, path or "."))
+    resolved = posixpath.normpath(posixpath.join(workdir, path or "."))
+    size = len(resolved.encode(errors="surrogateescape"))
+    if size > MAX_PATH_BYTES:
+        raise InvalidArgument(f"path is {size} bytes long; at most {MAX_PATH_BYTES} are allowed", field="path")
+    parts = resolved.strip("/").split("/")
+    if len(parts) > MAX_DEPTH:
+        raise InvalidArgument(f"path is {len(parts)} directories deep; at most {MAX_DEPTH} are allowed",
+                              field="path")
+    if any(len(part.encode(errors="surrogateescape")) > MAX_NAME_BYTES for part in parts):
+        raise InvalidArgument(f"a name in the path is longer than {MAX_NAME_BYTES} bytes", field="path")
+    return resolved
 
 
 def _info(raw: dict[str, Any]) -> FileInfo:
@@ -87,15 +103,26 @@ class FileOps:
         info = _info(head["info"])
         if info.type == "directory":
             raise FailedPrecondition(f"{target} is a directory; list it with ListFiles", field="path")
+        if info.type == "other":
+            raise FailedPrecondition(f"{target} is not a regular file (a device, FIFO or socket); only files "
+                                     "can be downloaded", field="path")
+        try:  # a symlink's target is checked by its first read: the agent refuses what is not a regular file
+            first, data = await client.call("read", path=target, offset=0, length=CHUNK)
+        except FailedPrecondition as err:
+            raise FailedPrecondition(f"{target} is not a regular file ({err.message}); only files can be "
+                                     "downloaded", field="path") from None
+        size = int(first["size"])  # what the file held when the download began: a growing file ends there
 
         async def content() -> AsyncIterator[bytes]:
-            offset = 0
-            while True:
-                _, data = await client.call("read", path=target, offset=offset, length=CHUNK)
-                if not data:
+            chunk, offset = data, 0
+            while chunk:
+                chunk = chunk[:size - offset]
+                offset += len(chunk)
+                if chunk:
+                    yield chunk
+                if offset >= size:
                     return
-                offset += len(data)
-                yield data
+                _, chunk = await client.call("read", path=target, offset=offset, length=min(CHUNK, size - offset))
 
         return info, content()
 

@@ -35,7 +35,8 @@ from orchard.services.env.backends.base import (
 from orchard.services.env.browser import BrowserPool
 from orchard.services.env.commands import Commands
 from orchard.services.env.files import FileOps
-from orchard.services.env.models import Sandbox, SandboxKind, SandboxState
+from orchard.services.env.labels import check_labels
+from orchard.services.env.models import Sandbox, SandboxKind, SandboxState, sandbox_key
 from orchard.services.env.settings import EnvSettings
 from orchard.services.env.snapshots import Snapshots
 
@@ -108,9 +109,9 @@ class SandboxManager:
     def __init__(self, settings: EnvSettings, backend: SandboxBackend) -> None:
         self.settings = settings
         self.backend = backend
-        self.sandboxes: dict[str, Sandbox] = {}
-        self._gone: OrderedDict[str, tuple[str, str]] = OrderedDict()  # id -> (tenant, why it ended)
-        self._by_request: dict[tuple[str, str], str] = {}  # (tenant, request_id) -> sandbox id
+        self.sandboxes: dict[str, Sandbox] = {}  # by Sandbox.key
+        self._gone: OrderedDict[str, tuple[str, str]] = OrderedDict()  # key -> (tenant, why it ended)
+        self._by_request: dict[tuple[str, str], str] = {}  # (tenant, request_id) -> sandbox key
         self._records = settings.state_dir / "records"
         self._create_slots = asyncio.Semaphore(settings.max_concurrent_creates)
         self._tasks: set[asyncio.Task[None]] = set()
@@ -132,17 +133,17 @@ class SandboxManager:
         now = time.time()
         taken: dict[str, AgentClient] = {}
         if isinstance(self.backend, RecoverableBackend):
-            taken = await self.backend.recover({sb.sandbox_id: self._spec(sb) for sb in left
+            taken = await self.backend.recover({sb.key: self._spec(sb) for sb in left
                                                 if sb.create_time + sb.ttl_s > now
                                                 and sb.kind is SandboxKind.CONTAINER})
         for sandbox in left:
-            if sandbox.sandbox_id in taken:
-                self._adopt(sandbox, taken[sandbox.sandbox_id])
+            if sandbox.key in taken:
+                self._adopt(sandbox, taken[sandbox.key])
                 continue
             # A sandbox its backend could have kept ended by its ttl; any other ended with the old process.
             expired = isinstance(self.backend, RecoverableBackend) and sandbox.create_time + sandbox.ttl_s <= now
-            self._gone[sandbox.sandbox_id] = (sandbox.tenant, sandbox.expiry_reason() if expired else RESTART_REASON)
-            records.remove(self._records, sandbox.sandbox_id)
+            self._gone[sandbox.key] = (sandbox.tenant, sandbox.expiry_reason() if expired else RESTART_REASON)
+            records.remove(self._records, sandbox.key)
         self._sweeper = asyncio.create_task(self._sweep_forever(), name="env-sweeper")
 
     def _adopt(self, sandbox: Sandbox, client: AgentClient) -> None:
@@ -150,9 +151,9 @@ class SandboxManager:
         sandbox.client = client
         sandbox.state = SandboxState.READY
         sandbox.ready.set()
-        self.sandboxes[sandbox.sandbox_id] = sandbox
+        self.sandboxes[sandbox.key] = sandbox
         if sandbox.request_id:
-            self._by_request[sandbox.tenant, sandbox.request_id] = sandbox.sandbox_id
+            self._by_request[sandbox.tenant, sandbox.request_id] = sandbox.key
         log.info("sandbox taken back after a restart", extra={"sandbox_id": sandbox.sandbox_id})
 
     async def close(self) -> None:
@@ -177,10 +178,13 @@ class SandboxManager:
     # ---- sandboxes ----
 
     def get_sandbox(self, sandbox_id: str) -> Sandbox:
-        """The sandbox, if the current tenant may see it; another tenant's is NOT_FOUND, so ids don't leak."""
-        sandbox = self.sandboxes.get(sandbox_id)
+        """The current tenant's sandbox of that id (for SYSTEM, the one of that key); another tenant's is
+        NOT_FOUND, so ids don't leak."""
+        tenant = tenancy.current_tenant()
+        key = sandbox_id if tenant == tenancy.SYSTEM else sandbox_key(tenant, sandbox_id)
+        sandbox = self.sandboxes.get(key)
         if sandbox is None or not tenancy.may_access(sandbox.tenant):
-            gone = self._gone.get(sandbox_id)
+            gone = self._gone.get(key)
             if sandbox is None and gone is not None and tenancy.may_access(gone[0]):
                 raise NotFound(f"sandbox {sandbox_id!r} not found ({gone[1]})")
             raise NotFound(f"sandbox {sandbox_id!r} not found")
@@ -215,7 +219,7 @@ class SandboxManager:
         """Create a sandbox and return it ready; a retry with the same request_id returns the same one."""
         tenant = tenancy.current_tenant()
         if req.request_id and (tenant, req.request_id) in self._by_request:
-            sandbox = self.get_sandbox(self._by_request[tenant, req.request_id])
+            sandbox = self.sandboxes[self._by_request[tenant, req.request_id]]
             await sandbox.ready.wait()
             return sandbox
         s = self.settings
@@ -236,15 +240,17 @@ class SandboxManager:
         if req.sandbox_id and not SANDBOX_ID.match(req.sandbox_id):
             raise InvalidArgument(f"sandbox_id {req.sandbox_id!r} must be 1-63 lowercase letters, digits or '-', "
                                   "starting and ending with a letter or digit", field="sandbox_id")
-        if req.sandbox_id in self.sandboxes:
+        if req.sandbox_id and sandbox_key(tenant, req.sandbox_id) in self.sandboxes:
+            # Only the tenant's own ids can collide: another tenant's same id is another key.
             raise AlreadyExists(f"sandbox {req.sandbox_id!r} already exists", field="sandbox_id")
         if req.ttl_s < 0 or req.ttl_s > s.max_ttl_s:
             raise InvalidArgument(f"ttl must be between 0 and {s.max_ttl_s:g}s", field="ttl")
         if req.heartbeat_timeout_s < 0:
             raise InvalidArgument("heartbeat_timeout must not be negative", field="heartbeat_timeout")
-        for key in list(req.env) + list(req.labels):
+        for key in req.env:
             if not key or "=" in key or "\x00" in key:
-                raise InvalidArgument(f"invalid env or label key {key!r}", field="env")
+                raise InvalidArgument(f"invalid env variable name {key!r}", field="env")
+        check_labels(req.labels)
         for key, value in req.env.items():
             if "\x00" in value:
                 raise InvalidArgument(f"env variable {key!r} contains a NUL byte", field="env")
@@ -266,18 +272,18 @@ class SandboxManager:
             heartbeat_timeout_s=req.heartbeat_timeout_s, request_id=req.request_id, tenant=tenant,
             from_snapshot=req.from_snapshot, layers=snapshot.layers if snapshot else (), kind=req.kind,
         )
-        self.sandboxes[sandbox.sandbox_id] = sandbox
+        self.sandboxes[sandbox.key] = sandbox
         if req.request_id:
-            self._by_request[tenant, req.request_id] = sandbox.sandbox_id
+            self._by_request[tenant, req.request_id] = sandbox.key
         try:
             async with self._create_slots:
                 if browser:
                     # The proxy reads the policy on every connection: SetNetworkPolicy applies at once.
-                    sandbox.browser = await self.browsers.open(sandbox.sandbox_id, lambda: sandbox.egress)
+                    sandbox.browser = await self.browsers.open(sandbox.key, lambda: sandbox.egress)
                 else:
                     sandbox.client = await self.backend.create(self._spec(sandbox))
         except BaseException:
-            self.sandboxes.pop(sandbox.sandbox_id, None)
+            self.sandboxes.pop(sandbox.key, None)
             self._by_request.pop((tenant, req.request_id), None)
             sandbox.state = SandboxState.FAILED
             sandbox.ready.set()
@@ -294,7 +300,7 @@ class SandboxManager:
 
     @staticmethod
     def _spec(sandbox: Sandbox) -> SandboxSpec:
-        return SandboxSpec(sandbox_id=sandbox.sandbox_id, image=sandbox.image, workdir=sandbox.workdir,
+        return SandboxSpec(sandbox_id=sandbox.key, image=sandbox.image, workdir=sandbox.workdir,
                            env=sandbox.env, resources=sandbox.resources, egress=sandbox.egress,
                            layers=sandbox.layers, tenant=sandbox.tenant,
                            expire_time=sandbox.create_time + sandbox.ttl_s)
@@ -328,35 +334,36 @@ class SandboxManager:
         deadline, the sweeper stopping) does not leave a sandbox half deleted.
         """
         sandbox = self.get_sandbox(sandbox_id)
-        task = self._deleting.get(sandbox_id)
+        key = sandbox.key
+        task = self._deleting.get(key)
         if task is None:
-            task = asyncio.create_task(self._delete(sandbox, reason), name=f"delete-{sandbox_id}")
-            self._deleting[sandbox_id] = task
-            task.add_done_callback(lambda _: self._deleting.pop(sandbox_id, None))
+            task = asyncio.create_task(self._delete(sandbox, reason), name=f"delete-{key}")
+            self._deleting[key] = task
+            task.add_done_callback(lambda _: self._deleting.pop(key, None))
         await asyncio.shield(task)
         return sandbox
 
     async def _delete(self, sandbox: Sandbox, reason: str) -> None:
-        sandbox_id = sandbox.sandbox_id
+        key = sandbox.key
         await sandbox.ready.wait()
         sandbox.state = SandboxState.DELETING
-        await self.commands.cancel_all(sandbox_id, reason)
+        await self.commands.cancel_all(key, reason)
         try:
             if sandbox.kind is SandboxKind.BROWSER:
-                await self.browsers.close_session(sandbox_id)
+                await self.browsers.close_session(key)
             else:
-                await self.backend.destroy(sandbox_id)
+                await self.backend.destroy(key)
         finally:
             sandbox.state = SandboxState.DELETED
-            self.sandboxes.pop(sandbox_id, None)
+            self.sandboxes.pop(key, None)
             self._by_request.pop((sandbox.tenant, sandbox.request_id), None)
-            self._gone[sandbox_id] = (sandbox.tenant, reason)
-            records.remove(self._records, sandbox_id)
+            self._gone[key] = (sandbox.tenant, reason)
+            records.remove(self._records, key)
             metrics.SANDBOXES_ENDED.labels(metrics.reason_kind(reason)).inc()
             while len(self._gone) > TOMBSTONES:
                 self._gone.popitem(last=False)
         await self.snapshots.collect()  # the layers of deleted snapshots this sandbox stacked may go now
-        log.info("sandbox deleted", extra={"sandbox_id": sandbox_id, "reason": reason})
+        log.info("sandbox deleted", extra={"sandbox_id": sandbox.sandbox_id, "key": key, "reason": reason})
 
     async def set_network_policy(self, sandbox_id: str, egress: tuple[EgressRule, ...]) -> Sandbox:
         """Replace a ready sandbox's egress allowlist; returns the sandbox with the new policy in force."""
@@ -365,15 +372,15 @@ class SandboxManager:
         check_egress(egress)
         async with sandbox.policy_lock:
             if sandbox.kind is SandboxKind.CONTAINER:
-                await self.backend.set_egress(sandbox_id, egress)
+                await self.backend.set_egress(sandbox.key, egress)
             sandbox.egress = egress
             if sandbox.state is SandboxState.READY:  # not while a delete removes its record
                 records.save(self._records, sandbox)
         log.info("network policy set", extra={"sandbox_id": sandbox_id, "rules": len(egress)})
         return sandbox
 
-    def _browser_failed(self, sandbox_id: str, reason: str) -> None:
-        sandbox = self.sandboxes.get(sandbox_id)
+    def _browser_failed(self, key: str, reason: str) -> None:
+        sandbox = self.sandboxes.get(key)
         if sandbox is not None:
             metrics.BROWSER_FAILURES.labels("page" if "page" in reason else "process").inc()
             self.mark_failed(sandbox, reason)
@@ -398,6 +405,6 @@ class SandboxManager:
         now = time.time()
         expired = [sb for sb in self.sandboxes.values()
                    if sb.expire_time <= now and sb.state in (SandboxState.READY, SandboxState.FAILED)]
-        await asyncio.gather(*(self.delete_sandbox(sb.sandbox_id, reason=sb.expiry_reason()) for sb in expired),
+        await asyncio.gather(*(self.delete_sandbox(sb.key, reason=sb.expiry_reason()) for sb in expired),
                              return_exceptions=True)
         self.commands.forget_ended_before(now - self.settings.exec_retention_s)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import hashlib
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -45,11 +46,22 @@ class ExecState(enum.Enum):
         return self.value >= ExecState.SUCCEEDED.value
 
 
+def sandbox_key(tenant: str, sandbox_id: str) -> str:
+    """The id a sandbox has inside the service (its backend, records and maps): its own for the default tenant;
+    for another tenant, one made unique by a hash of (tenant, id), so that two tenants may choose the same id and
+    neither can learn from an ALREADY_EXISTS that the other holds it. A valid sandbox id itself (<= 63 chars)."""
+    if tenant == DEFAULT_TENANT:
+        return sandbox_id
+    digest = hashlib.sha256(f"{tenant}/{sandbox_id}".encode()).hexdigest()[:16]
+    return f"{sandbox_id[:46].rstrip('-')}-{digest}"
+
+
 @dataclass
 class Sandbox:
     """One sandbox and its lease; client is the channel to its agent once ready."""
 
     sandbox_id: str
+    """The id its tenant knows it by (unique within the tenant)."""
     image: str
     workdir: str
     env: dict[str, str]
@@ -77,6 +89,11 @@ class Sandbox:
     kind: SandboxKind = SandboxKind.CONTAINER
     browser: BrowserSession | None = None
     """A browser sandbox's context and page, once ready."""
+    key: str = ""
+    """Its id unique across tenants (sandbox_key): what the backend, records and the manager's maps use."""
+
+    def __post_init__(self) -> None:
+        self.key = self.key or sandbox_key(self.tenant, self.sandbox_id)
 
     @property
     def expire_time(self) -> float:
@@ -109,6 +126,8 @@ class Exec:
     """Its kept output, in arrival order."""
     tenant: str = DEFAULT_TENANT
     """The tenant of its sandbox."""
+    sandbox_key: str = ""
+    """Its sandbox's key (Sandbox.key)."""
     create_time: float = field(default_factory=time.time)
     state: ExecState = ExecState.QUEUED
     exit_code: int = -1

@@ -23,17 +23,17 @@ def save(folder: Path, sandbox: Sandbox) -> None:
         "resources": vars(sandbox.resources), "egress": [vars(rule) for rule in sandbox.egress],
         "ttl_s": sandbox.ttl_s, "heartbeat_timeout_s": sandbox.heartbeat_timeout_s,
         "request_id": sandbox.request_id, "from_snapshot": sandbox.from_snapshot, "layers": list(sandbox.layers),
-        "kind": sandbox.kind.name.lower(),
+        "kind": sandbox.kind.name.lower(), "key": sandbox.key,
     }
-    tmp = folder / f".{sandbox.sandbox_id}.json.tmp"
+    tmp = folder / f".{sandbox.key}.json.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as out:
         json.dump(data, out)
-    tmp.replace(folder / f"{sandbox.sandbox_id}.json")
+    tmp.replace(folder / f"{sandbox.key}.json")
 
 
-def remove(folder: Path, sandbox_id: str) -> None:
-    (folder / f"{sandbox_id}.json").unlink(missing_ok=True)
+def remove(folder: Path, key: str) -> None:
+    (folder / f"{key}.json").unlink(missing_ok=True)
 
 
 def load_all(folder: Path) -> list[Sandbox]:
@@ -60,5 +60,5 @@ def _sandbox(data: dict[str, Any]) -> Sandbox:
         egress=tuple(EgressRule(**rule) for rule in data.get("egress", [])), ttl_s=float(data.get("ttl_s", "inf")),
         heartbeat_timeout_s=float(data.get("heartbeat_timeout_s", 0.0)), request_id=data.get("request_id", ""),
         from_snapshot=data.get("from_snapshot", ""), layers=tuple(data.get("layers", [])),
-        kind=SandboxKind[data.get("kind", "container").upper()],
+        kind=SandboxKind[data.get("kind", "container").upper()], key=data.get("key", ""),
     )

@@ -8,11 +8,11 @@ Unknown request fields are ignored (as upstream's FastAPI models do), so newer c
 from __future__ import annotations
 
 import asyncio
-import json
+import re
 from typing import TypeVar
 
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 M = TypeVar("M", bound=BaseModel)
 BIG_BODY = 1 << 20
@@ -22,10 +22,10 @@ class Unprocessable(Exception):
     """A body or query that does not match its model: 422 with pydantic's errors, as FastAPI answers."""
 
     def __init__(self, err: ValidationError, where: str) -> None:
-        super().__init__(str(err))
-        # No "input": it could echo a whole base64 upload back.
+        # No "input": it could echo a whole base64 upload back (and bytes that are not UTF-8 do not serialize).
         self.errors = [{"type": e["type"], "loc": [where, *e["loc"]], "msg": e["msg"]}
-                       for e in json.loads(err.json(include_url=False))]
+                       for e in err.errors(include_url=False, include_input=False, include_context=False)]
+        super().__init__("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in self.errors))
 
 
 async def parse_body(request: web.Request, model: type[M]) -> M:
@@ -53,7 +53,19 @@ def respond(model: BaseModel) -> web.Response:
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+
+CPU = re.compile(r"^(?:\d+(?:\.\d+)?|\d+m)$")
+"""A Kubernetes CPU quantity: cores ('4', '0.5') or millicores ('2000m')."""
+MEMORY = re.compile(r"^\d+(?:\.\d+)?(?:[KMGTPE]i?|k)?$")
+"""A Kubernetes memory quantity: bytes, or with a suffix ('16Gi', '512M')."""
+
+
+def _quantity(value: str | None, pattern: re.Pattern[str], example: str) -> str | None:
+    if value is not None and (not pattern.match(value) or float(re.sub(r"[a-zA-Z]+$", "", value)) <= 0):
+        raise ValueError(f"{value!r} is not a positive quantity, e.g. {example}")
+    return value
 
 
 # ---- requests ----
@@ -75,14 +87,26 @@ class CreateSandboxBody(_Request):
     timeout: int | None = Field(default=None, ge=0)
     """Seconds the sandbox may take to become ready (upstream default 3600); echoed."""
 
+    @field_validator("cpu")
+    @classmethod
+    def _cpu(cls, value: str | None) -> str | None:
+        return _quantity(value, CPU, "'4' or '2000m'")
+
+    @field_validator("memory")
+    @classmethod
+    def _memory(cls, value: str | None) -> str | None:
+        return _quantity(value, MEMORY, "'16Gi' or '512Mi'")
+
 
 class ExecBody(_Request):
     """POST /sandboxes/{id}/exec."""
 
     command: str | list[str]
     """A bash line (run under `bash -c`), or an argv that the service shell-quotes."""
-    timeout_seconds: float | None = Field(default=None, ge=0)
-    """Command timeout; unset means the service default (300 s)."""
+    timeout_seconds: float | None = Field(default=None, ge=0, validation_alias=AliasChoices("timeout_seconds",
+                                                                                        "timeout"))
+    """Command timeout; unset means the service default (300 s). `timeout` is taken as the same field (the
+    create body's name for its timeout), so a bad value there is refused rather than ignored."""
     cwd: str | None = None
     """Working directory; relative paths start at the sandbox's workdir."""
     env: dict[str, str] | None = None

@@ -7,11 +7,10 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import grpc
-from google.protobuf.duration_pb2 import Duration
-from google.protobuf.timestamp_pb2 import Timestamp
 from orchard.env.v1 import env_pb2 as pb
 from orchard.env.v1 import env_pb2_grpc
 from orchard.errors import InvalidArgument, OrchardError
+from orchard.prototime import duration, span_of, timestamp
 from orchard.services.env.agent_client import PtySession
 from orchard.services.env.backends.base import EgressRule, Resources
 from orchard.services.env.browser import BrowserSession
@@ -32,27 +31,6 @@ ACTIONS = {pb.ACTION_TYPE_CLICK: ActionKind.CLICK, pb.ACTION_TYPE_DOUBLE_CLICK: 
 FILE_TYPES = {"file": pb.FILE_TYPE_FILE, "directory": pb.FILE_TYPE_DIRECTORY, "symlink": pb.FILE_TYPE_SYMLINK}
 
 
-def _ts(seconds: float | None) -> Timestamp | None:
-    if seconds is None:
-        return None
-    ts = Timestamp()
-    ts.FromNanoseconds(int(seconds * 1e9))
-    return ts
-
-
-def _dur(seconds: float) -> Duration:
-    d = Duration()
-    d.FromNanoseconds(int(seconds * 1e9))
-    return d
-
-
-def _seconds(d: Duration, field: str) -> float:
-    value = d.ToNanoseconds() / 1e9
-    if value < 0:
-        raise InvalidArgument(f"{field} must not be negative", field=field)
-    return value
-
-
 def sandbox_pb(sb: Sandbox) -> pb.Sandbox:
     r = sb.resources
     return pb.Sandbox(
@@ -63,15 +41,15 @@ def sandbox_pb(sb: Sandbox) -> pb.Sandbox:
         env=sb.env, labels=sb.labels,
         network_policy=pb.NetworkPolicy(allow=[pb.EgressRule(cidr=e.cidr, host=e.host, port=e.port)
                                                for e in sb.egress]),
-        workdir=sb.workdir, create_time=_ts(sb.create_time), expire_time=_ts(sb.expire_time), ttl=_dur(sb.ttl_s),
-        heartbeat_timeout=_dur(sb.heartbeat_timeout_s), last_heartbeat_time=_ts(sb.last_heartbeat_time),
+        workdir=sb.workdir, create_time=timestamp(sb.create_time), expire_time=timestamp(sb.expire_time), ttl=duration(sb.ttl_s),
+        heartbeat_timeout=duration(sb.heartbeat_timeout_s), last_heartbeat_time=timestamp(sb.last_heartbeat_time),
         tenant=sb.tenant, from_snapshot=sb.from_snapshot,
     )
 
 
 def snapshot_pb(snap: Snapshot) -> pb.Snapshot:
     return pb.Snapshot(name=f"snapshots/{snap.snapshot_id}", snapshot_id=snap.snapshot_id, sandbox_id=snap.sandbox_id,
-                       image=snap.image, size_bytes=snap.size_bytes, create_time=_ts(snap.create_time),
+                       image=snap.image, size_bytes=snap.size_bytes, create_time=timestamp(snap.create_time),
                        labels=snap.labels, tenant=snap.tenant)
 
 
@@ -82,21 +60,21 @@ async def exec_pb(ex: Exec, *, read_cap: int = 0) -> pb.Exec:
         command=ex.command, state=ex.state.value, exit_code=ex.exit_code,
         stdout_truncated=ex.truncated(1), stderr_truncated=ex.truncated(2),
         stdout_total_bytes=ex.totals[0], stderr_total_bytes=ex.totals[1], error=ex.error,
-        create_time=_ts(ex.create_time), start_time=_ts(ex.start_time), end_time=_ts(ex.end_time),
-        timeout=_dur(ex.timeout_s), oom_killed=ex.oom_killed,
+        create_time=timestamp(ex.create_time), start_time=timestamp(ex.start_time), end_time=timestamp(ex.end_time),
+        timeout=duration(ex.timeout_s), oom_killed=ex.oom_killed,
     )
     if read_cap:
         msg.stdout, msg.stderr = await ex.output(1, 0, read_cap), await ex.output(2, 0, read_cap)
         msg.stdout_partial = ex.out.kept[0] > len(msg.stdout)
         msg.stderr_partial = ex.out.kept[1] > len(msg.stderr)
     if ex.start_time is not None and ex.end_time is not None:
-        msg.duration.CopyFrom(_dur(ex.end_time - ex.start_time))
+        msg.duration.CopyFrom(duration(ex.end_time - ex.start_time))
     return msg
 
 
 def file_pb(info: FileInfo) -> pb.FileInfo:
     return pb.FileInfo(name=info.name, path=info.path, type=FILE_TYPES.get(info.type, pb.FILE_TYPE_UNSPECIFIED),
-                       size_bytes=info.size, mode=info.mode, modify_time=_ts(info.mtime))
+                       size_bytes=info.size, mode=info.mode, modify_time=timestamp(info.mtime))
 
 
 async def _relay_pty_input(requests: AsyncIterator[pb.OpenPtyRequest], session: PtySession) -> None:
@@ -137,8 +115,8 @@ class EnvServicer(env_pb2_grpc.EnvServiceServicer):
             image=request.image, env=dict(request.env), labels=dict(request.labels),
             resources=Resources(res.cpu_millis, res.memory_bytes, res.pids, res.disk_bytes),
             egress=tuple(EgressRule(r.cidr, r.host, r.port) for r in request.network_policy.allow),
-            ttl_s=_seconds(request.ttl, "ttl"),
-            heartbeat_timeout_s=_seconds(request.heartbeat_timeout, "heartbeat_timeout"),
+            ttl_s=span_of(request.ttl, "ttl"),
+            heartbeat_timeout_s=span_of(request.heartbeat_timeout, "heartbeat_timeout"),
             sandbox_id=request.sandbox_id, request_id=request.request_id, workdir=request.workdir,
             from_snapshot=request.from_snapshot, kind=kind,
         ))
@@ -196,10 +174,10 @@ class EnvServicer(env_pb2_grpc.EnvServiceServicer):
             argv=list(request.argv.args) if which == "argv" else None,
             shell=request.shell if which == "shell" else None,
             cwd=request.cwd, env=dict(request.env), stdin=request.stdin,
-            timeout_s=_seconds(request.timeout, "timeout"), login_shell=request.login_shell,
+            timeout_s=span_of(request.timeout, "timeout"), login_shell=request.login_shell,
             max_output=request.max_output_bytes,
         ))
-        if request.HasField("wait") and (wait_s := _seconds(request.wait, "wait")) > 0:
+        if request.HasField("wait") and (wait_s := span_of(request.wait, "wait")) > 0:
             ex = await self.manager.commands.wait_exec(ex.exec_id, wait_s)
         return pb.StartExecResponse(exec=await self._exec_pb(ex))
 
@@ -207,7 +185,7 @@ class EnvServicer(env_pb2_grpc.EnvServiceServicer):
         return pb.GetExecResponse(exec=await self._exec_pb(self.manager.commands.get_exec(request.exec_id)))
 
     async def WaitExec(self, request: pb.WaitExecRequest, context: grpc.aio.ServicerContext) -> pb.WaitExecResponse:
-        ex = await self.manager.commands.wait_exec(request.exec_id, _seconds(request.timeout, "timeout"))
+        ex = await self.manager.commands.wait_exec(request.exec_id, span_of(request.timeout, "timeout"))
         return pb.WaitExecResponse(exec=await self._exec_pb(ex), done=ex.state.done)
 
     async def StreamExec(self, request: pb.StreamExecRequest, context: grpc.aio.ServicerContext
@@ -231,7 +209,7 @@ class EnvServicer(env_pb2_grpc.EnvServiceServicer):
     async def ApplyPatch(self, request: pb.ApplyPatchRequest, context: grpc.aio.ServicerContext
                          ) -> pb.ApplyPatchResponse:
         files, output = await self.manager.commands.apply_patch(request.sandbox_id, request.patch, request.cwd,
-                                                       _seconds(request.timeout, "timeout"))
+                                                       span_of(request.timeout, "timeout"))
         return pb.ApplyPatchResponse(files=files, output=output)
 
     async def UploadFile(self, request_iterator: AsyncIterator[pb.UploadFileRequest],
@@ -307,7 +285,7 @@ class EnvServicer(env_pb2_grpc.EnvServiceServicer):
         action = check_action(Action(
             kind=ACTIONS.get(request.action), x=request.x, y=request.y, selector=request.selector,
             text=request.text, key=request.key, delta_x=request.delta_x, delta_y=request.delta_y, url=request.url,
-            timeout_s=_seconds(request.timeout, "timeout"), screenshot=request.screenshot,
+            timeout_s=span_of(request.timeout, "timeout"), screenshot=request.screenshot,
         ), s.browser_action_timeout_s, s.max_browser_action_timeout_s)
         url, title, png = await session.act(action)
         return pb.ActResponse(url=url, title=title, png=png)

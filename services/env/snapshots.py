@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from orchard.errors import AlreadyExists, InvalidArgument, NotFound, ResourceExhausted
 from orchard.runtime import tenancy
+from orchard.services.env.labels import check_labels
 from orchard.services.env.models import Snapshot
 
 if TYPE_CHECKING:
@@ -72,9 +73,7 @@ class Snapshots:
             check_id(snapshot_id, "snapshot_id")
             if snapshot_id in self._snapshots or snapshot_id in self._taking or snapshot_id in self._retired:
                 raise AlreadyExists(f"snapshot {snapshot_id!r} already exists", field="snapshot_id")
-        for key in labels:
-            if not key or "=" in key or "\x00" in key:
-                raise InvalidArgument(f"invalid label key {key!r}", field="labels")
+        check_labels(labels)
         if len(self._snapshots) + len(self._taking) >= self._max:
             raise ResourceExhausted(f"the service already holds {self._max} snapshots (its limit); delete some or "
                                     "retry later", retry_after=5.0)
@@ -87,7 +86,7 @@ class Snapshots:
         try:
             async with sandbox.exec_order:
                 self._manager.ready_sandbox(sandbox_id)  # it may have failed or gone while earlier commands ran
-                files = await self._backend.snapshot(sandbox_id, snapshot_id)
+                files = await self._backend.snapshot(sandbox.key, snapshot_id)
             snapshot = Snapshot(snapshot_id=snapshot_id, sandbox_id=sandbox_id, image=sandbox.image,
                                 layers=files.layers, size_bytes=files.size_bytes, labels=dict(labels),
                                 tenant=sandbox.tenant, request_id=request_id)

@@ -22,6 +22,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from orchard.env.v1 import env_pb2 as pb
 from orchard.env.v1 import env_pb2_grpc
 from orchard.services.env.images import default_images_dir
+from orchard.services.env.models import sandbox_key  # another tenant's containers carry its internal key
 from podman_engine import PodmanEngine, skip_unless_podman
 from test_env_service import REPO_SETUP, download, rpc_error, upload
 
@@ -253,13 +254,13 @@ async def test_sandboxes_outlive_a_crash(podman: str, tmp_path: Path) -> None:
             wrote = await stub.StartExec(pb.StartExecRequest(sandbox_id=kept.sandbox_id, shell="echo hi > note.txt",
                                                              wait=duration(10)), metadata=alice, timeout=30)
             assert wrote.exec.state == pb.EXEC_STATE_SUCCEEDED
-        [container] = _containers(podman, kept.sandbox_id)
+        [container] = _containers(podman, sandbox_key("alice", kept.sandbox_id))
         assert container.labels["orchard.tenant"] == "alice"
         assert abs(int(container.labels["orchard.expire_time"]) - (time.time() + 600)) < 30
 
         proc.send_signal(signal.SIGKILL)
         await proc.wait()
-        assert [c.status for c in _containers(podman, short.sandbox_id)] == ["running"]
+        assert [c.status for c in _containers(podman, sandbox_key("alice", short.sandbox_id))] == ["running"]
         await asyncio.sleep(max(0.0, short.create_time.ToSeconds() + 3.5 - time.time()))
 
         proc, port = await _serve(state, podman, tokens)
@@ -277,7 +278,7 @@ async def test_sandboxes_outlive_a_crash(podman: str, tmp_path: Path) -> None:
             gone = await rpc_error(stub.GetSandbox(pb.GetSandboxRequest(sandbox_id=short.sandbox_id),
                                                    metadata=alice, timeout=10))
             assert gone.code() is grpc.StatusCode.NOT_FOUND and "expired after ttl 3s" in (gone.details() or "")
-        assert _containers(podman, short.sandbox_id) == []
+        assert _containers(podman, sandbox_key("alice", short.sandbox_id)) == []
     finally:
         for proc in procs:
             if proc.returncode is None:

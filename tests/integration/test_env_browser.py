@@ -427,7 +427,7 @@ async def test_page_crash_fails_only_its_sandbox(client: AsyncSandboxClient, ser
     """A crashed page (chrome://crash, which agents cannot navigate to, so it is opened from the service's side)
     fails its sandbox with the reason; a neighbour on the same process carries on."""
     victim, neighbour = await client.create_browser(), await client.create_browser()
-    session = service.manager.sandboxes[victim.sandbox_id].browser
+    session = next(sb for sb in service.manager.sandboxes.values() if sb.sandbox_id == victim.sandbox_id).browser
     assert session is not None
 
     async def crash() -> None:

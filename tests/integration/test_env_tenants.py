@@ -69,6 +69,35 @@ async def test_tenants_are_isolated_over_grpc(start_env: StartEnv, tmp_path: Pat
     assert "deleted" in (info.value.details() or "")
 
 
+async def test_a_chosen_id_reveals_nothing_across_tenants(start_env: StartEnv, tmp_path: Path) -> None:
+    """Bob creating a sandbox with the id Alice chose gets what an unused id gets (a sandbox of his own), never
+    ALREADY_EXISTS; each then sees only their own under that id; a second create by the same tenant is refused."""
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"alice:{ALICE}\nbob:{BOB}\n")
+    stub = (await start_env(auth_tokens_file=tokens)).stub
+
+    async def create_as(token: str, sandbox_id: str) -> pb.Sandbox:
+        request = pb.CreateSandboxRequest(image="host", sandbox_id=sandbox_id, env={"OWNER": token[:5]})
+        return (await stub.CreateSandbox(request, metadata=md(token), timeout=30)).sandbox
+
+    alices = await create_as(ALICE, "shared-name")
+    bobs = await create_as(BOB, "shared-name")  # as for "never-used" below: created
+    fresh = await create_as(BOB, "never-used")
+    assert (alices.sandbox_id, bobs.sandbox_id, fresh.sandbox_id) == ("shared-name", "shared-name", "never-used")
+    assert (alices.tenant, bobs.tenant) == ("alice", "bob")
+    for token, owner in ((ALICE, "alice"), (BOB, "bob-t")):
+        ex = (await stub.StartExec(pb.StartExecRequest(sandbox_id="shared-name", shell="echo $OWNER",
+                                                       wait=duration(10)), metadata=md(token), timeout=30)).exec
+        assert ex.stdout.decode().strip() == owner[:5]
+    for token in (ALICE, BOB):
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await create_as(token, "shared-name")
+        assert info.value.code() is grpc.StatusCode.ALREADY_EXISTS
+    await stub.DeleteSandbox(pb.DeleteSandboxRequest(sandbox_id="shared-name"), metadata=md(BOB), timeout=30)
+    still = await stub.GetSandbox(pb.GetSandboxRequest(sandbox_id="shared-name"), metadata=md(ALICE), timeout=10)
+    assert still.sandbox.tenant == "alice"
+
+
 def _http(port: int, method: str, path: str, key: str, body: dict[str, object] | None = None) -> tuple[int, dict]:
     request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method,
                                      data=json.dumps(body).encode() if body is not None else None,

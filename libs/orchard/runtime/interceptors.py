@@ -57,10 +57,59 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
             return None  # grpc answers UNIMPLEMENTED "Method not found!"
         method: str = handler_call_details.method  # type: ignore[attr-defined]
         request_id = _request_id(handler_call_details)
-        behavior = _behavior(handler)
-        if handler.response_streaming and not inspect.iscoroutinefunction(behavior):
-            return _with_behavior(handler, _wrap_stream(behavior, method, request_id, self._service))
-        return _with_behavior(handler, _wrap_unary(behavior, method, request_id, self._service))
+        behavior = _checked_requests(_behavior(handler), handler.request_streaming, method)
+        decode = _tolerant(handler.request_deserializer)
+        if handler.response_streaming and not inspect.iscoroutinefunction(_behavior(handler)):
+            return _with_behavior(handler, _wrap_stream(behavior, method, request_id, self._service), decode)
+        return _with_behavior(handler, _wrap_unary(behavior, method, request_id, self._service), decode)
+
+
+class _Undecodable:
+    """What a request that does not parse as its message becomes (grpc would answer UNKNOWN for it)."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = f"{type(error).__name__}: {error}"
+
+
+def _tolerant(deserialize: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    if deserialize is None:
+        return None
+
+    def decode(data: bytes) -> Any:
+        try:
+            return deserialize(data)
+        except Exception as err:  # protobuf's DecodeError, or anything a custom deserializer raises
+            return _Undecodable(err)
+
+    return decode
+
+
+def _refuse(method: str, request: _Undecodable) -> NoReturn:
+    raise errors.InvalidArgument(f"the request to {method} is not a valid message of its type ({request.error}); "
+                                 "send the serialized request message the service's proto defines",
+                                 reason="UNDECODABLE_REQUEST")
+
+
+def _checked_requests(behavior: Behavior, streaming: bool, method: str) -> Behavior:
+    """`behavior`, refusing an undecodable request (or message of a request stream) with INVALID_ARGUMENT."""
+    if streaming:
+        async def messages(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+            async for request in requests:
+                if isinstance(request, _Undecodable):
+                    _refuse(method, request)
+                yield request
+
+        def checked_stream(requests: Any, context: grpc.aio.ServicerContext) -> Any:
+            return behavior(messages(requests), context)
+
+        return checked_stream
+
+    def checked(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if isinstance(request, _Undecodable):
+            _refuse(method, request)
+        return behavior(request, context)
+
+    return checked
 
 
 def _wrap_unary(behavior: Behavior, method: str, request_id: str, service: str) -> Behavior:
@@ -225,8 +274,10 @@ def _behavior(handler: grpc.RpcMethodHandler) -> Behavior:
     return behavior  # type: ignore[no-any-return]
 
 
-def _with_behavior(handler: grpc.RpcMethodHandler, behavior: Behavior) -> grpc.RpcMethodHandler:
-    """A handler of the same kind and (de)serializers as `handler` that runs `behavior`."""
+def _with_behavior(handler: grpc.RpcMethodHandler, behavior: Behavior,
+                   request_deserializer: Callable[[bytes], Any] | None = None) -> grpc.RpcMethodHandler:
+    """A handler of the same kind and (de)serializers as `handler` (or this request deserializer) that runs
+    `behavior`."""
     factory = {
         (False, False): grpc.unary_unary_rpc_method_handler,
         (False, True): grpc.unary_stream_rpc_method_handler,
@@ -235,6 +286,6 @@ def _with_behavior(handler: grpc.RpcMethodHandler, behavior: Behavior) -> grpc.R
     }[(handler.request_streaming, handler.response_streaming)]
     return factory(  # type: ignore[operator]
         behavior,
-        request_deserializer=handler.request_deserializer,
+        request_deserializer=request_deserializer or handler.request_deserializer,
         response_serializer=handler.response_serializer,
     )

@@ -814,6 +814,8 @@ def read_part(header):
         st = os.fstat(fd)
         if stat.S_ISDIR(st.st_mode):
             raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+        if not stat.S_ISREG(st.st_mode):  # /dev/zero would stream forever, a FIFO block a reader
+            raise OSError(errno.ENODEV, "not a regular file", path)
         pieces = []
         offset, left = header["offset"], header["length"]
         while left > 0:

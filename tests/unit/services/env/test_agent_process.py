@@ -442,8 +442,17 @@ async def start_listening(path: Path) -> asyncio.subprocess.Process:
 
 
 async def connect(path: Path, label: str) -> AgentClient:
-    """A manager on the socket, past the connection's ready frame."""
-    reader, writer = await asyncio.open_unix_connection(str(path))
+    """A manager on the socket, past the connection's ready frame. The socket file appears at bind(), a moment
+    before listen(): a connection refused in that moment is tried again."""
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            reader, writer = await asyncio.open_unix_connection(str(path))
+            break
+        except ConnectionRefusedError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.02)
     client = AgentClient(reader, writer, label=label)
     await client.start(10)
     return client

@@ -17,12 +17,13 @@ def test_a_record_round_trips(tmp_path: Path) -> None:
                       egress=(EgressRule(cidr="10.0.0.0/8", port=443),), ttl_s=600.0, heartbeat_timeout_s=30.0,
                       create_time=1000.5, request_id="r1", tenant="alice", from_snapshot="s", layers=("s", "t"))
     records.save(tmp_path, sandbox)
-    assert (tmp_path / "sb-1.json").stat().st_mode & 0o777 == 0o600
+    assert sandbox.key != "sb-1"  # another tenant than the default: its key is made unique across tenants
+    assert (tmp_path / f"{sandbox.key}.json").stat().st_mode & 0o777 == 0o600
     [back] = records.load_all(tmp_path)
     fields = ("sandbox_id", "image", "workdir", "env", "labels", "resources", "egress", "ttl_s",
-              "heartbeat_timeout_s", "create_time", "request_id", "tenant", "from_snapshot", "layers")
+              "heartbeat_timeout_s", "create_time", "request_id", "tenant", "from_snapshot", "layers", "key")
     assert {f: getattr(back, f) for f in fields} == {f: getattr(sandbox, f) for f in fields}
-    records.remove(tmp_path, "sb-1")
+    records.remove(tmp_path, sandbox.key)
     assert records.load_all(tmp_path) == []
 
 
