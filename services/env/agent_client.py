@@ -74,8 +74,30 @@ class PtySession:
         self._consumed = 0
         self._acked = 0
         self._ended = False  # the exit came, or the agent failed or went away
+        self._stashed: tuple[dict[str, Any], bytes] | None = None  # a frame read by started(), not yet taken
         self.exit_code: int | None = None
         """The program's exit code once its exit event was taken (128 + n when killed by signal n)."""
+        self.signal: int | None = None
+        """The signal that killed the program, once its exit event was taken (None: it exited)."""
+        self.pid: int | None = None
+        """The program's pid in the sandbox, once started() saw it."""
+
+    async def started(self) -> int | None:
+        """Wait until the program started; its pid (None when it could not start: its output says why)."""
+        frame = await self._next_frame()
+        if frame is not None and frame[0]["ev"] == "started":
+            self.pid = int(frame[0]["pid"])
+        else:
+            self._stashed = frame if frame is not None else None
+            if frame is None:
+                self._queue.put_nowait(None)
+        return self.pid
+
+    async def _next_frame(self) -> tuple[dict[str, Any], bytes] | None:
+        if self._stashed is not None:
+            frame, self._stashed = self._stashed, None
+            return frame
+        return await self._queue.get()
 
     async def send_input(self, data: bytes) -> None:
         """Type data into the terminal; waits while the program is not reading. A no-op once it ended."""
@@ -95,7 +117,10 @@ class PtySession:
         """The next event: "out" with data, or finally "exit" with exit_code; Unavailable if the sandbox went."""
         if self._ended:
             raise StopAsyncIteration
-        frame = await self._queue.get()
+        frame = await self._next_frame()
+        while frame is not None and frame[0]["ev"] == "started":  # started() was not asked for it
+            self.pid = int(frame[0]["pid"])
+            frame = await self._next_frame()
         if frame is None:
             self._ended = True
             self._client._waiters.pop(self._rid, None)
@@ -114,6 +139,7 @@ class PtySession:
         if head["ev"] == "error":
             raise self._client._error(head)
         self.exit_code = head["code"]
+        self.signal = head.get("signal")
         return ExecEvent("exit", exit_code=head["code"])
 
     async def kill(self) -> None:

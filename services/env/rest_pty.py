@@ -57,7 +57,7 @@ async def serve_pty(request: web.Request, manager: SandboxManager, http_status: 
         argv = ["bash", "-lc", "exec " + shlex.join(init.cmd or ["bash"])] if init.login_shell else init.cmd
         async with manager.commands.open_pty(request.match_info["sandbox_id"], argv, init.rows, init.cols, init.cwd or "",
                                     init.env) as session:
-            await ws.send_json({"type": "ready", "pid": None})
+            await ws.send_json({"type": "ready", "pid": await session.started()})
             await _bridge(ws, session, http_status)
     except OrchardError as err:
         await _fail(ws, err, http_status)
@@ -89,7 +89,9 @@ async def _bridge(ws: web.WebSocketResponse, session: PtySession, http_status: C
                 if event.kind == "out":
                     await ws.send_json({"type": "stdout", "data": base64.b64encode(event.data).decode()})
                 else:
-                    await ws.send_json({"type": "exit", "code": event.exit_code})
+                    # Upstream reports a process killed by signal n as -n (Python's returncode), not 128 + n.
+                    code = -session.signal if session.signal else event.exit_code
+                    await ws.send_json({"type": "exit", "code": code})
             await ws.close()
         except OrchardError as err:  # the sandbox went away mid-session
             await _fail(ws, err, http_status)

@@ -8,11 +8,13 @@ A client that disconnects cancels its handler (aiohttp's handler_cancellation), 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -64,6 +66,7 @@ class OpenAIGateway:
     async def start(self) -> int:
         app = web.Application(client_max_size=self.settings.max_message_bytes, middlewares=[self._middleware])
         app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/v1/models/{model_id:.+}", self.model)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_get("/health", self.health)
@@ -88,6 +91,9 @@ class OpenAIGateway:
                 if not sent.startswith("Bearer ") or sent.removeprefix("Bearer ") not in self._tokens:
                     raise Unauthenticated("missing or invalid API key; send the service's auth token as the key")
             response = await handler(request)
+        except _StreamEnded as ended:
+            response = ended.response
+            await response.write_eof()
         except web.HTTPException as exc:
             response = web.json_response(p.error_body(exc.reason, "invalid_request_error"), status=exc.status)
         except pydantic.ValidationError as exc:
@@ -109,21 +115,51 @@ class OpenAIGateway:
         return response
 
     async def _body(self, request: web.Request) -> Any:
+        """The JSON body, checked before anything is generated or sent: UTF-8, not nested past what the parser
+        takes, and no lone surrogate (\\ud800) in any string, which no tokenizer can encode."""
+        raw = await request.read()
         try:
-            return await request.json()
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise InvalidArgument(f"the body is not UTF-8: {err}") from None
+        try:
+            body = json.loads(text)
         except json.JSONDecodeError as err:
             raise InvalidArgument(f"the body is not JSON: {err}") from None
+        except RecursionError:
+            raise InvalidArgument("the body's JSON is nested too deeply") from None
+        try:
+            json.dumps(body, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidArgument("the body holds a lone surrogate (e.g. \\ud800), which is not text; send "
+                                  "valid UTF-16 pairs") from None
+        except RecursionError:
+            raise InvalidArgument("the body's JSON is nested too deeply") from None
+        if not isinstance(body, dict):
+            raise InvalidArgument("the body must be a JSON object")
+        return body
 
     # -- routes -------------------------------------------------------------------------------------------------
 
     async def health(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
 
-    async def models(self, request: web.Request) -> web.Response:
+    def _model_card(self) -> dict[str, Any]:
         info = self.engine.info
-        return web.json_response({"object": "list", "data": [
-            {"id": info.model_id, "object": "model", "created": int(info.load_time), "owned_by": "orchard",
-             "max_model_len": info.max_context_tokens, "weights_version": info.weights_version}]})
+        return {"id": info.model_id, "object": "model", "created": int(info.load_time), "owned_by": "orchard",
+                "max_model_len": info.max_context_tokens, "weights_version": info.weights_version}
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [self._model_card()]})
+
+    async def model(self, request: web.Request) -> web.Response:
+        """GET /v1/models/{id}: the served model's card, 404 in OpenAI's shape for any other id."""
+        card = self._model_card()
+        if request.match_info["model_id"] != card["id"]:
+            return web.json_response(p.error_body(
+                f"The model '{request.match_info['model_id']}' does not exist; this server serves '{card['id']}'",
+                "invalid_request_error", "model", "model_not_found"), status=404)
+        return web.json_response(card)
 
     def _params(self, req: p._Sampling, prompt_len: int, max_tokens: int | None, logprobs: bool,
                 top_logprobs: int) -> SamplingParams:
@@ -198,7 +234,7 @@ class OpenAIGateway:
         for i in range(params.n):
             await _send(response, {**chunk, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
                                                          "logprobs": None, "finish_reason": None}]})
-        async with generation.stream(self.engine, prompt_ids, params) as events:
+        async with _stream_errors(response), generation.stream(self.engine, prompt_ids, params) as events:
             async for ev in events:
                 produced += len(ev.token_ids)
                 texts[ev.index] += ev.text
@@ -241,11 +277,16 @@ class OpenAIGateway:
         top = req.logprobs or 0
         params = self._params(req, len(prompt_ids), req.max_tokens if req.max_tokens is not None else 16,
                               req.logprobs is not None, top)
+        echoed = (prompt if isinstance(prompt, str) else self.engine.detokenize(prompt_ids)) if req.echo else ""
         meta = {"id": p.new_id("cmpl"), "created": p.now(), "model": self.engine.info.model_id}
         if req.stream:
             response = await _sse(request)
             produced = 0
-            async with generation.stream(self.engine, prompt_ids, params) as events:
+            if echoed:  # the prompt first, as OpenAI's legacy endpoint streams it
+                for i in range(params.n):
+                    await _send(response, {**meta, "object": "text_completion", "choices": [
+                        {"index": i, "text": echoed, "finish_reason": None, "logprobs": None}]})
+            async with _stream_errors(response), generation.stream(self.engine, prompt_ids, params) as events:
                 async for ev in events:
                     produced += len(ev.token_ids)
                     choice = {"index": ev.index, "text": ev.text, "finish_reason": p.FINISH[ev.finish_reason],
@@ -262,7 +303,7 @@ class OpenAIGateway:
         choices = await generation.collect(self.engine, prompt_ids, params)
         out = []
         for c in choices:
-            choice = {"index": c.index, "text": c.text, "finish_reason": p.FINISH[c.finish_reason],
+            choice = {"index": c.index, "text": echoed + c.text, "finish_reason": p.FINISH[c.finish_reason],
                       "logprobs": self._completion_logprobs(c.token_ids, c.logprobs, c.top_logprobs, req)}
             if req.return_token_ids:
                 choice["token_ids"] = c.token_ids
@@ -285,6 +326,35 @@ class OpenAIGateway:
         top_maps = [dict(zip(self.engine.token_strings([t for t, _ in alt]), [v for _, v in alt], strict=True))
                     for alt in tops] if tops else None
         return {"tokens": strings, "token_logprobs": lps, "top_logprobs": top_maps, "text_offset": offsets}
+
+
+@contextlib.asynccontextmanager
+async def _stream_errors(response: web.StreamResponse) -> AsyncIterator[None]:
+    """Inside a started (200) stream a status can no longer be sent: an error ends the stream with an error event
+    in OpenAI's shape and [DONE], as vLLM does, instead of breaking the connection."""
+    try:
+        yield
+    except OrchardError as err:
+        _, kind = _HTTP_STATUS.get(err.code, (500, "server_error"))
+        await _send(response, p.error_body(err.message, kind, err.field))
+        await response.write(b"data: [DONE]\n\n")
+        raise _StreamEnded(response) from err
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise
+    except Exception as err:
+        request_id = uuid.uuid4().hex[:16]
+        log.error("unexpected error in a stream (request id %s)", request_id, exc_info=err)
+        await _send(response, p.error_body(f"internal error (request id {request_id})", "server_error"))
+        await response.write(b"data: [DONE]\n\n")
+        raise _StreamEnded(response) from err
+
+
+class _StreamEnded(Exception):
+    """A stream that ended on an error event: the response to return as it is."""
+
+    def __init__(self, response: web.StreamResponse) -> None:
+        super().__init__("stream ended on an error")
+        self.response = response
 
 
 async def _sse(request: web.Request) -> web.StreamResponse:

@@ -11,7 +11,7 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from orchard.services.inference.chat import ParsedToolCall
 from orchard.services.inference.engines.base import ChatMessage, ToolSpec
@@ -24,18 +24,39 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+"""The chat roles OpenAI's API defines (`function` is its deprecated name for `tool`, refused)."""
+SEED_MAX = (1 << 63) - 1
+"""The largest seed (a signed 64-bit integer, as OpenAI documents it)."""
+MAX_TOP_LOGPROBS = 20
+"""The most alternatives per token, as OpenAI caps top_logprobs."""
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: str = "text"
+
+    @field_validator("type")
+    @classmethod
+    def _only_text(cls, value: str) -> str:
+        if value != "text":
+            raise ValueError(f"response_format type {value!r} is not supported by this server (no constrained "
+                             "decoding); use 'text' and parse the reply, or point the client at a server that does")
+        return value
+
+
 class _Sampling(BaseModel):
     """The sampling fields chat and completion requests share."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
     model: str = ""
-    max_tokens: int | None = Field(default=None, ge=0)
+    max_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = None
     top_p: float | None = None
     top_k: int = 0
-    n: int = 1
+    n: int = Field(default=1, ge=1)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=-SEED_MAX - 1, le=SEED_MAX)
     stream: bool = False
     stream_options: StreamOptions | None = None
     return_token_ids: bool = False
@@ -50,10 +71,26 @@ class ChatCompletionRequest(_Sampling):
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
-    max_completion_tokens: int | None = Field(default=None, ge=0)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
-    top_logprobs: int = 0
+    top_logprobs: int = Field(default=0, ge=0, le=MAX_TOP_LOGPROBS)
     chat_template_kwargs: dict[str, Any] | None = None
+    response_format: ResponseFormat | None = None
+
+    @field_validator("messages")
+    @classmethod
+    def _roles(cls, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        for i, m in enumerate(messages):
+            role = m.get("role")
+            if role not in ROLES:
+                raise ValueError(f"messages[{i}].role {role!r} is not one of {', '.join(sorted(ROLES))}")
+        return messages
+
+    @model_validator(mode="after")
+    def _top_logprobs_need_logprobs(self) -> ChatCompletionRequest:
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        return self
 
     def chat_messages(self) -> list[ChatMessage]:
         """The messages as chat templates take them: text content (content parts joined), never None."""
@@ -86,8 +123,16 @@ class CompletionRequest(_Sampling):
     """POST /v1/completions."""
 
     prompt: str | list[int] | list[str] | list[list[int]]
-    logprobs: int | None = None
+    logprobs: int | None = Field(default=None, ge=0, le=5)
     echo: bool = False
+    response_format: ResponseFormat | None = None
+
+    @model_validator(mode="after")
+    def _echo_without_logprobs(self) -> CompletionRequest:
+        if self.echo and self.logprobs is not None:
+            raise ValueError("echo with logprobs (the prompt's own token logprobs) is not supported by this "
+                             "server; use ScoreTokens over gRPC for prompt logprobs, or drop one of the two")
+        return self
 
 
 def new_id(prefix: str) -> str:

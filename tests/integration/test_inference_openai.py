@@ -158,3 +158,82 @@ async def test_errors(api: Endpoint, kwargs: dict[str, object], status: int, nee
     with pytest.raises(openai.APIStatusError) as err:
         await api.client.chat.completions.create(**kwargs)  # type: ignore[call-overload]
     assert err.value.status_code == status and needle in err.value.message
+
+
+CHAT = "/chat/completions"
+COMPLETION = "/completions"
+
+
+@pytest.mark.parametrize(("path", "body", "needle"), [
+    (CHAT, {"model": MODEL, "messages": FRANCE, "seed": 1 << 63}, "seed"),
+    (CHAT, {"model": MODEL, "messages": FRANCE, "seed": 1 << 63, "stream": True}, "seed"),
+    (CHAT, {"model": MODEL, "messages": FRANCE, "max_tokens": 0}, "max_tokens"),
+    (CHAT, {"model": MODEL, "messages": FRANCE, "n": 0}, "n"),
+    (CHAT, {"model": MODEL, "messages": FRANCE, "top_logprobs": 3}, "top_logprobs needs logprobs"),
+    (CHAT, {"model": MODEL, "messages": FRANCE, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    (CHAT, {"model": MODEL, "messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role 'wizard'"),
+    (CHAT, {"model": MODEL, "messages": FRANCE, "response_format": {"type": "json_object"}}, "json_object"),
+    (CHAT, {"model": MODEL, "messages": [{"role": "user", "content": "\ud800"}]}, "lone surrogate"),
+    (CHAT, {"model": MODEL, "messages": FRANCE, "temperature": float("nan")}, "temperature"),
+    (COMPLETION, {"model": MODEL, "prompt": "Hi", "max_tokens": 0}, "max_tokens"),
+    (COMPLETION, {"model": MODEL, "prompt": "Hi", "echo": True, "logprobs": 1}, "echo with logprobs"),
+    (COMPLETION, {"model": MODEL, "prompt": "Hi", "seed": -(1 << 64)}, "seed"),
+])
+async def test_bad_requests_are_400_before_anything_is_sent(api: Endpoint, path: str, body: dict[str, object],
+                                                            needle: str) -> None:
+    """Each answer is a 400 in OpenAI's error shape (never a 500, never an error inside a started stream)."""
+    raw = json.dumps(body, allow_nan=True).encode("utf-8", "surrogatepass")
+    status, answer = await _post(api, path, raw)
+    assert status == 400, answer
+    assert set(answer) == {"error"} and needle in answer["error"]["message"], answer
+
+
+@pytest.mark.parametrize(("raw", "needle"), [
+    (b'{"model": "x", "messages": [{"role": "user", "content": "\xff\xfe"}]}', "not UTF-8"),
+    (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+    (b"not json", "not JSON"),
+    (b"[1, 2]", "JSON object"),
+])
+async def test_bodies_that_are_not_json_objects_are_400(api: Endpoint, raw: bytes, needle: str) -> None:
+    status, answer = await _post(api, CHAT, raw)
+    assert status == 400 and needle in answer["error"]["message"], answer
+
+
+async def _post(api: Endpoint, path: str, raw: bytes) -> tuple[int, dict[str, object]]:
+    import aiohttp
+
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"{api.client.base_url}".rstrip("/") + path, data=raw,
+                                headers={"Content-Type": "application/json"}) as response:
+            return response.status, await response.json(content_type=None)
+
+
+async def test_model_retrieve_and_echo(api: Endpoint) -> None:
+    """models.retrieve answers for the served model and 404s in OpenAI's shape for another; echo prepends the
+    prompt (streamed first when streaming)."""
+    assert (await api.client.models.retrieve(MODEL)).id == MODEL
+    with pytest.raises(openai.NotFoundError) as err:
+        await api.client.models.retrieve("gpt-9")
+    assert "does not exist" in err.value.message
+    done = await api.client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=4,
+                                               temperature=0, echo=True)
+    assert done.choices[0].text.startswith("The capital of France is") and len(done.choices[0].text) > 24
+    streamed = [c.choices[0].text async for c in await api.client.completions.create(
+        model=MODEL, prompt="The capital of France is", max_tokens=4, temperature=0, echo=True, stream=True)
+        if c.choices]
+    assert "".join(streamed) == done.choices[0].text
+
+
+async def test_a_tool_result_renders_into_the_prompt_as_sent(api: Endpoint) -> None:
+    """The prompt of a conversation with a tool result holds that result verbatim and nothing the server made
+    up (a template error is a 400, never text in the prompt)."""
+    messages = [{"role": "user", "content": "Weather in Paris?"},
+                {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {
+                    "name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": '{"temp_c": 18}'}]
+    body = {"model": MODEL, "messages": messages, "tools": [WEATHER_TOOL], "max_tokens": 1, "temperature": 0,
+            "return_token_ids": True}
+    status, answer = await _post(api, CHAT, json.dumps(body).encode())
+    assert status == 200, answer
+    prompt = api.engine.detokenize(answer["prompt_token_ids"])  # type: ignore[arg-type]
+    assert '{"temp_c": 18}' in prompt and '"city": "Paris"' in prompt and "error" not in prompt.lower()

@@ -264,7 +264,8 @@ async def test_pty_websocket(start_api: StartApi) -> None:
         async with bare.ws_connect(f"{ws_url}?api_key={TOKEN}") as ws:
             await ws.send_json({"type": "init", "cmd": ["bash", "-c", "stty size; read x; echo got-$x; exit 4"],
                                 "env": {}, "cwd": None, "rows": 30, "cols": 100, "login_shell": False})
-            assert (await ws.receive_json(timeout=10))["type"] == "ready"
+            ready = await ws.receive_json(timeout=10)
+            assert ready["type"] == "ready" and isinstance(ready["pid"], int) and ready["pid"] > 1
             assert b"30 100" in await read_until(ws, b"30 100")
             await ws.send_json({"type": "resize", "rows": 40, "cols": 120})
             await ws.send_json({"type": "stdin", "data": base64.b64encode(b"abc\n").decode()})
@@ -273,6 +274,12 @@ async def test_pty_websocket(start_api: StartApi) -> None:
                 pass
             assert frame == {"type": "exit", "code": 4}
             assert (await ws.receive()).type is aiohttp.WSMsgType.CLOSE
+        async with bare.ws_connect(f"{ws_url}?api_key={TOKEN}") as ws:  # killed by a signal: -9, as upstream says
+            await ws.send_json({"type": "init", "cmd": ["bash", "-c", "echo up; kill -9 $$"]})
+            assert (await ws.receive_json(timeout=10))["type"] == "ready"
+            while (frame := await ws.receive_json(timeout=10))["type"] == "stdout":
+                pass
+            assert frame == {"type": "exit", "code": -9}
         async with bare.ws_connect(f"{ws_url}?api_key={TOKEN}") as ws:  # an interactive shell, ended by the client
             await ws.send_json({"type": "init", "login_shell": True})
             assert (await ws.receive_json(timeout=10))["type"] == "ready"

@@ -410,12 +410,15 @@ def spawn(argv, cwd, env, home, stdio=None, terminal=None):
             os.fchdir(home)
 
 
-def exit_code(pid):
-    """The exit code of child pid if it has ended (128 + n when signal n killed it), else None."""
+def exit_code(pid, signals=None):
+    """The exit code of child pid if it has ended (128 + n when signal n killed it), else None; the signal's
+    number is put in `signals` (a list) when one killed it."""
     done, status = os.waitpid(pid, os.WNOHANG)
     if done == 0:
         return None
     code = os.waitstatus_to_exitcode(status)
+    if code < 0 and signals is not None:
+        signals.append(-code)
     return 128 - code if code < 0 else code
 
 
@@ -565,10 +568,12 @@ class Exec:
 
     def on_exit(self):
         """pidfd callback: the command ended; finish once its pipes are drained, or after a short grace."""
-        code = exit_code(self.pid)
+        signals = []
+        code = exit_code(self.pid, signals)
         if code is None:
             return
         self.code = code
+        self.signal = signals[0] if signals else None
         self.loop.forget(self.pidfd)
         os.close(self.pidfd)
         self.loop.cancel(self.timer)
@@ -603,7 +608,7 @@ class Terminal:
         self.rid = rid
         self.header = header
         self.head = dumps({"id": rid, "ev": "out"}).encode()
-        self.master = self.pid = self.pidfd = self.timer = self.code = None
+        self.master = self.pid = self.pidfd = self.timer = self.code = self.signal = None
         self.sent = 0
         self.acked = 0
         self.reading = False
@@ -636,6 +641,7 @@ class Terminal:
             os.close(slave)  # the program holds it now; the master reads EIO once every holder closed it
         self.master = master
         os.set_blocking(master, False)
+        self.agent.out.send({"id": self.rid, "ev": "started", "pid": self.pid})
         self.agent.jobs[self.rid] = self
         self.agent.ptys[self.rid] = self
         self.loop.add_reader(self.pidfd, self.on_exit)
@@ -706,10 +712,12 @@ class Terminal:
 
     def on_exit(self):
         """pidfd callback: the program ended; its session goes too, then the terminal drains."""
-        code = exit_code(self.pid)
+        signals = []
+        code = exit_code(self.pid, signals)
         if code is None:
             return
         self.code = code
+        self.signal = signals[0] if signals else None
         self.loop.forget(self.pidfd)
         os.close(self.pidfd)
         kill_tree(self.pid, self.rid)
@@ -731,7 +739,10 @@ class Terminal:
         for rid, _ in self.inputs:  # input still waiting for room goes nowhere now
             self.agent.out.send({"id": rid, "ev": "ok"})
         self.inputs = []
-        self.agent.out.send({"id": self.rid, "ev": "exit", "code": self.code})
+        exit_ = {"id": self.rid, "ev": "exit", "code": self.code}
+        if self.signal:
+            exit_["signal"] = self.signal  # the signal that killed it (code is 128 + it)
+        self.agent.out.send(exit_)
 
 
 def set_size(fd, rows, cols):
