@@ -9,13 +9,17 @@ cd "$(dirname "$0")/.."
 #    podman/runc (a Docker-compatible engine for the docker backend's tests) with the CNI dnsname plugin
 #    (composed services find each other by name; without it experience cannot resolve "nats"), postgresql (the
 #    experience service's PostgreSQL store; its tests start their own server, the package's own cluster is left alone),
-#    chromium (browser sandboxes drive it through Playwright).
+#    chromium (browser sandboxes drive it through Playwright), libseccomp2 (the local backend compiles its sandboxes'
+#    seccomp filter with it), runsc (gVisor: ISOLATION_GVISOR sandboxes on the docker backend).
 missing=()
 for pair in bwrap:bubblewrap debootstrap:debootstrap git:git nft:nftables ip:iproute2 mkfs.ext4:e2fsprogs \
             nsenter:util-linux losetup:mount openssl:openssl podman:podman runc:runc \
             /usr/lib/cni/dnsname:golang-github-containernetworking-plugin-dnsname \
-            pg_ctlcluster:postgresql chromium:chromium; do
-  command -v "${pair%%:*}" >/dev/null 2>&1 || missing+=("${pair#*:}")
+            pg_ctlcluster:postgresql chromium:chromium runsc:runsc \
+            /usr/lib/x86_64-linux-gnu/libseccomp.so.2:libseccomp2; do
+  what="${pair%%:*}"
+  if [[ "$what" == /* ]]; then [[ -e "$what" ]] || missing+=("${pair#*:}")
+  else command -v "$what" >/dev/null 2>&1 || missing+=("${pair#*:}"); fi
 done
 if ((${#missing[@]})); then
   echo "install: apt-get install ${missing[*]}" >&2

@@ -66,6 +66,8 @@ class CreateRequest:
     workdir: str = ""
     from_snapshot: str = ""
     kind: SandboxKind = SandboxKind.CONTAINER
+    isolation: str = ""
+    """"container", "gvisor", or "" for the service's default."""
 
 
 def check_egress(rules: tuple[EgressRule, ...]) -> None:
@@ -271,6 +273,7 @@ class SandboxManager:
             resources=resources, egress=req.egress, ttl_s=req.ttl_s or s.default_ttl_s,
             heartbeat_timeout_s=req.heartbeat_timeout_s, request_id=req.request_id, tenant=tenant,
             from_snapshot=req.from_snapshot, layers=snapshot.layers if snapshot else (), kind=req.kind,
+            isolation="" if browser else req.isolation or s.default_isolation,
         )
         self.sandboxes[sandbox.key] = sandbox
         if req.request_id:
@@ -302,7 +305,7 @@ class SandboxManager:
     def _spec(sandbox: Sandbox) -> SandboxSpec:
         return SandboxSpec(sandbox_id=sandbox.key, image=sandbox.image, workdir=sandbox.workdir,
                            env=sandbox.env, resources=sandbox.resources, egress=sandbox.egress,
-                           layers=sandbox.layers, tenant=sandbox.tenant,
+                           layers=sandbox.layers, tenant=sandbox.tenant, isolation=sandbox.isolation,
                            expire_time=sandbox.create_time + sandbox.ttl_s)
 
     def list_sandboxes(self, label_selector: Mapping[str, str], page_size: int,

@@ -89,6 +89,8 @@ class Sandbox:
     kind: SandboxKind = SandboxKind.CONTAINER
     browser: BrowserSession | None = None
     """A browser sandbox's context and page, once ready."""
+    isolation: str = ""
+    """"container" or "gvisor" (SandboxSpec.isolation); empty for a browser sandbox."""
     key: str = ""
     """Its id unique across tenants (sandbox_key): what the backend, records and the manager's maps use."""
 

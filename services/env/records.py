@@ -23,7 +23,7 @@ def save(folder: Path, sandbox: Sandbox) -> None:
         "resources": vars(sandbox.resources), "egress": [vars(rule) for rule in sandbox.egress],
         "ttl_s": sandbox.ttl_s, "heartbeat_timeout_s": sandbox.heartbeat_timeout_s,
         "request_id": sandbox.request_id, "from_snapshot": sandbox.from_snapshot, "layers": list(sandbox.layers),
-        "kind": sandbox.kind.name.lower(), "key": sandbox.key,
+        "kind": sandbox.kind.name.lower(), "key": sandbox.key, "isolation": sandbox.isolation,
     }
     tmp = folder / f".{sandbox.key}.json.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -61,4 +61,5 @@ def _sandbox(data: dict[str, Any]) -> Sandbox:
         heartbeat_timeout_s=float(data.get("heartbeat_timeout_s", 0.0)), request_id=data.get("request_id", ""),
         from_snapshot=data.get("from_snapshot", ""), layers=tuple(data.get("layers", [])),
         kind=SandboxKind[data.get("kind", "container").upper()], key=data.get("key", ""),
+        isolation=data.get("isolation", "container"),
     )

@@ -28,6 +28,7 @@ ACTIONS = {pb.ACTION_TYPE_CLICK: ActionKind.CLICK, pb.ACTION_TYPE_DOUBLE_CLICK: 
            pb.ACTION_TYPE_TYPE: ActionKind.TYPE, pb.ACTION_TYPE_KEY_PRESS: ActionKind.KEY_PRESS,
            pb.ACTION_TYPE_SCROLL: ActionKind.SCROLL, pb.ACTION_TYPE_NAVIGATE: ActionKind.NAVIGATE,
            pb.ACTION_TYPE_BACK: ActionKind.BACK, pb.ACTION_TYPE_WAIT: ActionKind.WAIT}
+ISOLATIONS = {pb.ISOLATION_UNSPECIFIED: "", pb.ISOLATION_CONTAINER: "container", pb.ISOLATION_GVISOR: "gvisor"}
 FILE_TYPES = {"file": pb.FILE_TYPE_FILE, "directory": pb.FILE_TYPE_DIRECTORY, "symlink": pb.FILE_TYPE_SYMLINK}
 
 
@@ -41,9 +42,11 @@ def sandbox_pb(sb: Sandbox) -> pb.Sandbox:
         env=sb.env, labels=sb.labels,
         network_policy=pb.NetworkPolicy(allow=[pb.EgressRule(cidr=e.cidr, host=e.host, port=e.port)
                                                for e in sb.egress]),
-        workdir=sb.workdir, create_time=timestamp(sb.create_time), expire_time=timestamp(sb.expire_time), ttl=duration(sb.ttl_s),
+        workdir=sb.workdir, create_time=timestamp(sb.create_time), expire_time=timestamp(sb.expire_time),
+        ttl=duration(sb.ttl_s),
         heartbeat_timeout=duration(sb.heartbeat_timeout_s), last_heartbeat_time=timestamp(sb.last_heartbeat_time),
         tenant=sb.tenant, from_snapshot=sb.from_snapshot,
+        isolation={v: k for k, v in ISOLATIONS.items()}.get(sb.isolation, pb.ISOLATION_UNSPECIFIED),
     )
 
 
@@ -108,6 +111,9 @@ class EnvServicer(env_pb2_grpc.EnvServiceServicer):
         if kind is None:
             raise InvalidArgument(f"kind {request.kind} is not a SandboxKind (SANDBOX_KIND_CONTAINER or "
                                   "SANDBOX_KIND_BROWSER)", field="kind")
+        if request.isolation not in ISOLATIONS:
+            raise InvalidArgument(f"isolation {request.isolation} is not an Isolation (ISOLATION_CONTAINER or "
+                                  "ISOLATION_GVISOR)", field="isolation")
         res = request.resources
         if min(res.cpu_millis, res.memory_bytes, res.pids, res.disk_bytes) < 0:
             raise InvalidArgument("resources must not be negative", field="resources")
@@ -118,7 +124,7 @@ class EnvServicer(env_pb2_grpc.EnvServiceServicer):
             ttl_s=span_of(request.ttl, "ttl"),
             heartbeat_timeout_s=span_of(request.heartbeat_timeout, "heartbeat_timeout"),
             sandbox_id=request.sandbox_id, request_id=request.request_id, workdir=request.workdir,
-            from_snapshot=request.from_snapshot, kind=kind,
+            from_snapshot=request.from_snapshot, kind=kind, isolation=ISOLATIONS[request.isolation],
         ))
         return pb.CreateSandboxResponse(sandbox=sandbox_pb(sandbox))
 

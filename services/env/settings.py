@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from orchard.runtime.settings import ServiceSettings
 from orchard.services.env.images import default_images_dir
@@ -74,6 +75,17 @@ class EnvSettings(ServiceSettings):
     docker_image_prefix: str = "localhost/orchard-"
     """docker backend: engine image of sandbox image NAME is PREFIX+NAME (python:3.11-slim →
     localhost/orchard-python:3.11-slim)."""
+    default_isolation: Literal["container", "gvisor"] = "container"
+    """Isolation of a sandbox that asks for none: "container" (namespaces, seccomp; every backend) or "gvisor"
+    (a user-space kernel; the docker and kubernetes backends)."""
+    docker_gvisor_runtime: str = "runsc"
+    """docker backend: the engine's name for its gVisor OCI runtime, asked for per container (Docker honours it)."""
+    docker_gvisor_host: str | None = None
+    """docker backend: an engine whose containers all run on gVisor, for ISOLATION_GVISOR sandboxes (podman's
+    compat API ignores a per-container runtime: start `podman --runtime runsc system service` on the same
+    storage and give its address here). Unset: the main engine with docker_gvisor_runtime."""
+    k8s_gvisor_runtime_class: str = "gvisor"
+    """kubernetes backend: the RuntimeClass that runs pods on gVisor."""
     docker_agent_path: Path | None = None
     """docker backend: the native agent binary bound into containers; unset = scripts/build_agent.sh's output."""
     default_cpu_millis: int = Field(default=0, ge=0)

@@ -23,6 +23,13 @@ exit_command_delay = 5
 tmp_dir = "{w}/tmp"
 [engine.runtimes]
 runc = ["{runc}"]
+{extra_runtimes}"""
+
+# gVisor as the engine's "runsc" runtime. Debian's runsc (2022) runs here on the ptrace platform only (kvm hangs,
+# systrap is newer), with its own network stack off (sandboxes have no network anyway: network_mode none), and
+# --host-uds=create: the agent's socket in its bind-mounted run folder must be one the host can connect to.
+RUNSC_WRAPPER = """#!/bin/sh
+exec {runsc} --platform=ptrace --network=none --host-uds=create "$@"
 """
 
 STORAGE_CONF = """\
@@ -55,21 +62,46 @@ class PodmanEngine:
         self.dir = Path(subprocess.run(["mktemp", "-d", "/tmp/orchard-podman.XXXXXX"], capture_output=True,
                                        text=True, check=True).stdout.strip())
         (self.dir / "tmp").mkdir()
-        (self.dir / "containers.conf").write_text(CONTAINERS_CONF.format(w=self.dir, runc=runc))
+        runsc = shutil.which("runsc")
+        extra = ""
+        if runsc is not None:  # sandboxes with ISOLATION_GVISOR run on it
+            wrapper = self.dir / "runsc-ptrace"
+            wrapper.write_text(RUNSC_WRAPPER.format(runsc=runsc))
+            wrapper.chmod(0o755)
+            extra = f'runsc = ["{wrapper}"]\n'
+        self.gvisor = runsc is not None
+        (self.dir / "containers.conf").write_text(CONTAINERS_CONF.format(w=self.dir, runc=runc, extra_runtimes=extra))
         (self.dir / "storage.conf").write_text(STORAGE_CONF.format(w=self.dir))
         self.env = {**os.environ, "CONTAINERS_CONF": str(self.dir / "containers.conf"),
                     "CONTAINERS_STORAGE_CONF": str(self.dir / "storage.conf")}
         self.socket = self.dir / "podman.sock"
         self.host = f"unix://{self.socket}"
-        self._service = subprocess.Popen(["podman", "system", "service", "--time=0", self.host], env=self.env,
-                                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self._services = [self._serve(self.socket)]
+        self._gvisor_host: str | None = None
+
+    def _serve(self, socket: Path, *flags: str) -> subprocess.Popen[bytes]:
+        service = subprocess.Popen(["podman", *flags, "system", "service", "--time=0", f"unix://{socket}"],
+                                   env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.PIPE)
         deadline = time.monotonic() + 10
-        while not self.socket.exists():
-            if self._service.poll() is not None:
-                raise RuntimeError(f"podman system service failed: {self._service.stderr.read()!r}")  # type: ignore[union-attr]
+        while not socket.exists():
+            if service.poll() is not None:
+                raise RuntimeError(f"podman system service failed: {service.stderr.read()!r}")  # type: ignore[union-attr]
             if time.monotonic() > deadline:
                 raise RuntimeError("podman system service did not listen within 10 s")
             time.sleep(0.02)
+        return service
+
+    @property
+    def gvisor_host(self) -> str:
+        """A second API service on the same storage whose containers all run on gVisor (podman's compat API ignores
+        a per-container runtime); started on first use."""
+        assert self.gvisor, "runsc is not installed"
+        if self._gvisor_host is None:
+            socket = self.dir / "gvisor.sock"
+            self._services.append(self._serve(socket, "--runtime", "runsc"))
+            self._gvisor_host = f"unix://{socket}"
+        return self._gvisor_host
 
     def podman(self, *args: str, timeout: float = 120, input_bytes: bytes | None = None,
                check: bool = True) -> subprocess.CompletedProcess[bytes]:
@@ -108,12 +140,13 @@ class PodmanEngine:
     def close(self) -> None:
         """Remove every container, stop the service and delete the storage."""
         self.podman("rm", "--all", "--force", "--time", "0", timeout=60, check=False)
-        self._service.terminate()
-        try:
-            self._service.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self._service.kill()
-            self._service.wait()
+        for service in self._services:
+            service.terminate()
+            try:
+                service.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                service.kill()
+                service.wait()
         # The storage's overlay mounts go with the storage.
         self.podman("system", "reset", "--force", timeout=120, check=False)
         subprocess.run(["umount", "-R", str(self.dir / "root" / "overlay")], capture_output=True, check=False)

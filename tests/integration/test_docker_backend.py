@@ -5,6 +5,8 @@ localhost/orchard-python:3.11-slim, and the native agent (agent-rs/) bound into 
 from __future__ import annotations
 
 import asyncio
+import os
+import shutil
 import contextlib
 import signal
 import socket
@@ -33,8 +35,14 @@ IMAGE = "python:3.11-slim"
 REF = f"localhost/orchard-{IMAGE}"
 
 @pytest.fixture(scope="module")
-def podman() -> Iterator[str]:
-    """A private podman API service with the python:3.11-slim image; yields its DOCKER_HOST address."""
+def podman(engine: PodmanEngine) -> str:
+    """The DOCKER_HOST address of the engine."""
+    return engine.host
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[PodmanEngine]:
+    """A private podman API service with the python:3.11-slim image."""
     runc = skip_unless_podman()
     pytest.importorskip("docker", reason="pip install 'docker==7.*' (the docker extra)")
     rootfs = default_images_dir() / IMAGE.replace(":", "_") / "rootfs"
@@ -46,7 +54,7 @@ def podman() -> Iterator[str]:
     engine = PodmanEngine(runc)
     try:
         engine.import_rootfs(rootfs, REF)
-        yield engine.host
+        yield engine
     finally:
         engine.close()
 
@@ -319,3 +327,63 @@ async def test_snapshots_are_committed_images(podman: str, start_env: StartEnv) 
     assert [tag.rpartition(":")[2] for tag in _snapshot_images(podman)] == ["a", "b"]  # b stacks deleted a
     await stub.DeleteSnapshot(pb.DeleteSnapshotRequest(snapshot_id="b"), timeout=30)
     assert _snapshot_images(podman) == []
+
+
+async def test_gvisor_isolation_runs_on_a_user_space_kernel(engine: PodmanEngine, start_env: StartEnv) -> None:
+    """ISOLATION_GVISOR: the sandbox's programs see gVisor's kernel, not the host's; exec and files work as in any
+    sandbox; one without it runs on runc. On podman, gVisor sandboxes go to a second engine on the same storage
+    (its compat API ignores a per-container runtime: asked for one, the create says so)."""
+    if not engine.gvisor:
+        pytest.skip("gVisor (runsc) is not installed: apt-get install runsc (scripts/install.sh does)")
+    ignored = await _start_docker(start_env, engine.host)
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await ignored.stub.CreateSandbox(pb.CreateSandboxRequest(image=IMAGE, isolation=pb.ISOLATION_GVISOR),
+                                         timeout=60)
+    assert info.value.code() is grpc.StatusCode.FAILED_PRECONDITION and "ignored" in (info.value.details() or "")
+    env = await _start_docker(start_env, engine.host, docker_gvisor_host=engine.gvisor_host)
+    created = await env.stub.CreateSandbox(pb.CreateSandboxRequest(image=IMAGE, isolation=pb.ISOLATION_GVISOR),
+                                           timeout=60)
+    sid = created.sandbox.sandbox_id
+    assert created.sandbox.isolation == pb.ISOLATION_GVISOR
+    kernel = await run(env.stub, sid, "uname -r; dmesg 2>/dev/null | head -1; python3 -c 'print(6*7)'")
+    host = os.uname().release
+    assert kernel.exit_code == 0 and host.encode() not in kernel.stdout and b"gVisor" in kernel.stdout, kernel
+    assert kernel.stdout.rstrip().endswith(b"42")
+    await upload(env.stub, sid, "repo/a.txt", b"one\n")
+    assert b"".join((await download(env.stub, sid, "repo/a.txt"))[1]) == b"one\n"
+    quick = await run(env.stub, sid, "cd repo && git init -q && git add -A && git -c user.email=a@b -c user.name=a "
+                      "commit -qm one && echo two > a.txt && git diff --stat")
+    assert quick.exit_code == 0 and b"1 file changed" in quick.stdout
+    plain = await env.stub.CreateSandbox(pb.CreateSandboxRequest(image=IMAGE), timeout=60)
+    assert plain.sandbox.isolation == pb.ISOLATION_CONTAINER
+    assert host.encode() in (await run(env.stub, plain.sandbox.sandbox_id, "uname -r")).stdout
+
+
+async def test_the_local_backend_refuses_gvisor(env: EnvServer) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await env.stub.CreateSandbox(pb.CreateSandboxRequest(image="host", isolation=pb.ISOLATION_GVISOR), timeout=30)
+    assert info.value.code() is grpc.StatusCode.FAILED_PRECONDITION and "docker backend" in (info.value.details() or "")
+
+
+@pytest.mark.timeout(300)
+async def test_the_quick_start_runs_on_gvisor(engine: PodmanEngine, start_env: StartEnv) -> None:
+    """examples/quickstart.py, unchanged, against a service whose sandboxes default to gVisor: pytest fails, the
+    patch applies, pytest passes."""
+    if not engine.gvisor:
+        pytest.skip("gVisor (runsc) is not installed: apt-get install runsc (scripts/install.sh does)")
+    env = await _start_docker(start_env, engine.host, docker_gvisor_host=engine.gvisor_host,
+                              default_isolation="gvisor")
+    probe = (await env.stub.CreateSandbox(pb.CreateSandboxRequest(image=IMAGE), timeout=60)).sandbox
+    assert probe.isolation == pb.ISOLATION_GVISOR  # the service's default
+    assert os.uname().release.encode() not in (await run(env.stub, probe.sandbox_id, "uname -r")).stdout
+    await env.stub.DeleteSandbox(pb.DeleteSandboxRequest(sandbox_id=probe.sandbox_id), timeout=30)
+    quick = await asyncio.create_subprocess_exec(
+        sys.executable, str(ROOT / "examples" / "quickstart.py"), stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT, env={**os.environ, "ORCHARD_ENV_ADDRESS": f"127.0.0.1:{env.server.port}"})
+    out, _ = await asyncio.wait_for(quick.communicate(), 240)
+    text = out.decode()
+    assert quick.returncode == 0, text
+    failing, passing = text.split("test session starts")
+    assert "1 failed, 3 passed" in failing and "4 passed" in passing and text.rstrip().endswith(" 0"), text
+    listed = await env.stub.ListSandboxes(pb.ListSandboxesRequest(), timeout=10)
+    assert not listed.sandboxes  # the quick start deleted its sandbox

@@ -12,7 +12,7 @@ from types import TracebackType
 from typing import Self
 
 from orchard.env.v1 import env_pb2 as pb
-from orchard.errors import NotFound
+from orchard.errors import InvalidArgument, NotFound
 from orchard.sdk.config import ClientConfig, load_config
 from orchard.sdk.results import SnapshotInfo, sandbox_info, snapshot_info
 from orchard.sdk.sandbox import AsyncSandbox, duration
@@ -24,6 +24,7 @@ log = logging.getLogger("orchard.sdk")
 PREFIX_LABEL = "orchard.prefix"
 """Label set on sandboxes created by a client with a prefix."""
 OPEN_EGRESS = (pb.EgressRule(cidr="0.0.0.0/0"), pb.EgressRule(cidr="::/0"))
+ISOLATION = {None: pb.ISOLATION_UNSPECIFIED, "container": pb.ISOLATION_CONTAINER, "gvisor": pb.ISOLATION_GVISOR}
 CLEANUP_CONCURRENCY = 64
 
 
@@ -142,6 +143,7 @@ class AsyncSandboxClient:
         env: Mapping[str, str] | None = None,
         labels: Mapping[str, str] | None = None,
         from_snapshot: str | None = None,
+        isolation: str | None = None,
     ) -> AsyncSandbox:
         """Create a sandbox from `image` (or from a snapshot) and return it ready.
 
@@ -158,7 +160,11 @@ class AsyncSandboxClient:
             labels: labels for filtering (list_sandboxes) and bulk cleanup.
             from_snapshot: the id of a snapshot (AsyncSandbox.snapshot) whose files the sandbox starts with;
                 it stacks them over its image without copying, so forking many is about as fast as creating many.
+            isolation: "container" (namespaces and seccomp) or "gvisor" (a user-space kernel; docker and
+                kubernetes backends); the service default when None.
         """
+        if isolation not in ISOLATION:
+            raise InvalidArgument(f"isolation {isolation!r} is not one of 'container', 'gvisor'", field="isolation")
         labels = dict(labels or {})
         prefix = self.config.prefix
         if prefix:
@@ -169,7 +175,7 @@ class AsyncSandboxClient:
             image=image, resources=pb.Resources(cpu_millis=cpu_millis(cpu), memory_bytes=memory_bytes(memory)),
             env=dict(env or {}), labels=labels, ttl=duration(timeout or 0),
             network_policy=pb.NetworkPolicy(allow=[] if block_network else OPEN_EGRESS),
-            sandbox_id=sandbox_id or "", from_snapshot=from_snapshot or "",
+            sandbox_id=sandbox_id or "", from_snapshot=from_snapshot or "", isolation=ISOLATION[isolation],
             request_id=uuid.uuid4().hex,  # one per create, kept across retries: a retry never makes a second sandbox
         )
         response = await self._transport.unary("CreateSandbox", request, idempotent=True)

@@ -294,10 +294,11 @@ class SandboxClient:
     def create_sandbox(self, image: str = "", block_network: bool = True, sandbox_id: str | None = None,
                        cpu: str | float | None = None, memory: str | int | None = None, timeout: float | None = 3600,
                        wait_ready: bool = True, env: Mapping[str, str] | None = None,
-                       labels: Mapping[str, str] | None = None, from_snapshot: str | None = None) -> Sandbox:
+                       labels: Mapping[str, str] | None = None, from_snapshot: str | None = None,
+                       isolation: str | None = None) -> Sandbox:
         """Create a sandbox (from an image or a snapshot) and return it ready; see AsyncSandboxClient.create_sandbox."""
         sandbox = self._run.run(self._client.create_sandbox(image, block_network, sandbox_id, cpu, memory, timeout,
-                                                            wait_ready, env, labels, from_snapshot))
+                                                            wait_ready, env, labels, from_snapshot, isolation))
         return Sandbox(sandbox, self._run)
 
     def create_browser(self, allow: Sequence[str] = (), *, sandbox_id: str | None = None,

@@ -46,6 +46,8 @@ class SandboxSpec:
     """The tenant that owns it; backends may label what they make with it (isolation is the manager's)."""
     expire_time: float = 0.0
     """When its ttl runs out (epoch seconds; 0 = not set); backends may label what they make with it."""
+    isolation: str = "container"
+    """What isolates it: "container" (namespaces, seccomp) or "gvisor" (a user-space kernel)."""
 
 
 @dataclass(frozen=True)

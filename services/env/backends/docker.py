@@ -83,6 +83,7 @@ class DockerBackend:
         self._snapshot_repo = f"localhost/orchard-snapshot-{self._service[:8]}"
         self._agent = Path(settings.docker_agent_path) if settings.docker_agent_path else default_agent_path()
         self._client: Any = None
+        self._gvisor_client: Any = None
         self._containers: dict[str, Any] = {}
         self._clients: dict[str, AgentClient] = {}
         self._layers: dict[str, tuple[str, ...]] = {}  # sandbox id -> the snapshot layers it was made from
@@ -100,6 +101,22 @@ class DockerBackend:
                 raise FailedPrecondition(f"cannot reach the container engine "
                                          f"({self._settings.docker_host or 'DOCKER_HOST'}): {err}") from None
         return self._client
+
+    def _engine_for(self, isolation: str) -> tuple[Any, dict[str, str]]:
+        """The engine client a sandbox of this isolation is created on, and the create() arguments it needs."""
+        if isolation != "gvisor":
+            return self._connect(), {}
+        address = self._settings.docker_gvisor_host
+        if address is None:
+            return self._connect(), {"runtime": self._settings.docker_gvisor_runtime}
+        if self._gvisor_client is None:
+            try:
+                self._gvisor_client = self._docker.DockerClient(base_url=address, timeout=60)
+                self._gvisor_client.ping()
+            except self._docker.errors.DockerException as err:
+                self._gvisor_client = None
+                raise FailedPrecondition(f"cannot reach the gVisor container engine ({address}): {err}") from None
+        return self._gvisor_client, {}
 
     async def start(self) -> None:
         """Check the engine and the agent binary. (What a previous run left is for recover().)"""
@@ -144,7 +161,7 @@ class DockerBackend:
         return f"{self._snapshot_repo}:{snapshot_id}"
 
     def _create_container(self, spec: SandboxSpec, home: Path) -> Any:
-        client = self._connect()
+        client, runtime = self._engine_for(spec.isolation)
         # A snapshot's image holds its whole stack of layers: the top one is all a sandbox needs.
         ref = self._snapshot_ref(spec.layers[0]) if spec.layers else self.image_ref(spec.image)
         try:
@@ -168,6 +185,10 @@ class DockerBackend:
                 environment=env,
                 volumes={str(home): {"bind": RUN_DIR, "mode": "rw"},
                          str(self._agent): {"bind": AGENT_PATH, "mode": "ro"}},
+                # Never privileged, no added capabilities: the engine's default profile (seccomp, masked and
+                # read-only /proc paths, dropped capabilities) applies.
+                privileged=False,
+                **runtime,
                 **_limits(spec),
             )
         except self._docker.errors.APIError as err:
@@ -178,6 +199,12 @@ class DockerBackend:
                     "mounted with pquota)") from None
             raise
         self._containers[spec.sandbox_id] = container
+        if runtime and container.attrs.get("HostConfig", {}).get("Runtime") != runtime["runtime"]:
+            raise FailedPrecondition(
+                f"the container engine ignored the {runtime['runtime']!r} runtime asked for (podman's compat API "
+                "does): start an engine whose default runtime is gVisor (`podman --runtime runsc system service "
+                "unix:///run/orchard-gvisor.sock`, same storage) and set ORCHARD_ENV_DOCKER_GVISOR_HOST to it",
+                field="isolation")
         container.start()
         return container
 

@@ -98,11 +98,13 @@ def _labels(cfg: PodConfig, sandbox_id: str | None, image: str) -> dict[str, str
 
 def sandbox_pod(cfg: PodConfig, *, name: str, image: str, container_image: str, token: str, workdir: str,
                 env: dict[str, str], resources: Resources, expire_s: float, ttl_s: float, tenant: str,
-                sandbox_id: str | None) -> dict[str, Any]:
+                sandbox_id: str | None, runtime_class: str | None = None) -> dict[str, Any]:
     """The Pod of one sandbox (sandbox_id None: a warm pool's, handed out later with handout_patch).
 
     The init container installs the agent from its own image into an emptyDir; the sandbox container runs it on
-    the Pod IP. Requests equal limits, so the scheduler reserves what the sandbox may use.
+    the Pod IP. Requests equal limits, so the scheduler reserves what the sandbox may use. Never privileged, the
+    runtime's default seccomp profile, no privilege escalation: the runtime's masked and read-only /proc paths
+    stay. `runtime_class` (e.g. gVisor's) overrides the service's.
     """
     limits = resource_list(resources)
     agent_env = [{"name": POD_IP_ENV, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
@@ -144,8 +146,8 @@ def sandbox_pod(cfg: PodConfig, *, name: str, image: str, container_image: str, 
             "volumeMounts": [{"name": "orchard-agent", "mountPath": AGENT_DIR, "readOnly": True}],
         }],
     }
-    if cfg.runtime_class:
-        spec["runtimeClassName"] = cfg.runtime_class
+    if runtime_class or cfg.runtime_class:
+        spec["runtimeClassName"] = runtime_class or cfg.runtime_class
     return {
         "apiVersion": "v1",
         "kind": "Pod",

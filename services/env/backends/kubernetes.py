@@ -204,10 +204,16 @@ class KubernetesBackend:
         return self._settings.k8s_images.get(image) or f"{self._settings.k8s_image_prefix}{image}"
 
     def _pod_manifest(self, name: str, token: str, *, image: str, workdir: str, env: dict[str, str],
-                      resources: Resources, sandbox_id: str | None, tenant: str, expire_s: float) -> dict[str, Any]:
+                      resources: Resources, sandbox_id: str | None, tenant: str, expire_s: float,
+                      isolation: str = "container") -> dict[str, Any]:
         return m.sandbox_pod(self._cfg, name=name, image=image, container_image=self.container_image(image),
                              token=token, workdir=workdir, env=env, resources=resources, expire_s=expire_s,
-                             ttl_s=max(expire_s - time.time(), 1), tenant=tenant, sandbox_id=sandbox_id)
+                             ttl_s=max(expire_s - time.time(), 1), tenant=tenant, sandbox_id=sandbox_id,
+                             runtime_class=self._runtime_class(isolation))
+
+    def _runtime_class(self, isolation: str) -> str | None:
+        """The RuntimeClass of a sandbox's pod: gVisor's for isolation "gvisor", else the service's (if any)."""
+        return self._settings.k8s_gvisor_runtime_class if isolation == "gvisor" else self._cfg.runtime_class
 
     async def _create_pod(self, manifest: dict[str, Any]) -> None:
         await self._send(f"create pod {manifest['metadata']['name']}", self._core.create_namespaced_pod,
@@ -223,7 +229,8 @@ class KubernetesBackend:
         return pod
 
     def _fits_pool(self, spec: SandboxSpec) -> bool:
-        return not spec.env and spec.resources == self._defaults
+        return (not spec.env and spec.resources == self._defaults
+                and self._runtime_class(spec.isolation) == self._cfg.runtime_class)
 
     async def create(self, spec: SandboxSpec) -> AgentClient:
         if spec.layers:
@@ -247,7 +254,8 @@ class KubernetesBackend:
                 await self._create_pod(self._pod_manifest(pod.name, pod.token, image=spec.image,
                                                           workdir=spec.workdir, env=spec.env,
                                                           resources=spec.resources, sandbox_id=sid,
-                                                          tenant=tenant, expire_s=expire_s))
+                                                          tenant=tenant, expire_s=expire_s,
+                                                          isolation=spec.isolation))
             if policy is not None:
                 await self._apply_policy(pod, policy)
             state = await self._started(pod.name, sid)

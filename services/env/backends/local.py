@@ -193,6 +193,10 @@ class LocalBackend:
         return argv
 
     async def create(self, spec: SandboxSpec) -> AgentClient:
+        if spec.isolation == "gvisor":
+            raise FailedPrecondition("the local backend isolates sandboxes with bubblewrap (namespaces, seccomp); "
+                                     "gVisor needs the docker backend (an engine with runsc) or the kubernetes "
+                                     "backend (a gvisor RuntimeClass)", field="isolation")
         res = spec.resources
         check_limits(res)
         check_disk(res.disk_bytes, self._settings.state_dir)

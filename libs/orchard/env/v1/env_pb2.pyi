@@ -36,6 +36,12 @@ class ExecState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EXEC_STATE_TIMED_OUT: _ClassVar[ExecState]
     EXEC_STATE_CANCELLED: _ClassVar[ExecState]
 
+class Isolation(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ISOLATION_UNSPECIFIED: _ClassVar[Isolation]
+    ISOLATION_CONTAINER: _ClassVar[Isolation]
+    ISOLATION_GVISOR: _ClassVar[Isolation]
+
 class OutputStream(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     OUTPUT_STREAM_UNSPECIFIED: _ClassVar[OutputStream]
@@ -76,6 +82,9 @@ EXEC_STATE_SUCCEEDED: ExecState
 EXEC_STATE_FAILED: ExecState
 EXEC_STATE_TIMED_OUT: ExecState
 EXEC_STATE_CANCELLED: ExecState
+ISOLATION_UNSPECIFIED: Isolation
+ISOLATION_CONTAINER: Isolation
+ISOLATION_GVISOR: Isolation
 OUTPUT_STREAM_UNSPECIFIED: OutputStream
 OUTPUT_STREAM_STDOUT: OutputStream
 OUTPUT_STREAM_STDERR: OutputStream
@@ -122,7 +131,7 @@ class NetworkPolicy(_message.Message):
     def __init__(self, allow: _Optional[_Iterable[_Union[EgressRule, _Mapping]]] = ...) -> None: ...
 
 class Sandbox(_message.Message):
-    __slots__ = ("name", "sandbox_id", "kind", "image", "state", "failure_reason", "resources", "env", "labels", "network_policy", "workdir", "create_time", "expire_time", "ttl", "heartbeat_timeout", "last_heartbeat_time", "tenant", "from_snapshot")
+    __slots__ = ("name", "sandbox_id", "kind", "image", "state", "failure_reason", "resources", "env", "labels", "network_policy", "workdir", "create_time", "expire_time", "ttl", "heartbeat_timeout", "last_heartbeat_time", "tenant", "from_snapshot", "isolation")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -155,6 +164,7 @@ class Sandbox(_message.Message):
     LAST_HEARTBEAT_TIME_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     FROM_SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    ISOLATION_FIELD_NUMBER: _ClassVar[int]
     name: str
     sandbox_id: str
     kind: SandboxKind
@@ -173,10 +183,11 @@ class Sandbox(_message.Message):
     last_heartbeat_time: _timestamp_pb2.Timestamp
     tenant: str
     from_snapshot: str
-    def __init__(self, name: _Optional[str] = ..., sandbox_id: _Optional[str] = ..., kind: _Optional[_Union[SandboxKind, str]] = ..., image: _Optional[str] = ..., state: _Optional[_Union[SandboxState, str]] = ..., failure_reason: _Optional[str] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., env: _Optional[_Mapping[str, str]] = ..., labels: _Optional[_Mapping[str, str]] = ..., network_policy: _Optional[_Union[NetworkPolicy, _Mapping]] = ..., workdir: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., heartbeat_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., last_heartbeat_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., tenant: _Optional[str] = ..., from_snapshot: _Optional[str] = ...) -> None: ...
+    isolation: Isolation
+    def __init__(self, name: _Optional[str] = ..., sandbox_id: _Optional[str] = ..., kind: _Optional[_Union[SandboxKind, str]] = ..., image: _Optional[str] = ..., state: _Optional[_Union[SandboxState, str]] = ..., failure_reason: _Optional[str] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., env: _Optional[_Mapping[str, str]] = ..., labels: _Optional[_Mapping[str, str]] = ..., network_policy: _Optional[_Union[NetworkPolicy, _Mapping]] = ..., workdir: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., heartbeat_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., last_heartbeat_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., tenant: _Optional[str] = ..., from_snapshot: _Optional[str] = ..., isolation: _Optional[_Union[Isolation, str]] = ...) -> None: ...
 
 class CreateSandboxRequest(_message.Message):
-    __slots__ = ("image", "kind", "resources", "env", "labels", "ttl", "heartbeat_timeout", "network_policy", "sandbox_id", "request_id", "workdir", "from_snapshot")
+    __slots__ = ("image", "kind", "resources", "env", "labels", "ttl", "heartbeat_timeout", "network_policy", "sandbox_id", "request_id", "workdir", "from_snapshot", "isolation")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -203,6 +214,7 @@ class CreateSandboxRequest(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     WORKDIR_FIELD_NUMBER: _ClassVar[int]
     FROM_SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    ISOLATION_FIELD_NUMBER: _ClassVar[int]
     image: str
     kind: SandboxKind
     resources: Resources
@@ -215,7 +227,8 @@ class CreateSandboxRequest(_message.Message):
     request_id: str
     workdir: str
     from_snapshot: str
-    def __init__(self, image: _Optional[str] = ..., kind: _Optional[_Union[SandboxKind, str]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., env: _Optional[_Mapping[str, str]] = ..., labels: _Optional[_Mapping[str, str]] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., heartbeat_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., network_policy: _Optional[_Union[NetworkPolicy, _Mapping]] = ..., sandbox_id: _Optional[str] = ..., request_id: _Optional[str] = ..., workdir: _Optional[str] = ..., from_snapshot: _Optional[str] = ...) -> None: ...
+    isolation: Isolation
+    def __init__(self, image: _Optional[str] = ..., kind: _Optional[_Union[SandboxKind, str]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., env: _Optional[_Mapping[str, str]] = ..., labels: _Optional[_Mapping[str, str]] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., heartbeat_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., network_policy: _Optional[_Union[NetworkPolicy, _Mapping]] = ..., sandbox_id: _Optional[str] = ..., request_id: _Optional[str] = ..., workdir: _Optional[str] = ..., from_snapshot: _Optional[str] = ..., isolation: _Optional[_Union[Isolation, str]] = ...) -> None: ...
 
 class CreateSandboxResponse(_message.Message):
     __slots__ = ("sandbox",)

@@ -211,3 +211,28 @@ def test_pod_state_from_status(status: dict[str, Any], expected: dict[str, Any])
     state = PodState.of({"metadata": {"name": "p", "labels": {"a": "b"}}, "status": status})
     assert state.name == "p" and state.labels == {"a": "b"}
     assert {k: getattr(state, k) for k in expected} == expected
+
+
+@pytest.mark.parametrize("kw", SPECS.values(), ids=SPECS.keys())
+def test_pods_keep_the_runtime_defaults(kw: dict[str, Any]) -> None:
+    """No pod is privileged, adds a dangerous capability, escalates privileges, or leaves the runtime's default
+    seccomp profile (which is also what keeps its masked and read-only /proc paths: nothing sets procMount)."""
+    spec = pod(**kw)["spec"]
+    assert spec["securityContext"] == {"seccompProfile": {"type": "RuntimeDefault"}}
+    assert "hostPID" not in spec and "hostNetwork" not in spec and "hostIPC" not in spec
+    for container in spec["containers"] + spec["initContainers"]:
+        ctx = container["securityContext"]
+        assert ctx.get("privileged") is not True and ctx["allowPrivilegeEscalation"] is False
+        assert "procMount" not in ctx and ctx["capabilities"]["drop"] == ["ALL"]
+        assert not set(ctx["capabilities"].get("add", [])) & {"SYS_ADMIN", "NET_ADMIN", "SYS_PTRACE", "SYS_MODULE",
+                                                              "NET_RAW", "SYS_RAWIO", "MKNOD"}
+
+
+def test_a_gvisor_sandbox_names_gvisors_runtime_class() -> None:
+    plain = m.sandbox_pod(CFG, name="orchard-x", image="i", container_image="i", token="k" * 32, workdir="/w",
+                          env={}, resources=Resources(), expire_s=NOW, ttl_s=60, tenant="t", sandbox_id="sb-2")
+    gvisor = m.sandbox_pod(CFG, name="orchard-x", image="i", container_image="i", token="k" * 32, workdir="/w",
+                           env={}, resources=Resources(), expire_s=NOW, ttl_s=60, tenant="t", sandbox_id="sb-2",
+                           runtime_class="gvisor")
+    assert "runtimeClassName" not in plain["spec"] and gvisor["spec"]["runtimeClassName"] == "gvisor"
+    validate(gvisor)
