@@ -22,10 +22,10 @@ from orchard.errors import FailedPrecondition
 
 READONLY_PATHS = ("/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger")
 """runc's default read-only paths: the kernel's knobs stay readable, no write reaches the host."""
-MASKED_PATHS = ("/proc/acpi", "/proc/asound", "/proc/interrupts", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
-                "/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi", "/proc/kallsyms",
-                "/sys/firmware", "/sys/devices/virtual/powercap")
-"""runc's default masked paths (plus /proc/kallsyms): files read as /dev/null, folders as an empty read-only
+MASKED_PATHS = ("/proc/acpi", "/proc/asound", "/proc/interrupts", "/proc/kcore", "/proc/keys", "/proc/key-users",
+                "/proc/latency_stats", "/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi",
+                "/proc/kallsyms", "/sys/firmware", "/sys/devices/virtual/powercap")
+"""runc's default masked paths (plus /proc/kallsyms and /proc/key-users): files read as /dev/null, folders as an empty read-only
 tmpfs. They tell a sandbox about the host's hardware, kernel memory and other users' keys."""
 
 DENIED_SYSCALLS = (
