@@ -85,7 +85,9 @@ def _rollout(run_id: str, env_port: int, nats_port: int, inference_port: int, ou
     assert table[-1].startswith("pass@1 ") and f" pass@{K} " in table[-1]
     resolved = sum(int(row.split()[1].split("/")[0]) for row in table[1:-1])
     assert f"resolved {resolved}/{len(TASKS) * K}" in table[-1]
-    assert f"{len(TASKS)}/{len(TASKS) * K} rollouts" in rollout.stderr  # the progress bar's last state
+    # The progress in a log: plain lines (no \r frames), the last one with the final counts.
+    progress = [line for line in rollout.stderr.splitlines() if line.startswith("[")]
+    assert "\r" not in rollout.stderr and f"{len(TASKS) * K}/{len(TASKS) * K} rollouts" in progress[-1]
     assert f"stored {len(TASKS) * K} rollouts" in rollout.stdout and "published " in rollout.stdout
     report = json.loads((out / run_id / "report.json").read_text())
     assert (report["total_instances"], report["submitted_instances"], report["schema_version"]) == (

@@ -92,7 +92,7 @@ def test_clear_errors() -> None:
     start = time.monotonic()
     down = orchard("sandbox", "ls", address=f"127.0.0.1:{_free_port()}")
     assert down.returncode == 1 and "127.0.0.1" in down.stderr and "orchard up" in down.stderr
-    assert time.monotonic() - start < 15
+    assert time.monotonic() - start < 45  # one CLI start (seconds on a busy machine), not a retry loop
 
 
 def test_image_ls_lists_host_and_recipes() -> None:
@@ -253,7 +253,9 @@ async def test_train_follows_the_job_and_pushes_its_checkpoint(experience: str, 
                                                  "--lr", "1e-3", "--job-id", "cli-sft", "--push", *addresses)
             assert code == 0, out + err
             assert "job cli-sft: sft of" in err and "rollouts of run before" in err
-            assert [line.split()[1] for line in err.splitlines() if line.startswith("[")] == ["step"] * 4
+            steps = [line for line in err.splitlines() if line.startswith("[")]
+            # Not a terminal: plain lines (no \r frames), at most one every few seconds, the last step always.
+            assert "\r" not in err and 1 <= len(steps) <= 4 and "step 4/4 " in steps[-1], err
             assert "step 4/4  loss " in err and "tokens/s" in err and "job cli-sft SUCCEEDED" in err
             assert "job cli-sft SUCCEEDED in " in out and "4 steps on 4 samples, final loss " in out
             assert "checkpoint cli-sft-step-4 at " in out
@@ -341,6 +343,6 @@ def test_train_and_eval_say_what_is_wrong() -> None:
     assert "orchard up" in down.stderr and "Traceback" not in down.stderr
     no_push = orchard("train", "--run", "r", "--push", "--inference-address", f"127.0.0.1:{port}")
     assert no_push.returncode == 1 and f"cannot reach the inference service at 127.0.0.1:{port}" in no_push.stderr
-    assert time.monotonic() - start < 30
+    assert time.monotonic() - start < 90  # two CLI starts, not retry loops
     compare = orchard("eval", "rollouts.jsonl", "--compare", "before")
     assert compare.returncode == 1 and "give the later one with --run" in compare.stderr

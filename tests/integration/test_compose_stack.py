@@ -154,10 +154,16 @@ async def test_compose_up_runs_a_sandbox_command_and_stores_a_rollout(
             await publisher.publish(event)
     async with grpc.aio.insecure_channel(f"127.0.0.1:{experience_port}") as channel:
         stub = experience_pb2_grpc.ExperienceServiceStub(channel)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 120  # a busy machine slows containers a lot: poll, don't time one call
         while True:
-            listed = await stub.ListTrajectories(xpb.ListTrajectoriesRequest(
-                filter=xpb.TrajectoryFilter(run_ids=["compose-run"])), timeout=10)
+            try:
+                listed = await stub.ListTrajectories(xpb.ListTrajectoriesRequest(
+                    filter=xpb.TrajectoryFilter(run_ids=["compose-run"])), timeout=30)
+            except grpc.aio.AioRpcError as err:
+                if err.code() not in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE) or \
+                        time.monotonic() > deadline:
+                    raise
+                continue
             if listed.trajectories or time.monotonic() > deadline:
                 break
             await asyncio.sleep(0.2)

@@ -108,7 +108,7 @@ async def test_command_timeout_and_step_budget(client: AsyncSandboxClient) -> No
     assert traj.stop_reason == tpb.STOP_REASON_STEP_LIMIT and len(traj.steps) == 2
     assert traj.steps[0].action_status == tpb.ACTION_STATUS_TIMED_OUT
     assert "timed out after 1s" in traj.steps[0].observations[0].message.content
-    assert traj.duration.ToNanoseconds() / 1e9 < 20
+    assert traj.duration.ToNanoseconds() / 1e9 < 40  # two 1 s timeouts, not two sleep 30s
     assert not [s async for s in client.list_sandboxes()]  # the harness deleted its sandbox
 
 
@@ -117,7 +117,7 @@ async def test_wall_clock_budget_stops_a_long_command(client: AsyncSandboxClient
     started = time.monotonic()
     traj = await AgentLoop(ScriptedModel(replay([tool_call("bash", command="sleep 60")])),
                            Limits(wall_clock_s=3)).run(harness)
-    assert traj.stop_reason == tpb.STOP_REASON_TIME_LIMIT and time.monotonic() - started < 15
+    assert traj.stop_reason == tpb.STOP_REASON_TIME_LIMIT and time.monotonic() - started < 40  # not sleep 60
     assert not [s async for s in client.list_sandboxes()]
 
 

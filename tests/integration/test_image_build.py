@@ -59,5 +59,5 @@ async def test_build_python_image_and_run_it() -> None:
 
     started = time.monotonic()
     again = await store.build("python:3.11-slim")
-    assert time.monotonic() - started < 1
+    assert time.monotonic() - started < 10  # from the cache (a build takes a minute)
     assert again == image

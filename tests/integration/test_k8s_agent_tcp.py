@@ -82,7 +82,7 @@ async def test_exec_and_files_over_tcp(agent: tuple[int, asyncio.subprocess.Proc
             assert (await run(client, ["true"]))[0] == 0
         per_exec_ms = (time.perf_counter() - began) / rounds * 1000
         print(f"exec over TCP: {per_exec_ms:.2f} ms per `true`")
-        assert per_exec_ms < 100
+        assert per_exec_ms < 1000  # not pathological (bench/ measures it; a busy machine slows it)
     finally:
         await client.close("test over")
 

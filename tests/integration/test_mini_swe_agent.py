@@ -153,7 +153,7 @@ def test_the_shell_is_clean_and_non_interactive(address: str) -> None:
 def test_a_timeout_kills_the_command_and_returns_minus_one(environment: OrchardEnvironment) -> None:
     started = time.monotonic()
     out = environment.execute({"command": "echo started; sleep 30 & wait"}, timeout=1)
-    assert time.monotonic() - started < 15
+    assert time.monotonic() - started < 25  # the 1 s timeout, not the sleep 30
     assert out["returncode"] == -1 and out["output"] == "started\n"
     assert "timed out after 1 seconds" in out["exception_info"]
     assert environment.execute({"command": "echo alive"})["output"] == "alive\n"  # the sandbox lives on

@@ -185,8 +185,8 @@ async def test_batch_judge_honours_the_deadline(stack: Stack) -> None:
     """Judges that cannot finish before the caller's deadline fall back (with the reason) instead of failing."""
     started = time.monotonic()
     reply = await stack.reward.BatchJudgeTrajectories(pb.BatchJudgeTrajectoriesRequest(
-        requests=[judge_request(max_tokens=400) for _ in range(3)]), timeout=1.5)
-    assert time.monotonic() - started < 1.5
+        requests=[judge_request(max_tokens=400) for _ in range(3)]), timeout=4)
+    assert time.monotonic() - started < 4  # answered within the caller's deadline (three judges take minutes)
     assert len(reply.rewards) == 3
     for r in reply.rewards:
         assert_judge_contract(r)

@@ -243,7 +243,7 @@ async def test_auth(start_server: StartServer, caplog: pytest.LogCaptureFixture)
 
 async def test_graceful_stop(start_server: StartServer) -> None:
     """stop() flips health to NOT_SERVING, lets an in-flight RPC finish, runs callbacks, then refuses calls."""
-    server, servicer, channel = await start_server(grace_period_s=5.0)
+    server, servicer, channel = await start_server(grace_period_s=30.0)
     events: list[str] = []
 
     async def record(name: str) -> None:
@@ -264,7 +264,7 @@ async def test_graceful_stop(start_server: StartServer) -> None:
     assert not slow.done() and not events
     assert await slow == "sleep 0.5"
     await stopping
-    assert time.monotonic() - started < 3  # drained as soon as the slow call ended, not after the grace
+    assert time.monotonic() - started < 20  # drained as soon as the slow call ended, not after the 30 s grace
     assert events == ["last registered", "first registered"]
 
     err = await rpc_error(echo(channel, "late"))

@@ -256,7 +256,7 @@ async def test_unreachable_service_fails_fast() -> None:
     started = time.monotonic()
     with pytest.raises(ConnectionError) as info:
         await AsyncSandboxClient.connect(target)
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 20  # seconds, not the retry budget of minutes
     assert isinstance(info.value, Unavailable)
     assert target in str(info.value) and "orchard serve env" in str(info.value)
 

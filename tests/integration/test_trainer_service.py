@@ -260,7 +260,7 @@ async def test_wait_job_returns_when_its_timeout_passes(tiny: Path, data: Path, 
         started = asyncio.get_running_loop().time()
         response = await stub.WaitJob(pb.WaitJobRequest(job_id="slow", timeout=Duration(seconds=1)))
         assert not response.done and response.job.state in (pb.JOB_STATE_QUEUED, pb.JOB_STATE_RUNNING)
-        assert asyncio.get_running_loop().time() - started < 5
+        assert asyncio.get_running_loop().time() - started < 30  # its 1 s timeout, long before the job's end
         await stub.CancelJob(pb.CancelJobRequest(job_id="slow"))
 
 
