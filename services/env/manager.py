@@ -131,6 +131,7 @@ class SandboxManager:
         out; remember the others as ended, so GetSandbox says why. Then sweep."""
         self._records.mkdir(parents=True, exist_ok=True)
         await asyncio.to_thread(self.commands.start)
+        await self.snapshots.start()
         left = records.load_all(self._records)
         now = time.time()
         taken: dict[str, AgentClient] = {}
@@ -160,7 +161,10 @@ class SandboxManager:
 
     async def close(self) -> None:
         """Stop sweeping, cancel running commands, and destroy every sandbox (every tenant's)."""
-        tenancy.set_tenant(tenancy.SYSTEM)
+        with tenancy.as_tenant(tenancy.SYSTEM):  # scoped: the caller's own tenant is left as it was
+            await self._close()
+
+    async def _close(self) -> None:
         if self._sweeper is not None:
             self._sweeper.cancel()
         for task in list(self._tasks):
@@ -169,6 +173,7 @@ class SandboxManager:
         await asyncio.gather(*(self.delete_sandbox(sid, reason="the env service stopped")
                                for sid in list(self.sandboxes)), return_exceptions=True)
         await self.browsers.close()
+        await self.snapshots.close()
         await self.backend.close()
 
     def spawn(self, coro: object, name: str) -> None:

@@ -173,3 +173,5 @@ class Snapshot:
     """The tenant that took it; other tenants get NOT_FOUND for it."""
     create_time: float = field(default_factory=time.time)
     request_id: str = ""
+    keep: bool = False
+    """Kept across restarts of the service (a record on disk); otherwise it ends with the service."""

@@ -53,7 +53,7 @@ def sandbox_pb(sb: Sandbox) -> pb.Sandbox:
 def snapshot_pb(snap: Snapshot) -> pb.Snapshot:
     return pb.Snapshot(name=f"snapshots/{snap.snapshot_id}", snapshot_id=snap.snapshot_id, sandbox_id=snap.sandbox_id,
                        image=snap.image, size_bytes=snap.size_bytes, create_time=timestamp(snap.create_time),
-                       labels=snap.labels, tenant=snap.tenant)
+                       labels=snap.labels, tenant=snap.tenant, keep=snap.keep)
 
 
 async def exec_pb(ex: Exec, *, read_cap: int = 0) -> pb.Exec:
@@ -155,7 +155,7 @@ class EnvServicer(env_pb2_grpc.EnvServiceServicer):
     async def SnapshotSandbox(self, request: pb.SnapshotSandboxRequest, context: grpc.aio.ServicerContext
                               ) -> pb.SnapshotSandboxResponse:
         snapshot = await self.manager.snapshots.take(request.sandbox_id, request.snapshot_id, dict(request.labels),
-                                                     request.request_id)
+                                                     request.request_id, keep=request.keep)
         return pb.SnapshotSandboxResponse(snapshot=snapshot_pb(snapshot))
 
     async def GetSnapshot(self, request: pb.GetSnapshotRequest, context: grpc.aio.ServicerContext

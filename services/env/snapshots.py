@@ -4,16 +4,22 @@ limits, and when their files may go. The files themselves are the backend's (San
 A snapshot is the sandbox's writable layer, copied; a sandbox made from it stacks that layer (and the layers its
 source sandbox was itself made from) over its image, so making N of them copies nothing. Deleting a snapshot
 removes it from the API at once; its layer stays on disk while a live sandbox or another snapshot still stacks
-it, and goes with the last of them. Snapshots live in the service's memory only: the backend removes their files
-when the service stops or starts.
+it, and goes with the last of them. A snapshot ends with the service unless it was taken with `keep`: then a
+record on disk (<state_dir>/snapshot-records) brings it back at the next start, and its files stay until it is
+deleted (built environments are kept snapshots).
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import json
+import logging
+import os
 import re
 import uuid
+from dataclasses import asdict
+from pathlib import Path
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -24,6 +30,8 @@ from orchard.services.env.models import Snapshot
 
 if TYPE_CHECKING:
     from orchard.services.env.manager import SandboxManager
+
+log = logging.getLogger(__name__)
 
 SNAPSHOT_ID = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 
@@ -47,17 +55,64 @@ class Snapshots:
         self._taking: dict[str, tuple[asyncio.Event, tuple[str, ...]]] = {}  # id -> (done, layers it builds on)
         self._retired: dict[str, Snapshot] = {}  # deleted, but its layer is still stacked by something
         self._by_request: dict[tuple[str, str], str] = {}  # (tenant, request_id) -> snapshot id
+        self._records = manager.settings.state_dir / "snapshot-records"
+
+    async def start(self) -> None:
+        """Take back the kept snapshots of a previous run; remove every other snapshot's files it left."""
+        self._records.mkdir(parents=True, exist_ok=True)
+        for path in sorted(self._records.glob("*.json")):
+            try:
+                data = json.loads(path.read_text())
+                retired = data.pop("retired", False)
+                snapshot = Snapshot(**{**data, "layers": tuple(data["layers"]), "keep": True})
+            except (OSError, ValueError, TypeError, KeyError):
+                log.warning("unreadable snapshot record %s", path)
+                path.unlink(missing_ok=True)
+                continue
+            (self._retired if retired else self._snapshots)[snapshot.snapshot_id] = snapshot
+            if snapshot.request_id and not retired:
+                self._by_request[snapshot.tenant, snapshot.request_id] = snapshot.snapshot_id
+        used = {layer for s in [*self._snapshots.values(), *self._retired.values()] for layer in s.layers}
+        stale = await self._backend.stored_snapshots() - used
+        for snapshot_id in stale:
+            await self._backend.delete_snapshot(snapshot_id)
+        if stale:
+            log.info("removed %d snapshots a previous run left", len(stale))
+        if self._snapshots:
+            log.info("took back %d kept snapshots", len(self._snapshots))
+        await self.collect()
+
+    async def close(self) -> None:
+        """Remove every snapshot that was not kept (the service is stopping); kept ones stay on disk."""
+        kept = {layer for s in [*self._snapshots.values(), *self._retired.values()] if s.keep for layer in s.layers}
+        for snapshot_id in {*self._snapshots, *self._retired} - kept:
+            await self._backend.delete_snapshot(snapshot_id)
+
+    def _save(self, snapshot: Snapshot, *, retired: bool = False) -> None:
+        if not snapshot.keep:
+            return
+        data = {**asdict(snapshot), "layers": list(snapshot.layers), "retired": retired}
+        data.pop("keep")
+        tmp = self._records / f".{snapshot.snapshot_id}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            json.dump(data, out)
+        tmp.replace(self._records / f"{snapshot.snapshot_id}.json")
+
+    def _unrecord(self, snapshot_id: str) -> None:
+        (self._records / f"{snapshot_id}.json").unlink(missing_ok=True)
 
     def get(self, snapshot_id: str, field: str = "snapshot_id") -> Snapshot:
         """The snapshot, if the current tenant may see it; another tenant's is NOT_FOUND, so ids don't leak."""
         check_id(snapshot_id, field)
         snapshot = self._snapshots.get(snapshot_id)
         if snapshot is None or not tenancy.may_access(snapshot.tenant):
-            raise NotFound(f"snapshot {snapshot_id!r} not found (snapshots last until they are deleted or the env "
-                           "service stops)", field=field)
+            raise NotFound(f"snapshot {snapshot_id!r} not found (snapshots last until they are deleted or, unless "
+                           "taken with keep, the env service stops)", field=field)
         return snapshot
 
-    async def take(self, sandbox_id: str, snapshot_id: str, labels: Mapping[str, str], request_id: str) -> Snapshot:
+    async def take(self, sandbox_id: str, snapshot_id: str, labels: Mapping[str, str], request_id: str,
+                   keep: bool = False) -> Snapshot:
         """Snapshot a ready sandbox between its commands: after those started before, before those started after.
 
         Processes still running in the background (and terminal sessions, and uploads in flight) are not
@@ -89,7 +144,8 @@ class Snapshots:
                 files = await self._backend.snapshot(sandbox.key, snapshot_id)
             snapshot = Snapshot(snapshot_id=snapshot_id, sandbox_id=sandbox_id, image=sandbox.image,
                                 layers=files.layers, size_bytes=files.size_bytes, labels=dict(labels),
-                                tenant=sandbox.tenant, request_id=request_id)
+                                tenant=sandbox.tenant, request_id=request_id, keep=keep)
+            self._save(snapshot)
             self._snapshots[snapshot_id] = snapshot
         except BaseException:
             if self._by_request.get((tenant, request_id)) == snapshot_id:
@@ -129,6 +185,7 @@ class Snapshots:
         del self._snapshots[snapshot_id]
         self._by_request.pop((snapshot.tenant, snapshot.request_id), None)
         self._retired[snapshot_id] = snapshot
+        self._save(snapshot, retired=True)
         await self.collect()
         return snapshot
 
@@ -141,4 +198,5 @@ class Snapshots:
         used.update(layer for _, layers in self._taking.values() for layer in layers)
         for snapshot_id in [i for i in self._retired if i not in used]:
             await self._backend.delete_snapshot(snapshot_id)
+            self._unrecord(snapshot_id)
             self._retired.pop(snapshot_id, None)  # only now may its id be taken again

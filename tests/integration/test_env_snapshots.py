@@ -211,14 +211,26 @@ async def test_deleting_a_snapshot_keeps_its_files_for_its_forks(start_env: Star
     await stub.DeleteSandbox(pb.DeleteSandboxRequest(sandbox_id=f2.sandbox_id))
     assert layers_on_disk(env) == []
     assert s2.snapshot_id == "s2"
-    # A snapshot and a fork left alive at stop are removed with the service; a restart starts with none.
+    # A snapshot and a fork left alive at stop are removed with the service; a restart starts with none. A kept
+    # snapshot (and the layers it stacks) outlives the restart, and sandboxes fork from it as before.
     await snapshot(stub, source.sandbox_id, snapshot_id="s3")
     await fork(stub, "s3")
+    await run(stub, source.sandbox_id, "echo kept > kept")
+    kept = (await stub.SnapshotSandbox(pb.SnapshotSandboxRequest(sandbox_id=source.sandbox_id, snapshot_id="s4", keep=True,
+                                                                 labels={"env": "e1"}))).snapshot
+    assert kept.keep
     await env.server.stop()
-    assert layers_on_disk(env) == [] and list((env.settings.state_dir / "sandboxes").iterdir()) == []
+    assert layers_on_disk(env) == ["s4"] and list((env.settings.state_dir / "sandboxes").iterdir()) == []
     again = await start_env(state_dir=env.settings.state_dir)
     err = await rpc_error(again.stub.GetSnapshot(pb.GetSnapshotRequest(snapshot_id="s3")))
     assert err.code() is Code.NOT_FOUND and "service stops" in (err.details() or "")
+    back = (await again.stub.ListSnapshots(pb.ListSnapshotsRequest(label_selector={"env": "e1"}))).snapshots
+    assert [(s.snapshot_id, s.keep) for s in back] == [("s4", True)]
+    child = await fork(again.stub, "s4")
+    assert await sh(again.stub, child.sandbox_id, "cat one kept") == "one\nkept\n"
+    await again.stub.DeleteSandbox(pb.DeleteSandboxRequest(sandbox_id=child.sandbox_id))
+    await again.stub.DeleteSnapshot(pb.DeleteSnapshotRequest(snapshot_id="s4"))
+    assert layers_on_disk(again) == []
 
 
 async def test_a_snapshot_waits_for_earlier_commands_only(start_env: StartEnv) -> None:

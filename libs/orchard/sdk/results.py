@@ -196,6 +196,8 @@ class SnapshotInfo:
     """Bytes of the files it holds over its image (and over the snapshot its sandbox was made from)."""
     labels: dict[str, str] = field(default_factory=dict)
     created_at: float | None = None
+    keep: bool = False
+    """It outlives restarts of the service (until deleted)."""
 
 
 def _seconds(msg: Message, name: str) -> float | None:
@@ -233,4 +235,5 @@ def sandbox_info(sb: pb.Sandbox) -> SandboxInfo:
 
 def snapshot_info(snap: pb.Snapshot) -> SnapshotInfo:
     return SnapshotInfo(snapshot_id=snap.snapshot_id, sandbox_id=snap.sandbox_id, image=snap.image,
-                        size=snap.size_bytes, labels=dict(snap.labels), created_at=_seconds(snap, "create_time"))
+                        size=snap.size_bytes, labels=dict(snap.labels), created_at=_seconds(snap, "create_time"),
+                        keep=snap.keep)

@@ -410,14 +410,17 @@ class AsyncSandbox:
         response = await self._transport.unary("ListFiles", request, idempotent=True)
         return [file_entry(info) for info in response.files]
 
-    async def snapshot(self, labels: Mapping[str, str] | None = None, snapshot_id: str | None = None) -> SnapshotInfo:
+    async def snapshot(self, labels: Mapping[str, str] | None = None, snapshot_id: str | None = None, *,
+                       keep: bool = False) -> SnapshotInfo:
         """Freeze the sandbox's files into a snapshot, taken after the commands started before this call and
         before those started after it; `client.create_sandbox(from_snapshot=snap.snapshot_id)` starts copies of
-        it, cheaply and as many as you like. Processes still running in the background are not paused."""
+        it, cheaply and as many as you like. Processes still running in the background are not paused. A kept
+        snapshot outlives this client (no auto-cleanup) and restarts of the service, until it is deleted."""
         request = pb.SnapshotSandboxRequest(sandbox_id=self.sandbox_id, snapshot_id=snapshot_id or "",
-                                            labels=dict(labels or {}), request_id=uuid.uuid4().hex)
+                                            labels=dict(labels or {}), request_id=uuid.uuid4().hex, keep=keep)
         response = await self._transport.unary("SnapshotSandbox", request, idempotent=True)
-        self._client._snapshots.add(response.snapshot.snapshot_id)
+        if not keep:
+            self._client._snapshots.add(response.snapshot.snapshot_id)
         return snapshot_info(response.snapshot)
 
     async def screenshot(self, full_page: bool = False) -> Screenshot:

@@ -219,9 +219,10 @@ class Sandbox:
     def list_files(self, path: str = "") -> list[FileEntry]:
         return self._run.run(self._sandbox.list_files(path))
 
-    def snapshot(self, labels: Mapping[str, str] | None = None, snapshot_id: str | None = None) -> SnapshotInfo:
+    def snapshot(self, labels: Mapping[str, str] | None = None, snapshot_id: str | None = None, *,
+                 keep: bool = False) -> SnapshotInfo:
         """Freeze the sandbox's files into a snapshot (between its commands); see AsyncSandbox.snapshot."""
-        return self._run.run(self._sandbox.snapshot(labels, snapshot_id))
+        return self._run.run(self._sandbox.snapshot(labels, snapshot_id, keep=keep))
 
     def screenshot(self, full_page: bool = False) -> Screenshot:
         """A PNG of a browser sandbox's page; see AsyncSandbox.screenshot."""

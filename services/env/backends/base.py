@@ -87,12 +87,17 @@ class SandboxBackend(Protocol):
         """Remove a snapshot's layer; the caller makes sure no sandbox stacks it any more. Idempotent."""
         ...
 
+    async def stored_snapshots(self) -> set[str]:
+        """The ids of the snapshots whose files this backend holds (kept ones outlive the service)."""
+        ...
+
     async def oom_kills(self, sandbox_id: str) -> int:
         """How many of the sandbox's processes the kernel has killed for lack of memory so far (0 if untracked)."""
         ...
 
     async def close(self) -> None:
-        """Destroy every sandbox this backend still holds and remove every snapshot (service shutdown)."""
+        """Destroy every sandbox this backend still holds (service shutdown); snapshots are the manager's to
+        remove (kept ones stay)."""
         ...
 
 

@@ -144,7 +144,6 @@ class DockerBackend:
         for path in self._root.iterdir():
             if path.is_dir() and path.name not in taken:
                 await asyncio.to_thread(shutil.rmtree, path, ignore_errors=True)
-        await asyncio.to_thread(self._remove_snapshot_images)  # a sandbox taken back keeps the image it runs
         if leftovers:
             log.info("took back %d of %d containers a previous run left; removed the rest", len(taken), len(leftovers))
         return taken
@@ -288,17 +287,19 @@ class DockerBackend:
         return SnapshotFiles(layers=(snapshot_id, *self._layers[sandbox_id]), size_bytes=int(listed.get("SizeRw") or 0))
 
     async def delete_snapshot(self, snapshot_id: str) -> None:
-        """Untag the snapshot's image; the engine keeps its layers while a later snapshot's image stacks them."""
-        with contextlib.suppress(self._docker.errors.NotFound):
+        """Untag the snapshot's image; the engine keeps its layers while a later snapshot's image stacks them (and
+        the image itself while a container taken back after a crash runs it)."""
+        try:
             await asyncio.to_thread(self._connect().images.remove, self._snapshot_ref(snapshot_id))
+        except self._docker.errors.NotFound:
+            pass
+        except self._docker.errors.APIError as err:
+            log.warning("snapshot image %s stays: %s", self._snapshot_ref(snapshot_id), err.explanation)
 
-    def _remove_snapshot_images(self) -> None:
-        """Remove this service's snapshot images, but those a container still runs."""
-        client = self._connect()
-        for image in client.images.list(name=self._snapshot_repo):
-            for tag in image.tags:
-                with contextlib.suppress(self._docker.errors.APIError):  # in use: a sandbox taken back runs it
-                    client.images.remove(tag)
+    async def stored_snapshots(self) -> set[str]:
+        images = await asyncio.to_thread(self._connect().images.list, name=self._snapshot_repo)
+        return {tag.rsplit(":", 1)[1] for image in images for tag in image.tags
+                if tag.rsplit(":", 1)[0] == self._snapshot_repo}
 
     async def oom_kills(self, sandbox_id: str) -> int:
         """The oom_kill count of the container's memory cgroup, read by its agent: the engine's API does not
@@ -320,7 +321,6 @@ class DockerBackend:
     async def close(self) -> None:
         await asyncio.gather(*(self.destroy(sid) for sid in list(self._containers)))
         if self._client is not None:
-            await asyncio.to_thread(self._remove_snapshot_images)
             await asyncio.to_thread(self._client.close)
             self._client = None
 

@@ -322,6 +322,9 @@ class KubernetesBackend:
     async def snapshot(self, sandbox_id: str, snapshot_id: str) -> SnapshotFiles:
         raise Unimplemented("snapshots are not supported by the kubernetes backend yet")
 
+    async def stored_snapshots(self) -> set[str]:
+        return set()  # no snapshots on this backend yet
+
     async def delete_snapshot(self, snapshot_id: str) -> None:
         return None  # none are ever made
 

@@ -158,9 +158,9 @@ class LocalBackend:
             await asyncio.to_thread(self._remove_dir, path)
         if leftovers:
             log.info("removed %d sandboxes left by a previous run", len(leftovers))
-        if snapshots := list(self._snapshots.iterdir()):
-            await asyncio.gather(*(asyncio.to_thread(shutil.rmtree, p, ignore_errors=True) for p in snapshots))
-            log.info("removed %d snapshots left by a previous run", len(snapshots))
+        for partial in self._snapshots.glob("*/"):  # a snapshot cut short by a crash has no layer folder yet
+            if not (partial / "layer").is_dir():
+                await asyncio.to_thread(shutil.rmtree, partial, ignore_errors=True)
 
     def _remove_dir(self, path: Path) -> None:
         _unmount(path / "rootfs")
@@ -285,14 +285,15 @@ class LocalBackend:
     async def delete_snapshot(self, snapshot_id: str) -> None:
         await asyncio.to_thread(shutil.rmtree, self._snapshots / snapshot_id, ignore_errors=True)
 
+    async def stored_snapshots(self) -> set[str]:
+        return {p.name for p in self._snapshots.iterdir() if p.is_dir()} if self._snapshots.is_dir() else set()
+
     async def oom_kills(self, sandbox_id: str) -> int:
         # A read of a small kernel counter, on the loop: a thread hop would cost more than the read.
         return self._cgroups.oom_kills(sandbox_id)
 
     async def close(self) -> None:
         await asyncio.gather(*(self.destroy(sid) for sid in list(self._procs)))
-        await asyncio.gather(*(asyncio.to_thread(shutil.rmtree, p, ignore_errors=True)
-                               for p in self._snapshots.iterdir()))
         await asyncio.to_thread(self._cgroups.close)
         if self._lock_fd is not None:
             os.close(self._lock_fd)  # releases the flock

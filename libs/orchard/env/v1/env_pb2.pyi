@@ -312,7 +312,7 @@ class SetNetworkPolicyResponse(_message.Message):
     def __init__(self, sandbox: _Optional[_Union[Sandbox, _Mapping]] = ...) -> None: ...
 
 class Snapshot(_message.Message):
-    __slots__ = ("name", "snapshot_id", "sandbox_id", "image", "size_bytes", "create_time", "labels", "tenant")
+    __slots__ = ("name", "snapshot_id", "sandbox_id", "image", "size_bytes", "create_time", "labels", "tenant", "keep")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -328,6 +328,7 @@ class Snapshot(_message.Message):
     CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
+    KEEP_FIELD_NUMBER: _ClassVar[int]
     name: str
     snapshot_id: str
     sandbox_id: str
@@ -336,10 +337,11 @@ class Snapshot(_message.Message):
     create_time: _timestamp_pb2.Timestamp
     labels: _containers.ScalarMap[str, str]
     tenant: str
-    def __init__(self, name: _Optional[str] = ..., snapshot_id: _Optional[str] = ..., sandbox_id: _Optional[str] = ..., image: _Optional[str] = ..., size_bytes: _Optional[int] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., tenant: _Optional[str] = ...) -> None: ...
+    keep: bool
+    def __init__(self, name: _Optional[str] = ..., snapshot_id: _Optional[str] = ..., sandbox_id: _Optional[str] = ..., image: _Optional[str] = ..., size_bytes: _Optional[int] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., tenant: _Optional[str] = ..., keep: _Optional[bool] = ...) -> None: ...
 
 class SnapshotSandboxRequest(_message.Message):
-    __slots__ = ("sandbox_id", "snapshot_id", "labels", "request_id")
+    __slots__ = ("sandbox_id", "snapshot_id", "labels", "request_id", "keep")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -351,11 +353,13 @@ class SnapshotSandboxRequest(_message.Message):
     SNAPSHOT_ID_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    KEEP_FIELD_NUMBER: _ClassVar[int]
     sandbox_id: str
     snapshot_id: str
     labels: _containers.ScalarMap[str, str]
     request_id: str
-    def __init__(self, sandbox_id: _Optional[str] = ..., snapshot_id: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., request_id: _Optional[str] = ...) -> None: ...
+    keep: bool
+    def __init__(self, sandbox_id: _Optional[str] = ..., snapshot_id: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., request_id: _Optional[str] = ..., keep: _Optional[bool] = ...) -> None: ...
 
 class SnapshotSandboxResponse(_message.Message):
     __slots__ = ("snapshot",)
