@@ -115,6 +115,10 @@ class LocalBackend:
         self._images = ImageStore(settings.images_dir)
         self._root = settings.state_dir / "sandboxes"
         self._snapshots = settings.state_dir / "snapshots"
+        # Files of deleted sandboxes and snapshots, renamed here at once and removed in the background: a sandbox
+        # with a big writable layer (a venv) takes seconds to remove, and DeleteSandbox must not wait for it.
+        self._trash = settings.state_dir / "trash"
+        self._removals: set[asyncio.Task[None]] = set()
         self._procs: dict[str, asyncio.subprocess.Process] = {}
         self._layers: dict[str, tuple[str, ...]] = {}  # sandbox id -> the snapshot layers it stacks
         self._clients: dict[str, AgentClient] = {}
@@ -131,6 +135,9 @@ class LocalBackend:
         (its processes died with it; its snapshots lived in its memory)."""
         self._root.mkdir(parents=True, exist_ok=True)
         self._snapshots.mkdir(exist_ok=True)
+        self._trash.mkdir(exist_ok=True)
+        for left in list(self._trash.iterdir()):  # what a crash left mid-removal
+            await asyncio.to_thread(self._remove_dir, left)
         self._lock_fd = os.open(self._settings.state_dir / "service.lock", os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -166,6 +173,21 @@ class LocalBackend:
         _unmount(path / "rootfs")
         _unmount(path / "layer")  # a disk cap's filesystem; its loop device goes with it
         shutil.rmtree(path, ignore_errors=True)
+
+    async def _discard(self, path: Path) -> None:
+        """Make `path` (a sandbox's folder or a snapshot's) vanish now and unmount and remove it in the
+        background (unmounting an overlay with many written files syncs them: most of a second); a crash
+        meanwhile leaves it in the trash folder, which the next start empties."""
+        if not path.exists():
+            return
+        target = self._trash / f"{path.name}-{os.urandom(4).hex()}"
+        try:
+            path.rename(target)  # its mounts move with it
+        except OSError:  # a busy mount point: remove it in place
+            target = path
+        task = asyncio.create_task(asyncio.to_thread(self._remove_dir, target), name=f"remove-{path.name}")
+        self._removals.add(task)
+        task.add_done_callback(self._removals.discard)
 
     def _bwrap_argv(self, spec: SandboxSpec, rootfs: Path, host_image: bool, seccomp_fd: int) -> list[str]:
         argv = [self._settings.bwrap_path, "--bind", str(rootfs), "/", "--dev", "/dev", "--proc", "/proc",
@@ -256,7 +278,7 @@ class LocalBackend:
             await proc.wait()
         await asyncio.to_thread(self._cgroups.remove, sandbox_id)
         await self._net.destroy(sandbox_id)
-        await asyncio.to_thread(self._remove_dir, self._root / sandbox_id)
+        await self._discard(self._root / sandbox_id)
 
     async def set_egress(self, sandbox_id: str, rules: tuple[EgressRule, ...]) -> None:
         await self._net.apply(sandbox_id, rules)
@@ -283,7 +305,7 @@ class LocalBackend:
         return SnapshotFiles(layers=(snapshot_id, *layers), size_bytes=size)
 
     async def delete_snapshot(self, snapshot_id: str) -> None:
-        await asyncio.to_thread(shutil.rmtree, self._snapshots / snapshot_id, ignore_errors=True)
+        await self._discard(self._snapshots / snapshot_id)
 
     async def stored_snapshots(self) -> set[str]:
         return {p.name for p in self._snapshots.iterdir() if p.is_dir()} if self._snapshots.is_dir() else set()
@@ -294,6 +316,7 @@ class LocalBackend:
 
     async def close(self) -> None:
         await asyncio.gather(*(self.destroy(sid) for sid in list(self._procs)))
+        await asyncio.gather(*self._removals)  # files of deleted sandboxes still being removed
         await asyncio.to_thread(self._cgroups.close)
         if self._lock_fd is not None:
             os.close(self._lock_fd)  # releases the flock
