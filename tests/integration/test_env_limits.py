@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 import os
 import signal
 import socket
