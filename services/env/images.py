@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from orchard.errors import FailedPrecondition, InvalidArgument, Unavailable
+from orchard.errors import AlreadyExists, FailedPrecondition, InvalidArgument, Unavailable
 from orchard.progress import ProgressLine
 
 HOST_IMAGE = "host"
@@ -56,7 +56,18 @@ PYTHON_PACKAGES = ("python3", "python-is-python3", "python3-pip", "python3-venv"
 """python:3.11-slim's packages. python3 and git are required in every image: the sandbox agent is a python3
 script and patches are applied with `git apply`."""
 
+PYTHON_SUITES = {"3.9": "bullseye", "3.11": "bookworm", "3.13": "trixie"}
+"""The Python of each Debian suite an image can be built from (the version its python3 package gives)."""
+
 RECIPES: dict[str, Recipe] = {
+    "python:3.9-slim": Recipe(
+        suite="bullseye", variant="minbase", packages=PYTHON_PACKAGES,
+        description="Debian 11 (bullseye) minbase with Python 3.9 (also as `python`), pip, venv, pytest and git",
+    ),
+    "python:3.13-slim": Recipe(
+        suite="trixie", variant="minbase", packages=PYTHON_PACKAGES,
+        description="Debian 13 (trixie) minbase with Python 3.13 (also as `python`), pip, venv, pytest and git",
+    ),
     "python:3.11-slim": Recipe(
         suite="bookworm",
         variant="minbase",
@@ -75,8 +86,13 @@ RECIPES: dict[str, Recipe] = {
     ),
 }
 
-PIP_PYTHON_VERSION = "3.11"
-"""The python3 of every recipe's suite (bookworm); wheels for `Recipe.pip` are chosen for it."""
+def python_of(recipe: Recipe) -> str:
+    """The Python version of a recipe's suite ("3.11" for bookworm); wheels for `Recipe.pip` are chosen for it."""
+    for version, suite in PYTHON_SUITES.items():
+        if suite == recipe.suite:
+            return version
+    raise InvalidArgument(f"suite {recipe.suite!r} is not one of {', '.join(PYTHON_SUITES.values())}",
+                          field="suite")
 
 CHROOT_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root",
               "LANG": "C.UTF-8"}
@@ -214,17 +230,52 @@ class BuildProgressView:
 
 
 class ImageStore:
-    """Named images on this machine: "host" plus the RECIPES built under `root`."""
+    """Named images on this machine: "host", the RECIPES, and recipes added as files (add_recipe), built under
+    `root`."""
 
     def __init__(self, root: Path, *, mirror: str | None = None) -> None:
         self.root = root
         self._mirror = mirror  # None: the machine's apt sources, looked up per suite at build time
 
+    @property
+    def _recipes_dir(self) -> Path:
+        return self.root / "recipes"
+
+    def add_recipe(self, name: str, recipe: Recipe) -> None:
+        """Make `name` buildable from `recipe` (a file under <root>/recipes, not an edit of RECIPES);
+        AlreadyExists when a built-in or another recipe already has that name."""
+        check_recipe(name, recipe)
+        current = self.recipe(name, missing_ok=True)
+        if current is not None:
+            if current == recipe:
+                return
+            raise AlreadyExists(f"image {name!r} already has another recipe; pick another name", field="name")
+        self._recipes_dir.mkdir(parents=True, exist_ok=True)
+        tmp = self._recipes_dir / f".{image_dirname(name)}.tmp"
+        tmp.write_text(json.dumps({"name": name, **asdict(recipe)}, indent=2) + "\n")
+        tmp.replace(self._recipes_dir / f"{image_dirname(name)}.json")
+
+    def recipe(self, name: str, *, missing_ok: bool = False) -> Recipe | None:
+        """The recipe of image `name`: a built-in or one added as a file; InvalidArgument naming the valid names."""
+        if name in RECIPES:
+            return RECIPES[name]
+        path = self._recipes_dir / f"{image_dirname(name)}.json"
+        if path.is_file():
+            data = json.loads(path.read_text())
+            if data.pop("name", name) == name:
+                return Recipe(**{**data, "packages": tuple(data["packages"]), "pip": tuple(data.get("pip", ()))})
+        if missing_ok:
+            return None
+        valid = ", ".join([HOST_IMAGE, *self.list_recipes()])
+        raise InvalidArgument(f"unknown image '{name}'; valid images: {valid}", field="image", reason="UNKNOWN_IMAGE")
+
     def resolve(self, name: str) -> Image:
         """The image to run a sandbox on; FailedPrecondition when it is known but not built here."""
         if name == HOST_IMAGE:
             return HOST
-        image = self._built(name, _recipe(name))
+        recipe = self.recipe(name)
+        assert recipe is not None
+        image = self._built(name, recipe)
         if image is None:
             raise FailedPrecondition(
                 f"image '{name}' is not built on this machine (or was built from an older recipe); "
@@ -234,11 +285,18 @@ class ImageStore:
 
     def list(self) -> list[Image]:
         """The host image and every built image."""
-        return [HOST, *(image for name, recipe in RECIPES.items() if (image := self._built(name, recipe)))]
+        return [HOST, *(image for name, recipe in self.list_recipes().items()
+                        if (image := self._built(name, recipe)))]
 
     def list_recipes(self) -> dict[str, Recipe]:
         """Every image name that `build` accepts, built or not."""
-        return dict(RECIPES)
+        added = {}
+        if self._recipes_dir.is_dir():
+            for path in sorted(self._recipes_dir.glob("*.json")):
+                name = json.loads(path.read_text()).get("name", "")
+                if name and (recipe := self.recipe(name, missing_ok=True)) is not None:
+                    added[name] = recipe
+        return {**RECIPES, **added}
 
     async def build(self, name: str, *, force: bool = False,
                     progress: Callable[[BuildProgress], None] | None = None) -> Image:
@@ -250,7 +308,8 @@ class ImageStore:
         if name == HOST_IMAGE:
             raise InvalidArgument("image 'host' is the machine's own root filesystem; there is nothing to build",
                                   field="image")
-        recipe = _recipe(name)
+        recipe = self.recipe(name)
+        assert recipe is not None
         if not force and (image := self._built(name, recipe)):
             return image
         report = progress or (lambda p: None)
@@ -357,7 +416,7 @@ def recipe_key(recipe: Recipe) -> dict[str, object]:
 def pip_download_args(recipe: Recipe, dest: Path) -> list[str]:
     """The host-side `pip download` of the recipe's wheels (and their dependencies) for the image's python3."""
     return [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--no-cache-dir",
-            "--only-binary=:all:", "--python-version", PIP_PYTHON_VERSION, "--implementation", "cp",
+            "--only-binary=:all:", "--python-version", python_of(recipe), "--implementation", "cp",
             "--platform", f"manylinux2014_{platform.machine()}", "-d", str(dest), *recipe.pip]
 
 
@@ -368,12 +427,25 @@ def pip_install_args(recipe: Recipe, rootfs: Path, wheels_in_rootfs: str) -> lis
             *recipe.pip]
 
 
-def _recipe(name: str) -> Recipe:
-    if name not in RECIPES:
-        valid = ", ".join([HOST_IMAGE, *RECIPES])
-        raise InvalidArgument(f"unknown image '{name}'; valid images: {valid}", field="image",
-                              reason="UNKNOWN_IMAGE")
-    return RECIPES[name]
+IMAGE_NAME = re.compile(r"^[a-z0-9][a-z0-9._:-]{0,127}$")
+DEBIAN_PACKAGE = re.compile(r"^[a-z0-9][a-z0-9+.-]+$")
+
+
+def check_recipe(name: str, recipe: Recipe) -> None:
+    """InvalidArgument naming the field unless the recipe can be built: a plain name, a known suite, package
+    names Debian allows (they reach debootstrap's command line)."""
+    if not IMAGE_NAME.match(name) or name == HOST_IMAGE:
+        raise InvalidArgument(f"image name {name!r} must be 1-128 lowercase letters, digits, '.', '_', ':' or '-'",
+                              field="name")
+    python_of(recipe)
+    if recipe.variant not in ("minbase", "buildd"):
+        raise InvalidArgument(f"variant {recipe.variant!r} must be minbase or buildd", field="variant")
+    for package in recipe.packages:
+        if not DEBIAN_PACKAGE.match(package):
+            raise InvalidArgument(f"{package!r} is not a Debian package name", field="packages")
+    if not {"python3", "git"} <= set(recipe.packages):
+        raise InvalidArgument("an image needs the packages python3 and git (the sandbox agent and patches use "
+                              "them)", field="packages")
 
 
 async def _debootstrap(name: str, recipe: Recipe, rootfs: Path, mirror: str, log_path: Path, lock_fd: int,

@@ -12,7 +12,7 @@ import re
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from orchard.errors import (
@@ -35,6 +35,7 @@ from orchard.services.env.backends.base import (
 from orchard.services.env.browser import BrowserPool
 from orchard.services.env.commands import Commands
 from orchard.services.env.files import FileOps
+from orchard.services.env.images import BuildProgress, Image, ImageStore, Recipe
 from orchard.services.env.labels import check_labels
 from orchard.services.env.models import Sandbox, SandboxKind, SandboxState, sandbox_key
 from orchard.services.env.settings import EnvSettings
@@ -181,6 +182,16 @@ class SandboxManager:
         task = asyncio.create_task(coro, name=name)  # type: ignore[arg-type]
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    # ---- images ----
+
+    async def build_image(self, name: str, recipe: Recipe | None, force: bool,
+                          progress: Callable[[BuildProgress], None]) -> Image:
+        """Build image `name` in the service's images dir (adding `recipe` under that name first, if given)."""
+        store = ImageStore(self.settings.images_dir)
+        if recipe is not None:
+            store.add_recipe(name, recipe)
+        return await store.build(name, force=force, progress=progress)
 
     # ---- sandboxes ----
 

@@ -4,6 +4,7 @@ Errors raised below are OrchardErrors; the runtime's interceptor maps them to st
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 
 import grpc
@@ -17,6 +18,7 @@ from orchard.services.env.browser import BrowserSession
 from orchard.services.env.browser_actions import Action, ActionKind, check_action
 from orchard.services.env.commands import ExecRequest
 from orchard.services.env.files import FileInfo
+from orchard.services.env.images import BuildProgress, Recipe
 from orchard.services.env.manager import CreateRequest, SandboxManager
 from orchard.services.env.models import Exec, Sandbox, SandboxKind, Snapshot
 
@@ -200,6 +202,35 @@ class EnvServicer(env_pb2_grpc.EnvServiceServicer):
             yield pb.StreamExecResponse(stdout=data) if fd == 1 else pb.StreamExecResponse(stderr=data)
         ex = self.manager.commands.get_exec(request.exec_id)
         yield pb.StreamExecResponse(exit=await exec_pb(ex))
+
+    async def BuildImage(self, request: pb.BuildImageRequest, context: grpc.aio.ServicerContext
+                         ) -> AsyncIterator[pb.BuildImageResponse]:
+        recipe = None
+        if request.HasField("recipe"):
+            r = request.recipe
+            recipe = Recipe(suite=r.suite, variant="minbase", packages=tuple(r.packages), pip=tuple(r.pip),
+                            description=r.description or f"{request.name}: {r.suite} with {' '.join(r.packages)}")
+        steps: asyncio.Queue[BuildProgress] = asyncio.Queue()
+        build = asyncio.create_task(self.manager.build_image(request.name, recipe, request.force, steps.put_nowait))
+        try:
+            while not build.done() or not steps.empty():
+                getter = asyncio.ensure_future(steps.get())
+                await asyncio.wait({getter, build}, return_when=asyncio.FIRST_COMPLETED)
+                if getter.done():
+                    p = getter.result()
+                    yield pb.BuildImageResponse(progress=pb.ImageBuildProgress(
+                        stage=p.stage, done=p.done, total=p.total or 0, message=p.message))
+                else:
+                    getter.cancel()
+            image = build.result()
+        finally:
+            if not build.done():  # the client went away: stop building
+                build.cancel()
+                with contextlib.suppress(asyncio.CancelledError, OrchardError):
+                    await build
+        yield pb.BuildImageResponse(image=pb.SandboxImage(
+            name=image.name, size_bytes=image.size_bytes, description=image.description,
+            build_time=timestamp(image.build_time.timestamp() if image.build_time else None)))
 
     async def ReadExecOutput(self, request: pb.ReadExecOutputRequest, context: grpc.aio.ServicerContext
                              ) -> pb.ReadExecOutputResponse:

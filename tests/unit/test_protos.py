@@ -25,7 +25,7 @@ SERVICES: dict[str, tuple[str, str, list[str]]] = {
             "SnapshotSandbox", "GetSnapshot", "ListSnapshots", "DeleteSnapshot",
             "StartExec", "GetExec", "WaitExec", "StreamExec", "ReadExecOutput", "CancelExec",
             "ApplyPatch", "UploadFile", "DownloadFile", "ListFiles", "OpenPty",
-            "Screenshot", "Act", "GetPageContent",
+            "Screenshot", "Act", "GetPageContent", "BuildImage",
         ],
     ),
     "inference": (

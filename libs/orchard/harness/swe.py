@@ -11,7 +11,8 @@ from typing import ClassVar
 from orchard.harness.base import ActionResult, Harness, Parsed, call, call_arguments, create_retried, tool
 from orchard.sdk import AsyncSandbox, AsyncSandboxClient
 from orchard.tasks.instance import TaskInstance
-from orchard.tasks.repo import SANDBOX_ENV, setup_repo
+from orchard.tasks.environments import builder_for, task_sandbox
+from orchard.tasks.repo import SANDBOX_ENV
 from orchard.types.v1 import types_pb2 as tpb
 
 SYSTEM_PROMPT = (
@@ -93,11 +94,12 @@ class SWEHarness(Harness):
 
     async def setup(self) -> None:
         """Create the sandbox (bounded, retried on transient errors) and set the repository up in it."""
-        self.sandbox = await create_retried(
-            lambda: self.client.create_sandbox(self.instance.image, env=SANDBOX_ENV, timeout=self.sandbox_ttl_s,
-                                               labels={"orchard.role": "rollout", "orchard.task": self.task_id[:63]}),
+        if self.instance.environment is not None:  # a built environment: the first build may take minutes
+            await builder_for(self.client).prepare(self.instance)
+        labels = {"orchard.role": "rollout", "orchard.task": self.task_id[:63]}
+        self.sandbox, _ = await create_retried(
+            lambda: task_sandbox(self.client, self.instance, labels=labels, timeout=self.sandbox_ttl_s),
             attempts=self.create_attempts, timeout_s=self.create_timeout_s)
-        await setup_repo(self.sandbox, self.instance)
 
     def initial_messages(self) -> list[tpb.Message]:
         return [tpb.Message(role=tpb.ROLE_SYSTEM, content=SYSTEM_PROMPT),

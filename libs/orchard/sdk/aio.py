@@ -7,14 +7,14 @@ import asyncio
 import ipaddress
 import logging
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Self
 
 from orchard.env.v1 import env_pb2 as pb
-from orchard.errors import InvalidArgument, NotFound
+from orchard.errors import InvalidArgument, NotFound, Unavailable
 from orchard.sdk.config import ClientConfig, load_config
-from orchard.sdk.results import SnapshotInfo, sandbox_info, snapshot_info
+from orchard.sdk.results import ImageInfo, SnapshotInfo, sandbox_info, snapshot_info
 from orchard.sdk.sandbox import AsyncSandbox, duration
 from orchard.sdk.transport import Transport
 from orchard.sdk.units import cpu_millis, memory_bytes
@@ -24,6 +24,8 @@ log = logging.getLogger("orchard.sdk")
 PREFIX_LABEL = "orchard.prefix"
 """Label set on sandboxes created by a client with a prefix."""
 OPEN_EGRESS = (pb.EgressRule(cidr="0.0.0.0/0"), pb.EgressRule(cidr="::/0"))
+BUILD_TIMEOUT_S = 1800.0
+"""Longest an image build may take (debootstrap of a suite with many packages on a slow mirror)."""
 ISOLATION = {None: pb.ISOLATION_UNSPECIFIED, "container": pb.ISOLATION_CONTAINER, "gvisor": pb.ISOLATION_GVISOR}
 CLEANUP_CONCURRENCY = 64
 
@@ -240,6 +242,30 @@ class AsyncSandboxClient:
         response = await self._transport.unary("GetSnapshot", pb.GetSnapshotRequest(snapshot_id=snapshot_id),
                                                idempotent=True)
         return snapshot_info(response.snapshot)
+
+    async def build_image(self, name: str, *, suite: str = "", packages: Sequence[str] = (), pip: Sequence[str] = (),
+                          description: str = "", force: bool = False,
+                          progress: Callable[[str, int, int, str], None] | None = None,
+                          timeout: float = BUILD_TIMEOUT_S) -> ImageInfo:
+        """Build sandbox image `name` on the service's machine; returns at once when it is built already.
+
+        A new name needs its recipe: `suite` (bullseye, bookworm or trixie: Python 3.9, 3.11 or 3.13) and its
+        Debian `packages` (python3 and git required), optionally `pip` requirements installed system-wide.
+        `progress(stage, done, total, message)` is called for every step (debootstrap takes about a minute).
+        """
+        request = pb.BuildImageRequest(name=name, force=force)
+        if suite:
+            request.recipe.CopyFrom(pb.ImageRecipe(suite=suite, packages=list(packages), pip=list(pip),
+                                                   description=description))
+        async for event in self._transport.server_stream("BuildImage", request, timeout=timeout):
+            if event.WhichOneof("event") == "progress":
+                if progress is not None:
+                    p = event.progress
+                    progress(p.stage, p.done, p.total, p.message)
+            else:
+                return ImageInfo(name=event.image.name, size=event.image.size_bytes,
+                                 description=event.image.description)
+        raise Unavailable(f"the build of image {name!r} ended without an image")
 
     async def list_snapshots(self, labels: Mapping[str, str] | None = None) -> list[SnapshotInfo]:
         """Every snapshot carrying all of `labels` (all snapshots when None), ordered by id."""

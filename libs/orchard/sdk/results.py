@@ -184,6 +184,16 @@ class PageContent:
 
 
 @dataclass(frozen=True)
+class ImageInfo:
+    """A built sandbox image."""
+
+    name: str
+    size: int
+    """Disk usage of its root filesystem, in bytes."""
+    description: str = ""
+
+
+@dataclass(frozen=True)
 class SnapshotInfo:
     """A snapshot: a sandbox's files, frozen; `create_sandbox(from_snapshot=...)` starts sandboxes from it."""
 

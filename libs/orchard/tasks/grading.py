@@ -17,7 +17,8 @@ from orchard.errors import OrchardError
 from orchard.sdk import AsyncSandbox, AsyncSandboxClient
 from orchard.tasks.instance import TaskInstance
 from orchard.tasks.logparse import parse_log_pytest_v2, passed
-from orchard.tasks.repo import SANDBOX_ENV, setup_repo
+from orchard.tasks.environments import builder_for, task_sandbox
+from orchard.tasks.repo import SANDBOX_ENV
 from orchard.types.v1 import types_pb2 as tpb
 
 TEST_TIMEOUT_S = 600.0
@@ -119,11 +120,14 @@ async def grade(client: AsyncSandboxClient, instance: TaskInstance, patch: str, 
                            sample_index=sample_index, duration_s=time.monotonic() - start, **fields)
 
     try:
+        if instance.environment is not None:  # built once (minutes the first time), outside the grade's own time
+            await builder_for(client).prepare(instance)
+        start = time.monotonic()
         async with asyncio.timeout(timeout_s):
-            sandbox = await client.create_sandbox(instance.image, env=SANDBOX_ENV, timeout=timeout_s + 60,
-                                                  labels={"orchard.role": "grading"})
+            sandbox, head = await task_sandbox(client, instance, labels={"orchard.role": "grading"},
+                                               timeout=timeout_s + 60)
             async with sandbox:
-                return await _grade_in(sandbox, instance, patch, test_timeout_s, result)
+                return await _grade_in(sandbox, instance, head, patch, test_timeout_s, result)
     except TimeoutError as err:
         if isinstance(err, OrchardError):
             return result(patch_applied=False, resolved=False, error=str(err))
@@ -132,9 +136,8 @@ async def grade(client: AsyncSandboxClient, instance: TaskInstance, patch: str, 
         return result(patch_applied=False, resolved=False, error=str(err))
 
 
-async def _grade_in(sandbox: AsyncSandbox, instance: TaskInstance, patch: str, test_timeout_s: float,
+async def _grade_in(sandbox: AsyncSandbox, instance: TaskInstance, head: str, patch: str, test_timeout_s: float,
                     result: Callable[..., GradeResult]) -> GradeResult:
-    head = await setup_repo(sandbox, instance)
     cwd = instance.workdir
     # 1. The model's patch, SWE-bench's way: the first apply command that succeeds wins.
     if patch.strip():
@@ -155,7 +158,7 @@ async def _grade_in(sandbox: AsyncSandbox, instance: TaskInstance, patch: str, t
             return result(patch_applied=True, resolved=False,
                           error=f"the test patch did not apply: {(tests_in.stdout + tests_in.stderr)[-2000:]}")
     # 3. Run the graded test files and parse the log.
-    command = f"{instance.test_cmd} {' '.join(shlex.quote(f) for f in instance.test_files)}"
+    command = f"{instance.command} {' '.join(shlex.quote(f) for f in instance.test_files)}"
     run = await sandbox.exec(command, cwd=cwd, env=SANDBOX_ENV, timeout=test_timeout_s)
     log = run.stdout + run.stderr
     if run.timed_out:

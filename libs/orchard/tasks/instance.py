@@ -1,8 +1,10 @@
-"""SWE-bench task instances: the model, and loading them from JSON or JSON-lines files with clear errors.
+"""SWE-bench task instances: the model, and loading them from JSON, JSON-lines or Parquet files with clear errors.
 
-The fields are SWE-bench's. Orchard adds how to set the repository up in a sandbox: `image`, and either
-`repo_dir` (a local folder holding the repository at its base state, which becomes a git repo inside the
-sandbox) or nothing (the image already holds the repository at `workdir`, as SWE-bench images do).
+The fields are SWE-bench's (SWE-Gym's are the same). Orchard adds how to set the repository up in a sandbox:
+`image`, and either `repo_dir` (a local folder or git repository holding the repository at its base state) or
+nothing (the image already holds the repository at `workdir`, as SWE-bench images do); and, for a repository
+whose dependencies must be installed, an `environment` spec (envspec.py), which may also come from SWE-rebench's
+`install_config` or a specs file. SWE-smith's per-instance `image_name` is taken as `image`.
 """
 
 from __future__ import annotations
@@ -10,9 +12,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from orchard.errors import InvalidArgument, NotFound
+from orchard.tasks.envspec import EnvSpec, EnvSpecs
 
 _TOYREPAIR = Path(__file__).resolve().parent / "toyrepair"
 BUNDLED = {"toyrepair": (_TOYREPAIR / "tasks.jsonl",),
@@ -55,12 +58,35 @@ class TaskInstance(BaseModel):
     """Shell lines run in workdir after the files are in place and before the base commit (e.g. installs)."""
     test_cmd: str = DEFAULT_TEST_CMD
     """The test command; the test files named by FAIL_TO_PASS and PASS_TO_PASS are appended."""
+    environment: EnvSpec | None = None
+    """How to install the repository's dependencies (a Python, Debian and Python packages, an install
+    command); the instance then runs in an environment built once and forked (orchard env build)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _other_formats(cls, data: object) -> object:
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        if "install_config" in data and "environment" not in data:  # SWE-rebench
+            config = data.pop("install_config")
+            data["environment"] = json.loads(config) if isinstance(config, str) else config
+        if data.get("image_name") and "image" not in data:  # SWE-smith: one image per repository
+            data["image"] = data["image_name"]
+        if isinstance(data.get("environment"), str):
+            data["environment"] = json.loads(data["environment"])
+        return data
 
     @field_validator("fail_to_pass", "pass_to_pass", mode="before")
     @classmethod
     def _json_list(cls, value: object) -> object:
         # SWE-bench's Hugging Face datasets store these lists as JSON text.
         return json.loads(value) if isinstance(value, str) else value
+
+    @property
+    def command(self) -> str:
+        """The test command the environment sets, else the instance's."""
+        return (self.environment.test_cmd if self.environment and self.environment.test_cmd else self.test_cmd)
 
     @property
     def test_files(self) -> list[str]:
@@ -79,14 +105,20 @@ def resolve_source(source: str | Path) -> tuple[Path, ...]:
     return (path,)
 
 
-def load_instances(source: str | Path, ids: list[str] | None = None) -> list[TaskInstance]:
-    """Load instances from a JSON list or a JSON-lines file (or a bundled task set), optionally only `ids`.
+def load_instances(source: str | Path, ids: list[str] | None = None,
+                   env_specs: str | Path | EnvSpecs | None = None) -> list[TaskInstance]:
+    """Load instances from a JSON list, a JSON-lines or a Parquet file (or a bundled task set), optionally only
+    `ids`, giving each without an `environment` the one `env_specs` (a specs file) has for its repo and version.
 
     A relative `repo_dir` is taken relative to the file's folder. Raises InvalidArgument naming the line
     and field at fault.
     """
     paths = resolve_source(source)
     instances = [i for path in paths for i in _read_instances(path)]
+    if env_specs is not None:
+        specs = env_specs if isinstance(env_specs, EnvSpecs) else EnvSpecs.load(env_specs)
+        instances = [i if i.environment is not None or (spec := specs.get(i.repo, i.version)) is None
+                     else i.model_copy(update={"environment": spec}) for i in instances]
     seen: set[str] = set()
     for instance in instances:
         if instance.instance_id in seen:
@@ -104,6 +136,9 @@ def load_instances(source: str | Path, ids: list[str] | None = None) -> list[Tas
 
 def _read_instances(path: Path) -> list[TaskInstance]:
     """The instances of one JSON or JSON-lines file, a relative `repo_dir` made relative to its folder."""
+    if path.suffix == ".parquet":
+        records, where = _parquet_records(path), "row"
+        return _validated(path, records, where)
     text = path.read_text()
     if text.lstrip().startswith("["):
         try:
@@ -121,6 +156,23 @@ def _read_instances(path: Path) -> list[TaskInstance]:
             except json.JSONDecodeError as err:
                 raise InvalidArgument(f"{path}:{number}: not valid JSON ({err})") from None
         where = "line"
+    return _validated(path, records, where)
+
+
+def _parquet_records(path: Path) -> list[tuple[int, object]]:
+    """The rows of a Parquet export of a Hugging Face dataset (SWE-bench, SWE-Gym, SWE-smith, SWE-rebench)."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise InvalidArgument("Parquet task files need pyarrow: pip install 'orchard[experience]'") from None
+    try:
+        rows = pq.read_table(path).to_pylist()
+    except Exception as err:  # pyarrow's errors: a file that is not Parquet
+        raise InvalidArgument(f"{path}: not a readable Parquet file ({err})") from None
+    return [(i + 1, row) for i, row in enumerate(rows)]
+
+
+def _validated(path: Path, records: list[tuple[int, object]], where: str) -> list[TaskInstance]:
     instances: list[TaskInstance] = []
     for number, record in records:
         try:

@@ -803,3 +803,57 @@ class GetPageContentResponse(_message.Message):
     accessibility_tree: str
     text: str
     def __init__(self, url: _Optional[str] = ..., title: _Optional[str] = ..., accessibility_tree: _Optional[str] = ..., text: _Optional[str] = ...) -> None: ...
+
+class ImageRecipe(_message.Message):
+    __slots__ = ("suite", "packages", "pip", "description")
+    SUITE_FIELD_NUMBER: _ClassVar[int]
+    PACKAGES_FIELD_NUMBER: _ClassVar[int]
+    PIP_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    suite: str
+    packages: _containers.RepeatedScalarFieldContainer[str]
+    pip: _containers.RepeatedScalarFieldContainer[str]
+    description: str
+    def __init__(self, suite: _Optional[str] = ..., packages: _Optional[_Iterable[str]] = ..., pip: _Optional[_Iterable[str]] = ..., description: _Optional[str] = ...) -> None: ...
+
+class BuildImageRequest(_message.Message):
+    __slots__ = ("name", "recipe", "force")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    RECIPE_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    recipe: ImageRecipe
+    force: bool
+    def __init__(self, name: _Optional[str] = ..., recipe: _Optional[_Union[ImageRecipe, _Mapping]] = ..., force: _Optional[bool] = ...) -> None: ...
+
+class ImageBuildProgress(_message.Message):
+    __slots__ = ("stage", "done", "total", "message")
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    stage: str
+    done: int
+    total: int
+    message: str
+    def __init__(self, stage: _Optional[str] = ..., done: _Optional[int] = ..., total: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+
+class SandboxImage(_message.Message):
+    __slots__ = ("name", "size_bytes", "build_time", "description")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    BUILD_TIME_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    size_bytes: int
+    build_time: _timestamp_pb2.Timestamp
+    description: str
+    def __init__(self, name: _Optional[str] = ..., size_bytes: _Optional[int] = ..., build_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., description: _Optional[str] = ...) -> None: ...
+
+class BuildImageResponse(_message.Message):
+    __slots__ = ("progress", "image")
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    progress: ImageBuildProgress
+    image: SandboxImage
+    def __init__(self, progress: _Optional[_Union[ImageBuildProgress, _Mapping]] = ..., image: _Optional[_Union[SandboxImage, _Mapping]] = ...) -> None: ...

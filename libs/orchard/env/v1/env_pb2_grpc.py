@@ -157,6 +157,11 @@ class EnvServiceStub:
                 request_serializer=orchard_dot_env_dot_v1_dot_env__pb2.GetPageContentRequest.SerializeToString,
                 response_deserializer=orchard_dot_env_dot_v1_dot_env__pb2.GetPageContentResponse.FromString,
                 _registered_method=True)
+        self.BuildImage = channel.unary_stream(
+                '/orchard.env.v1.EnvService/BuildImage',
+                request_serializer=orchard_dot_env_dot_v1_dot_env__pb2.BuildImageRequest.SerializeToString,
+                response_deserializer=orchard_dot_env_dot_v1_dot_env__pb2.BuildImageResponse.FromString,
+                _registered_method=True)
 
 
 class EnvServiceServicer:
@@ -340,6 +345,14 @@ class EnvServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def BuildImage(self, request, context):
+        """Builds a named sandbox image on the service's machine (local backend) and streams its progress; returns at
+        once, with the image, when it is already built. A recipe given once makes the name known for later.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_EnvServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -462,6 +475,11 @@ def add_EnvServiceServicer_to_server(servicer, server):
                     servicer.GetPageContent,
                     request_deserializer=orchard_dot_env_dot_v1_dot_env__pb2.GetPageContentRequest.FromString,
                     response_serializer=orchard_dot_env_dot_v1_dot_env__pb2.GetPageContentResponse.SerializeToString,
+            ),
+            'BuildImage': grpc.unary_stream_rpc_method_handler(
+                    servicer.BuildImage,
+                    request_deserializer=orchard_dot_env_dot_v1_dot_env__pb2.BuildImageRequest.FromString,
+                    response_serializer=orchard_dot_env_dot_v1_dot_env__pb2.BuildImageResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1115,6 +1133,33 @@ class EnvService:
             '/orchard.env.v1.EnvService/GetPageContent',
             orchard_dot_env_dot_v1_dot_env__pb2.GetPageContentRequest.SerializeToString,
             orchard_dot_env_dot_v1_dot_env__pb2.GetPageContentResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BuildImage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/orchard.env.v1.EnvService/BuildImage',
+            orchard_dot_env_dot_v1_dot_env__pb2.BuildImageRequest.SerializeToString,
+            orchard_dot_env_dot_v1_dot_env__pb2.BuildImageResponse.FromString,
             options,
             channel_credentials,
             insecure,
