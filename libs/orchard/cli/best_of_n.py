@@ -59,7 +59,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tie-margin", type=_margin, default=None, metavar="M", help="scores within M of the best "
                    "count as a tie, which the larger patch cluster wins; 0 ranks by score alone (default: the value "
                    "service's setting, 0.05 unless changed)")
-    g.add_argument("--ids", nargs="*", default=None, help="only these task ids")
+    g.add_argument("--ids", nargs="*", default=None, help="only these task ids (--gold, --run and --best-of alike)")
     g.add_argument("--policy", type=_policy, default=None, metavar="reference:Q", help="generate with this policy instead of the served model (see "
                    "`orchard rollout --policy`)")
     g.add_argument("--model", default="", help="generate with this served model (default: the inference "
@@ -187,7 +187,7 @@ async def evaluate(args: argparse.Namespace) -> int:
     if args.rollouts or args.gold or args.compare or args.regrade:
         raise InvalidArgument("--best-of takes its candidates from a new generation or from --run; it does not "
                               "combine with a trajectories file, --gold, --compare or --regrade")
-    instances = {i.instance_id: i for i in load_instances(args.tasks, args.ids)}
+    instances = {i.instance_id: i for i in load_instances(args.tasks, args.ids, env_specs=args.env_specs)}
     from orchard.cli.train import value_model
 
     served = await value_model(args.value_address)  # fail fast when the reranker is down or empty

@@ -33,6 +33,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--compare", default=None, metavar="BEFORE_RUN", help="with --run: then compare the run with "
                    "this earlier one (resolved, pass@1, pass@k, mean outcome reward, policy weights)")
     p.add_argument("--tasks", default="toyrepair", help="the task set the rollouts ran on (bundled name or file)")
+    p.add_argument("--env-specs", default=None, metavar="FILE", help="environment specs by repo (and version)")
     p.add_argument("--regrade", action="store_true", help="grade the final patches again in fresh sandboxes")
     p.add_argument("--gold", action="store_true", help="grade every task's gold patch (validates a task set)")
     p.add_argument("-k", type=int, default=None, help="k of pass@k (default: samples per task)")
@@ -193,7 +194,7 @@ async def evaluate(args: argparse.Namespace) -> int:
                               "mailbox, calendar and files), and the stored rollouts carry that grade: --gold and "
                               "--regrade do not apply to them")
     instances = ({t.task_id: t for t in tasksets.load(args.tasks, None)} if kind  # type: ignore[misc]
-                 else {i.instance_id: i for i in load_instances(args.tasks)})
+                 else {i.instance_id: i for i in load_instances(args.tasks, args.ids, env_specs=args.env_specs)})
 
     def checked(stored: list[tpb.Trajectory]) -> list[tpb.Trajectory]:
         unknown = sorted({t.task_id for t in stored} - set(instances))

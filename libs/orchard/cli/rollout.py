@@ -29,6 +29,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                    "with mail, calendar and files: \"claw\" (the bundled 200) or \"claw:FILE.jsonl\" "
                    "(default: toyrepair)")
     p.add_argument("--ids", nargs="*", default=None, help="only these instance ids")
+    p.add_argument("--env-specs", default=None, metavar="FILE", help="environment specs by repo (and version), for "
+                   "instances that carry none (built once with `orchard env build`, else on first use)")
     p.add_argument("--model", default="", help="the served model (default: the inference service's default)")
     p.add_argument("--policy", type=policy_choice, default=None, metavar="reference:Q|scripted",
                    help="web and claw tasks: `scripted` follows each task's bundled solution. SWE tasks: "
@@ -180,7 +182,7 @@ async def rollout(args: argparse.Namespace) -> int:
     if args.policy == "scripted":
         raise InvalidArgument("--policy scripted follows a web or claw task's bundled solution; SWE task sets take "
                               "--policy reference:Q or a served model")
-    instances = load_instances(args.tasks, args.ids)
+    instances = load_instances(args.tasks, args.ids, env_specs=args.env_specs)
     run_id = checked_run_id(args.run_id)
     folder = Path(args.out) / run_id
     # The reference policy's tokens are bytes: its replies carry whole patches.

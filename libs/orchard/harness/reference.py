@@ -17,6 +17,7 @@ import re
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
+from pathlib import Path
 
 from orchard.errors import InvalidArgument
 from orchard.harness.model import ModelError, Sample
@@ -51,6 +52,20 @@ _ROLLOUT: ContextVar[str] = ContextVar("orchard_reference_rollout")
 
 File = tuple[list[str], list[list[str]]]
 """A file's part of a unified diff: its header lines, and its hunks (each its @@ line, then its body)."""
+NOT_CODE_SUFFIXES = frozenset({".md", ".rst", ".txt", ".adoc", ".html", ".cfg", ".toml", ".ini", ".json", ".yml",
+                               ".yaml", ".in", ".lock"})
+NOT_CODE_NAMES = frozenset({"changelog", "changes", "news", "history", "authors", "contributors", "readme",
+                            "license", "copying"})
+
+
+def is_code(header: list[str]) -> bool:
+    """Whether a diff file section is code: a flaw put only in docs, a changelog or a config leaves the fix whole
+    (reference:0.0 would then resolve tasks)."""
+    path = next((line[6:] for line in header if line.startswith("+++ b/")), "") or \
+        next((line.split(" b/", 1)[-1] for line in header if line.startswith("diff --git")), "")
+    name = Path(path).name.lower()
+    return Path(name).suffix not in NOT_CODE_SUFFIXES and Path(name).stem not in NOT_CODE_NAMES \
+        and "/docs/" not in f"/{path}" and not path.startswith("doc/")
 
 
 def split_patch(patch: str) -> list[File]:
@@ -104,7 +119,9 @@ def mutations(patch: str) -> list[str]:
     files = split_patch(patch)
     found: list[tuple[int, int, int, str]] = []
     fallback: list[tuple[int, int, int, str]] = []
-    for f, (_, hunks) in enumerate(files):
+    for f, (header, hunks) in enumerate(files):
+        if not is_code(header):
+            continue
         for h, hunk in enumerate(hunks):
             removed = {line[1:] for line in hunk[1:] if line.startswith("-")}
             for n, line in enumerate(hunk[1:], 1):
@@ -125,11 +142,12 @@ def mutations(patch: str) -> list[str]:
 
 
 def partials(patch: str) -> list[str]:
-    """Every patch that is `patch` less one of its hunks (none when it has a single hunk)."""
+    """Every patch that is `patch` less one of its code hunks (none when it has a single hunk): dropping a hunk
+    of docs alone would leave the fix whole."""
     files = split_patch(patch)
-    where = [(f, h) for f, (_, hunks) in enumerate(files) for h in range(len(hunks))]
-    if len(where) < 2:
+    if sum(len(hunks) for _, hunks in files) < 2:
         return []
+    where = [(f, h) for f, (header, hunks) in enumerate(files) if is_code(header) for h in range(len(hunks))]
     return [join_patch([(header, [hunk for h, hunk in enumerate(hunks) if (f, h) != drop])
                         for f, (header, hunks) in enumerate(files)]) for drop in where]
 
@@ -138,10 +156,11 @@ def deletion(patch: str) -> str:
     """`patch` without its added lines: the offending code removed, the fix not written ("" when that is no
     change or is the gold patch itself)."""
     files = split_patch(patch)
-    if not any(line.startswith("+") for _, hunks in files for hunk in hunks for line in hunk[1:]):
+    if not any(line.startswith("+") for header, hunks in files if is_code(header) for hunk in hunks
+               for line in hunk[1:]):
         return ""
     return join_patch([(header, [[hunk[0], *(line for line in hunk[1:] if not line.startswith("+"))]
-                                 for hunk in hunks]) for header, hunks in files])
+                                 if is_code(header) else hunk for hunk in hunks]) for header, hunks in files])
 
 
 def changed_files(patch: str) -> list[str]:

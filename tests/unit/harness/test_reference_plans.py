@@ -187,3 +187,35 @@ def test_bad_policy_flag_values(text: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError, match=r"give reference:Q with Q a number in \[0, 1\]"):
         reference_quality(text)
 
+
+
+CODE_AND_CHANGELOG = """diff --git a/CHANGES.rst b/CHANGES.rst
+--- a/CHANGES.rst
++++ b/CHANGES.rst
+@@ -1,2 +1,3 @@
+ Changes
++- Fix the default port (was 8000, now 8080).
+ 0.1.0
+diff --git a/cfgread/__init__.py b/cfgread/__init__.py
+--- a/cfgread/__init__.py
++++ b/cfgread/__init__.py
+@@ -3,4 +3,4 @@ import tomli
+
+ def port(text):
+-    return tomli.loads(text).get("server", {}).get("port", 8000)
++    return tomli.loads(text).get("server", {}).get("port", 8080)
+"""
+
+
+def test_flaws_land_in_code_never_only_in_a_changelog() -> None:
+    """Every flawed attempt of a fix that also edits a changelog breaks the code: no mutation touches the changelog
+    line, no partial keeps the whole code fix, and the deletion removes the code fix (keeping the changelog)."""
+    from orchard.harness.reference import deletion, mutations, partials
+
+    fix = "+    return tomli.loads(text).get(\"server\", {}).get(\"port\", 8080)"
+    muts = mutations(CODE_AND_CHANGELOG)
+    assert muts and all(fix not in m and "+- Fix the default port (was 8000, now 8080)." in m for m in muts)
+    parts = partials(CODE_AND_CHANGELOG)
+    assert parts and all(fix not in p for p in parts)
+    deleted = deletion(CODE_AND_CHANGELOG)
+    assert fix not in deleted and "-    return" in deleted and "+- Fix the default port" in deleted
