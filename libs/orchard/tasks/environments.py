@@ -19,6 +19,7 @@ import io
 import json
 import logging
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -48,6 +49,8 @@ BUILD_TOOLS = ("pip", "setuptools", "wheel")
 STEP_TIMEOUT_S = 1800.0
 BUILD_SANDBOX_TTL_S = 7200.0
 LOG_TAIL = 3000
+MAX_FILL_ROUNDS = 12
+MISSING = re.compile(r"No matching distribution found for (.+)")
 
 Progress = Callable[[str], None]
 
@@ -226,9 +229,9 @@ class Builder:
             await self._step(sandbox, log_path, f"create the venv (Python {spec.python})", (
                 f"python3 -m venv {VENV} && rm -f {links} && {wrappers} && for c in pip pip3 pytest; do "
                 f"ln -s {VENV}/bin/$c /usr/local/bin/$c; done"))
-            await self._step(sandbox, log_path, "install the Python packages",
-                             f"{VENV}/bin/pip install -q --upgrade {' '.join(BUILD_TOOLS)} && "
-                             f"{VENV}/bin/pip install -q {requirements}")
+            await self._offline(sandbox, log_path, "install the Python packages", spec.python,
+                                f"{VENV}/bin/pip install -q --upgrade {' '.join(BUILD_TOOLS)} && "
+                                f"{VENV}/bin/pip install -q {requirements}")
             snap = await sandbox.snapshot({LABEL_ENV: key, "orchard.python": spec.python}, keep=True)
         return snap.snapshot_id
 
@@ -272,7 +275,8 @@ class Builder:
                                  "git clean -fdq")
             for number, line in enumerate([*spec.pre_install, *instance.setup_commands], 1):
                 await self._step(sandbox, log_path, f"pre_install line {number}: {line[:60]}", f"cd {workdir} && {line}")
-            await self._step(sandbox, log_path, f"install: {spec.install[:60]}", f"cd {workdir} && {spec.install}")
+            await self._offline(sandbox, log_path, f"install: {spec.install[:60]}", spec.python,
+                                f"cd {workdir} && {spec.install}")
             # What the install wrote into the work tree (an egg-info, a build folder) is no part of any patch.
             head = (await self._step(sandbox, log_path, "record the base commit", (
                 f"cd {workdir} && git status --porcelain --untracked-files=all | sed -n 's/^?? //p' "
@@ -285,6 +289,27 @@ class Builder:
             snap = await sandbox.snapshot({LABEL_INSTANCE: key, LABEL_HEAD: head,
                                            "orchard.task": instance.instance_id[:200]}, keep=True)
         return snap.snapshot_id, head
+
+    async def _offline(self, sandbox: AsyncSandbox, log_path: Path, step: str, python: str, command: str) -> None:
+        """Run a pip command against the sandbox's wheelhouse; a requirement it lacks is downloaded here and
+        added, then the command runs again. (pip download evaluates environment markers for this machine's
+        Python, so a dependency only an older Python needs, such as exceptiongroup, can be missing.)"""
+        for _ in range(MAX_FILL_ROUNDS):
+            result = await sandbox.exec(command, timeout=STEP_TIMEOUT_S, env=SANDBOX_ENV)
+            with log_path.open("a") as out:
+                out.write(f"$ {command}\n{result.stdout}{result.stderr}[exit {result.exit_code}]\n\n")
+            missing = MISSING.findall(result.stderr)
+            if result.succeeded or not missing:
+                break
+            requirement = missing[0].split(";", 1)[0].strip()
+            self._progress(f"{step}: adding {requirement} to the wheelhouse")
+            wheels = await asyncio.to_thread(wheelhouse, [requirement], python, self._cache)
+            await sandbox.upload_content(_tar_of(wheels), "/tmp/wheels.tar")
+            await self._step(sandbox, log_path, f"add {requirement} to the wheelhouse",
+                             f"tar -xf /tmp/wheels.tar -C {WHEELS} && rm /tmp/wheels.tar")
+        if not result.succeeded:
+            raise BuildError(f"environment build step {step!r} failed (exit {result.exit_code}; log {log_path}): "
+                             f"{(result.stdout + result.stderr)[-LOG_TAIL:]}")
 
     def _log(self, name: str) -> Path:
         self._logs.mkdir(parents=True, exist_ok=True)
