@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from orchard.errors import AlreadyExists, FailedPrecondition, InvalidArgument, Unavailable
+from orchard.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from orchard.progress import ProgressLine
 
 HOST_IMAGE = "host"
@@ -273,6 +273,8 @@ class ImageStore:
         """The image to run a sandbox on; FailedPrecondition when it is known but not built here."""
         if name == HOST_IMAGE:
             return HOST
+        if (imported := self._imported(name)) is not None:
+            return imported
         recipe = self.recipe(name)
         assert recipe is not None
         image = self._built(name, recipe)
@@ -284,9 +286,76 @@ class ImageStore:
         return image
 
     def list(self) -> list[Image]:
-        """The host image and every built image."""
+        """The host image, every built image and every imported one."""
+        folders = sorted(self.root.iterdir()) if self.root.is_dir() else []
+        imported = [image for folder in folders if (image := self._imported_from(folder)) is not None]
         return [HOST, *(image for name, recipe in self.list_recipes().items()
-                        if (image := self._built(name, recipe)))]
+                        if (image := self._built(name, recipe))), *imported]
+
+    def _imported(self, name: str) -> Image | None:
+        image = self._imported_from(self.root / image_dirname(name))
+        return image if image is not None and image.name == name else None
+
+    def _imported_from(self, folder: Path) -> Image | None:
+        try:
+            meta = json.loads((folder / "image.json").read_text())
+        except (FileNotFoundError, NotADirectoryError, ValueError):
+            return None
+        if "imported_from" not in meta:
+            return None
+        return Image(name=meta["name"], rootfs=folder / "rootfs", is_host=False, size_bytes=meta["size_bytes"],
+                     build_time=datetime.fromisoformat(meta["build_time"]),
+                     description=f"imported from {meta['imported_from']}")
+
+    async def import_archive(self, name: str, archive: Path,
+                             progress: Callable[[BuildProgress], None] | None = None) -> Image:
+        """Make image `name` from a container image archive (`docker save`, `podman save`, an OCI layout tar):
+        its layers unpacked into a root filesystem sandboxes run on, as built images are. The image needs
+        /usr/bin/python3 for the local backend's agent and git for patches (the docker backend injects its own
+        agent). Replaces an earlier import of the same name; a built-in or recipe name is refused."""
+        from orchard.services.env import oci
+
+        if name == HOST_IMAGE or self.recipe(name, missing_ok=True) is not None:
+            raise AlreadyExists(f"image {name!r} is built from a recipe; import under another name", field="name")
+        if not IMAGE_NAME.match(name):
+            raise InvalidArgument(f"image name {name!r} must be 1-128 lowercase letters, digits, '.', '_', ':' or '-'",
+                                  field="name")
+        if not archive.is_file():
+            raise NotFound(f"image archive {archive} not found")
+        report = progress or (lambda p: None)
+        self.root.mkdir(parents=True, exist_ok=True)
+        async with self._locked(name, report):
+            dirname = image_dirname(name)
+            tmp = self.root / f".{dirname}.tmp-{secrets.token_hex(4)}"
+            (tmp / "rootfs").mkdir(parents=True)
+            started = time.monotonic()
+            try:
+                report(BuildProgress("extract", 0, None, f"unpacking the layers of {archive.name}"))
+                config = await asyncio.to_thread(oci.unpack, archive, tmp / "rootfs")
+                report(BuildProgress("finalize", 0, None, "writing image metadata"))
+                await asyncio.to_thread(_finish_rootfs, tmp / "rootfs")
+                size = await asyncio.to_thread(_disk_usage, tmp / "rootfs")
+                meta = {"name": name, "imported_from": str(archive), "build_time": datetime.now(UTC).isoformat(),
+                        "build_seconds": round(time.monotonic() - started, 1), "size_bytes": size,
+                        "config": {k: config.get(k) for k in ("Env", "WorkingDir", "Cmd", "Entrypoint")}}
+                (tmp / "image.json").write_text(json.dumps(meta, indent=2) + "\n")
+                final = self.root / dirname
+                if final.exists():
+                    old = self.root / f".{dirname}.old-{secrets.token_hex(4)}"
+                    final.rename(old)
+                    tmp.rename(final)
+                    await asyncio.to_thread(_remove_tree, old)
+                else:
+                    tmp.rename(final)
+            except BaseException:
+                if tmp.exists():
+                    await asyncio.to_thread(_remove_tree, tmp)
+                raise
+        image = self._imported(name)
+        assert image is not None
+        report(BuildProgress("done", 1, 1, f"imported {name} in {meta['build_seconds']:.0f} s "
+                                           f"({size / 1e6:.0f} MB) at {image.rootfs}"))
+        return image
 
     def list_recipes(self) -> dict[str, Recipe]:
         """Every image name that `build` accepts, built or not."""
@@ -554,9 +623,11 @@ def _finish_rootfs(rootfs: Path) -> None:
     """Drop downloaded .debs and apt lists; add /workspace and sandbox-safe resolv.conf, hosts, hostname."""
     for deb in (rootfs / "var/cache/apt/archives").rglob("*.deb"):
         deb.unlink()
-    for entry in (rootfs / "var/lib/apt/lists").iterdir():
+    lists = rootfs / "var/lib/apt/lists"
+    for entry in lists.iterdir() if lists.is_dir() else ():
         if entry.is_file() and entry.name != "lock":
             entry.unlink()
+    (rootfs / "etc").mkdir(exist_ok=True)  # an imported image may have none
     workspace = rootfs / "workspace"
     workspace.mkdir(exist_ok=True)
     workspace.chmod(0o755)

@@ -387,3 +387,75 @@ async def test_the_quick_start_runs_on_gvisor(engine: PodmanEngine, start_env: S
     assert "1 failed, 3 passed" in failing and "4 passed" in passing and text.rstrip().endswith(" 0"), text
     listed = await env.stub.ListSandboxes(pb.ListSandboxesRequest(), timeout=10)
     assert not listed.sandboxes  # the quick start deleted its sandbox
+
+
+DOCKERFILE = """FROM localhost/orchard-python:3.11-slim
+RUN mkdir -p /testbed/tests && cd /testbed && git init -q \\
+ && printf 'def add(a, b):\\n    return a - b\\n' > calc.py \\
+ && printf 'from calc import add\\n\\n\\ndef test_add():\\n    assert add(1, 2) == 3\\n' > tests/test_calc.py \\
+ && git add -A && git -c user.email=dev@example.com -c user.name=dev commit -qm base
+RUN python3 -m venv --system-site-packages /opt/venv
+WORKDIR /testbed
+"""
+GOLD = "diff --git a/calc.py b/calc.py\n--- a/calc.py\n+++ b/calc.py\n@@ -1,2 +1,2 @@\n def add(a, b):\n-    return a - b\n+    return a + b\n"
+
+
+@pytest.mark.timeout(600)
+async def test_an_image_built_by_podman_becomes_a_sandbox_image(engine: PodmanEngine, start_env: StartEnv,
+                                                                tmp_path: Path) -> None:
+    """A SWE-bench-style image (the repository at /testbed, a venv) built by podman from a Dockerfile: saved as a
+    docker archive and as an OCI archive, imported, it runs local sandboxes, and its task grades as SWE-bench's
+    would (gold resolved, empty not); the docker backend runs the same image with its agent injected."""
+    from orchard import AsyncSandboxClient
+    from orchard.services.env.images import ImageStore
+    from orchard.tasks import TaskInstance, grade
+
+    context = tmp_path / "ctx"
+    context.mkdir()
+    (context / "Dockerfile").write_text(DOCKERFILE)
+    engine.build(context, context / "Dockerfile", "localhost/orchard-swe-calc:latest")
+    images = tmp_path / "images"
+    store = ImageStore(images)
+    for fmt, name in (("docker-archive", "swe-calc"), ("oci-archive", "swe-calc-oci")):
+        archive = tmp_path / f"{name}.tar"
+        engine.podman("save", "--format", fmt, "-o", str(archive), "localhost/orchard-swe-calc:latest")
+        image = await store.import_archive(name, archive)
+        assert (image.rootfs / "testbed" / "calc.py").is_file() and (image.rootfs / "opt/venv/bin/python").exists()
+    assert {"swe-calc", "swe-calc-oci"} <= {i.name for i in store.list()}
+    env = await start_env(images_dir=images)
+    async with AsyncSandboxClient(target=f"127.0.0.1:{env.server.port}") as client:
+        sandbox = await client.create_sandbox("swe-calc-oci")
+        async with sandbox:
+            head = (await sandbox.exec("git rev-parse HEAD", cwd="/testbed")).stdout.strip()
+            failing = await sandbox.exec("/opt/venv/bin/python -m pytest -q", cwd="/testbed")
+        assert failing.exit_code == 1 and "1 failed" in failing.stdout
+        task = TaskInstance(instance_id="swe-calc-1", repo="local/calc", base_commit=head, problem_statement="add",
+                            patch=GOLD, FAIL_TO_PASS=["tests/test_calc.py::test_add"], image="swe-calc",
+                            test_cmd="/opt/venv/bin/python -m pytest -rA -p no:cacheprovider")
+        gold, empty = await grade(client, task, GOLD), await grade(client, task, "")
+    assert gold.resolved and not empty.resolved, (gold.log_tail, empty.log_tail)
+    docker_env = await _start_docker(start_env, engine.host)
+    created = await docker_env.stub.CreateSandbox(pb.CreateSandboxRequest(image="swe-calc", workdir="/testbed"),
+                                                  timeout=60)
+    ran = await run(docker_env.stub, created.sandbox.sandbox_id, "git log --format=%H; ls /opt/venv/bin/python")
+    assert ran.exit_code == 0 and head.encode() in ran.stdout
+
+
+async def test_bad_archives_are_refused(tmp_path: Path) -> None:
+    import tarfile
+
+    from orchard.errors import InvalidArgument
+    from orchard.services.env.images import ImageStore
+
+    store = ImageStore(tmp_path / "images")
+    junk = tmp_path / "junk.tar"
+    with tarfile.open(junk, "w") as tar:
+        info = tarfile.TarInfo("hello.txt")
+        tar.addfile(info)
+    with pytest.raises(InvalidArgument, match="neither manifest.json"):
+        await store.import_archive("junk", junk)
+    (tmp_path / "text.tar").write_text("not a tar")
+    with pytest.raises(InvalidArgument, match="not a tar archive"):
+        await store.import_archive("text", tmp_path / "text.tar")
+    with pytest.raises(Exception, match="built from a recipe"):
+        await store.import_archive("python:3.11-slim", junk)

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from orchard.errors import OrchardError
+from orchard.errors import FailedPrecondition, InvalidArgument, OrchardError
 from orchard.runtime.settings import SettingsError
 
 
@@ -116,6 +116,26 @@ def cmd_image_build(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_image_import(args: argparse.Namespace) -> int:
+    import subprocess
+    import tempfile
+
+    from orchard.services.env.images import BuildProgressView
+
+    if bool(args.archive) == bool(args.from_podman):
+        raise InvalidArgument("give the archive, or --from-podman REF (not both)")
+    with tempfile.TemporaryDirectory() as tmp:
+        archive = Path(args.archive) if args.archive else Path(tmp) / "image.tar"
+        if args.from_podman:
+            saved = subprocess.run(["podman", "image", "save", "--format", "docker-archive", "-o", str(archive),
+                                    args.from_podman], capture_output=True, text=True, check=False)
+            if saved.returncode != 0:
+                raise FailedPrecondition(f"podman image save {args.from_podman} failed: {saved.stderr.strip()}")
+        image = asyncio.run(_images(args).import_archive(args.name, archive, progress=BuildProgressView()))
+    print(f"imported {image.name}: {image.size_bytes / 2**20:.0f} MiB at {image.rootfs}", file=sys.stderr)
+    return 0
+
+
 def cmd_image_ls(args: argparse.Namespace) -> int:
     store = _images(args)
     built = {image.name: image for image in store.list()}
@@ -209,6 +229,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_image_build)
     p = isub.add_parser("ls", help="list images")
     p.set_defaults(func=cmd_image_ls)
+    p = isub.add_parser("import", help="make a sandbox image of a container image archive (docker/podman save, or "
+                        "an OCI layout tar), or of an image in the local podman store (--from-podman REF)")
+    p.add_argument("name", help="the sandbox image name to give it")
+    p.add_argument("archive", nargs="?", default=None, help="the archive file")
+    p.add_argument("--from-podman", default=None, metavar="REF", help="save this image of the local podman store "
+                   "first (e.g. localhost/myrepo:latest)")
+    p.set_defaults(func=cmd_image_import)
 
     # These import their heavy parts only when run.
     from orchard.cli import eval as eval_cli
