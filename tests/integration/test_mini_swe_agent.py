@@ -374,3 +374,30 @@ def test_embedded_model_solves_the_trivial_task_through_our_endpoint(
     (observation,) = [m for m in run.messages if m["role"] == "user" and "<returncode>" in m["content"]]
     assert observation["content"].startswith("<returncode>0</returncode>\n<output>\nSTEP_1\ndiff --git")
     assert run.submission.startswith("diff --git a/consts.py b/consts.py") and fixes_the_repo(address, run.submission)
+
+
+def test_orchard_rollout_runs_mini_on_a_task_set(address: str, tmp_path: Path) -> None:
+    """`orchard rollout --harness mini-swe-agent`: mini's DefaultAgent (a SCRIPTED model that applies the gold
+    patch, then submits `git diff`) on a bundled task, with Orchard's task setup, grading and storage: the report
+    resolves it, the stored trajectory is mini's conversation as steps with its outcome reward."""
+    from orchard.tasks import load_instances
+
+    task = load_instances("toyrepair")[0]
+    chat = ScriptedChat([f"git apply <<'PATCH'\n{task.patch}PATCH", "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && "
+                                                                    "git diff"])
+    try:
+        done = subprocess.run([str(Path(sys.executable).with_name("orchard")), "rollout", "--tasks", "toyrepair",
+                               "--ids", task.instance_id, "--harness", "mini-swe-agent", "--openai-base",
+                               chat.api_base, "--model", "scripted", "--env-address", address, "--no-events",
+                               "--run-id", "mini-run", "--out", str(tmp_path)], capture_output=True, text=True,
+                              timeout=240, check=False)
+    finally:
+        chat.close()
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "resolved 1/1" in done.stdout, done.stdout
+    [stored] = [json.loads(line) for line in (tmp_path / "mini-run" / "trajectories.jsonl").read_text().splitlines()]
+    assert stored["harness"] == "mini-swe-agent" and len(stored["steps"]) == 2
+    assert stored["finalPatch"].startswith("diff --git") and stored["rewards"][0]["value"] == 1.0
+    assert "<returncode>0</returncode>" in stored["steps"][0]["observations"][0]["message"]["content"]
+    with SandboxClient(address) as client:
+        assert list(client.list_sandboxes()) == []  # the rollout's and the grade's sandboxes are gone

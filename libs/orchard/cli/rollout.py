@@ -64,6 +64,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                    "(text), a screenshot (needs a vision-language model, e.g. on the vLLM engine), or both")
     p.add_argument("--site", default=None, help="web tasks: the base URL of a server already serving the bundled "
                    "sites (default: serve them on a loopback port for this run)")
+    p.add_argument("--harness", choices=["orchard", "mini-swe-agent"], default="orchard",
+                   help="SWE tasks: the agent: Orchard's own loop, or mini-swe-agent's DefaultAgent (its stock "
+                   "SWE-bench prompts, the model behind --openai-base) with the same task setup, grading and storage")
+    p.add_argument("--openai-base", default="http://127.0.0.1:50080/v1", help="--harness mini-swe-agent: the "
+                   "OpenAI-compatible endpoint of the model (orchard up serves the embedded one here)")
+    p.add_argument("--textbased", action="store_true", help="--harness mini-swe-agent: actions in bash blocks "
+                   "instead of tool calls (for models that do not emit tool calls reliably)")
     p.set_defaults(func=cmd_rollout)
 
 
@@ -179,6 +186,8 @@ async def rollout(args: argparse.Namespace) -> int:
 
     if tasksets.kind_of(args.tasks):
         return await tasksets.rollout(args)
+    if args.harness == "mini-swe-agent":
+        return await mini_rollouts(args)
     if args.policy == "scripted":
         raise InvalidArgument("--policy scripted follows a web or claw task's bundled solution; SWE task sets take "
                               "--policy reference:Q or a served model")
@@ -227,6 +236,62 @@ async def rollout(args: argparse.Namespace) -> int:
     if publisher is not None:
         print(f"published {publisher.stats.published} events for run {run_id} to {args.nats_url}; "
               f"read them back with `orchard eval --run {run_id}`")
+    return 0
+
+
+async def mini_rollouts(args: argparse.Namespace) -> int:
+    """`--harness mini-swe-agent`: mini's agent on every task, k samples, graded, stored and reported like any run."""
+    import urllib.request
+
+    from orchard import events
+    from orchard.errors import InvalidArgument, Unavailable
+    from orchard.integrations.mini_swe_agent import mini_config, mini_rollout
+    from orchard.sdk import AsyncSandboxClient
+    from orchard.tasks import load_instances, make_report
+    from orchard.tasks.report import format_table
+
+    if args.policy is not None:
+        raise InvalidArgument("--harness mini-swe-agent runs a served model (--openai-base); --policy is for "
+                              "Orchard's own loop")
+    instances = load_instances(args.tasks, args.ids, env_specs=args.env_specs)
+    run_id = checked_run_id(args.run_id)
+    folder = Path(args.out) / run_id
+    model = args.model
+    if not model:
+        try:
+            with urllib.request.urlopen(f"{args.openai_base.rstrip('/')}/models", timeout=10) as answer:
+                model = json.loads(answer.read())["data"][0]["id"]
+        except (OSError, ValueError, KeyError, IndexError) as err:
+            raise Unavailable(f"cannot ask {args.openai_base} which model it serves ({err}); start the stack with "
+                              "`orchard up`, or give --model and --openai-base") from None
+    task_set = args.tasks if "/" not in str(args.tasks) else Path(args.tasks).stem
+    slots = asyncio.Semaphore(max(1, args.concurrency))
+    async with contextlib.AsyncExitStack() as stack:
+        publisher = None if args.no_events else await connect_events(stack, args.nats_url)
+        client = await stack.enter_async_context(AsyncSandboxClient(args.env_address))
+        log = RunLog(stack, folder, len(instances) * args.samples)
+        print(f"run {run_id}: mini-swe-agent with {model} on {len(instances)} tasks x {args.samples} samples -> "
+              f"{folder}", file=sys.stderr)
+
+        async def one(instance, sample):  # type: ignore[no-untyped-def]
+            config = mini_config(model, args.openai_base, textbased=args.textbased, cwd=instance.workdir,
+                                 address=args.env_address, step_limit=args.max_steps)
+            async with slots:
+                done = await mini_rollout(client, instance, sample, run_id=run_id, task_set=task_set, config=config)
+            if publisher is not None:
+                for event in (events.started(done.trajectory), events.finished(done.trajectory)):
+                    await publisher.publish(event)
+            log(done)
+            return done
+
+        results = await asyncio.gather(*(one(i, s) for i in instances for s in range(args.samples)))
+        elapsed = time.monotonic() - log.started
+        log.finish()
+    grades = [r.grade for r in results if r.grade is not None]
+    report = make_report(grades, [i.instance_id for i in instances], run_id=run_id, model=model)
+    (folder / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(format_table(report))
+    print(f"stored {len(results)} rollouts in {log.path} ({elapsed:.0f}s)")
     return 0
 
 

@@ -60,7 +60,9 @@ class OrchardEnvironment:
     """
 
     def __init__(self, *, config_class: type[OrchardEnvironmentConfig] = OrchardEnvironmentConfig,
-                 **kwargs: Any) -> None:
+                 sandbox_id: str | None = None, **kwargs: Any) -> None:
+        """kwargs: the `environment` section of a mini config; sandbox_id: run in that sandbox (one a task was set
+        up in) instead of creating one from the image. Either way, close() deletes it."""
         self.config = config_class(**kwargs)
         # environment_class is mini's own key (which class to build); the rest are other environments' keys.
         if ignored := sorted(set(kwargs) - set(config_class.model_fields) - {"environment_class"}):
@@ -68,7 +70,8 @@ class OrchardEnvironment:
         self._client = SandboxClient(self.config.address)
         self._closed = False
         try:
-            self.sandbox: Sandbox = self._client.create_sandbox(self.config.image)
+            self.sandbox: Sandbox = (self._client.get_sandbox(sandbox_id) if sandbox_id
+                                     else self._client.create_sandbox(self.config.image))
             self._uname = self._system_info()
         except BaseException:
             self._client.close()
@@ -219,3 +222,88 @@ def run_mini_swe_agent(task: str, config: dict[str, Any], env: OrchardEnvironmen
             env.close()
     return MiniRun(exit_status=info.get("exit_status", ""), submission=info.get("submission", ""),
                    api_calls=agent.n_calls, messages=agent.messages)
+
+
+MINI_HARNESS = "mini-swe-agent"
+"""The `harness` of a trajectory mini-swe-agent made."""
+
+
+def trajectory_of(run: MiniRun, *, run_id: str, instance_id: str, task_set: str, sample: int, model: str,
+                  seconds: float) -> Any:
+    """mini's conversation as an Orchard Trajectory: each assistant message a step, the next user message (the
+    command's output) its observation; the submission is the final patch."""
+    from orchard.types.v1 import types_pb2 as tpb
+
+    trajectory_id = f"{run_id}-{instance_id}-{sample}"
+    roles = {"system": tpb.ROLE_SYSTEM, "user": tpb.ROLE_USER, "assistant": tpb.ROLE_ASSISTANT,
+             "tool": tpb.ROLE_TOOL}
+    traj = tpb.Trajectory(name=f"runs/{run_id}/trajectories/{trajectory_id}", trajectory_id=trajectory_id,
+                          run_id=run_id, task_id=instance_id, task_set=task_set, harness=MINI_HARNESS,
+                          policy=tpb.Policy(model=model), group_id=f"{run_id}/{instance_id}", sample_index=sample,
+                          final_patch=run.submission, metadata={"mini_exit_status": run.exit_status,
+                                                                "mini_api_calls": str(run.api_calls)})
+    messages = [m for m in run.messages if m.get("role") in roles]
+    head = 0
+    while head < len(messages) and messages[head]["role"] != "assistant":
+        traj.messages.append(tpb.Message(role=roles[messages[head]["role"]], content=str(messages[head]["content"])))
+        head += 1
+    for message in messages[head:]:
+        if message["role"] == "assistant":
+            traj.steps.append(tpb.Step(index=len(traj.steps), model_output=tpb.Message(
+                role=tpb.ROLE_ASSISTANT, content=str(message.get("content") or ""))))
+        elif traj.steps:
+            traj.steps[-1].observations.append(tpb.Observation(message=tpb.Message(
+                role=roles[message["role"]], content=str(message.get("content") or ""))))
+    traj.step_count = len(traj.steps)
+    traj.stop_reason = (tpb.STOP_REASON_SUBMITTED if run.exit_status == "Submitted" else
+                        tpb.STOP_REASON_STEP_LIMIT if run.exit_status == "LimitsExceeded" else
+                        tpb.STOP_REASON_FORMAT_ERROR if "Format" in run.exit_status else tpb.STOP_REASON_ERROR)
+    traj.stop_detail = run.exit_status
+    traj.duration.FromNanoseconds(int(seconds * 1e9))
+    traj.end_time.GetCurrentTime()
+    return traj
+
+
+async def mini_rollout(client: Any, instance: Any, sample: int, *, run_id: str, task_set: str,
+                       config: dict[str, Any], test_timeout_s: float = 600.0) -> Any:
+    """One rollout of a task by mini-swe-agent, as any Orchard rollout: the task's sandbox set up (its repository
+    at base, its environment forked when it has one), mini's DefaultAgent run in it, the submission graded in a
+    fresh sandbox; returns a RolloutResult (the trajectory with its outcome reward)."""
+    import asyncio
+    import time
+
+    from orchard.harness.runner import RolloutResult, ungraded
+    from orchard.tasks.environments import task_sandbox
+    from orchard.tasks.grading import grade
+
+    sandbox, _ = await task_sandbox(client, instance, labels={"orchard.role": "rollout",
+                                                              "orchard.task": instance.instance_id[:63]},
+                                    timeout=7200)
+    environment = {**config["environment"], "cwd": instance.workdir}
+    started = time.monotonic()
+
+    def run() -> MiniRun:
+        env = OrchardEnvironment(sandbox_id=sandbox.sandbox_id, **environment)
+        try:
+            return run_mini_swe_agent(instance.problem_statement, config, env)
+        finally:
+            env.close()
+
+    try:
+        done = await asyncio.to_thread(run)
+    except BaseException:
+        await asyncio.shield(sandbox.delete())
+        raise
+    model = config["model"]["model_name"].removeprefix("openai/")
+    traj = trajectory_of(done, run_id=run_id, instance_id=instance.instance_id, task_set=task_set, sample=sample,
+                         model=model, seconds=time.monotonic() - started)
+    from orchard.types.v1 import types_pb2 as tpb
+
+    if traj.stop_reason == tpb.STOP_REASON_SUBMITTED:
+        result = await grade(client, instance, traj.final_patch, sample_index=sample, test_timeout_s=test_timeout_s)
+        reward = result.to_reward()
+    else:
+        result, reward = ungraded(traj)
+    traj.rewards.append(reward)
+    traj.metadata["verify_status"] = "resolved" if result.resolved else "unresolved"
+    return RolloutResult(traj, result)
