@@ -111,7 +111,21 @@ def _images(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 def cmd_image_build(args: argparse.Namespace) -> int:
     from orchard.services.env.images import BuildProgressView
 
-    image = asyncio.run(_images(args).build(args.name, force=args.force, progress=BuildProgressView()))
+    store = _images(args)
+    if args.recipe:
+        import json
+
+        from orchard.services.env.images import Recipe
+
+        try:
+            data = json.loads(Path(args.recipe).read_text())
+            recipe = Recipe(suite=data["suite"], variant=data.get("variant", "minbase"),
+                            packages=tuple(data["packages"]), pip=tuple(data.get("pip", ())),
+                            description=data.get("description", f"{args.name} ({data['suite']})"))
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise InvalidArgument(f"{args.recipe} is not an image recipe (suite, packages ...): {err}") from None
+        store.add_recipe(args.name, recipe)
+    image = asyncio.run(store.build(args.name, force=args.force, progress=BuildProgressView()))
     print(f"built {image.name}: {image.size_bytes / 2**20:.0f} MiB at {image.rootfs}", file=sys.stderr)
     return 0
 
@@ -226,6 +240,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = isub.add_parser("build", help="build an image from Debian packages (cached)")
     p.add_argument("name")
     p.add_argument("--force", action="store_true", help="rebuild even if built")
+    p.add_argument("--recipe", default=None, metavar="FILE", help="a new image's recipe: a JSON file with suite "
+                   "(bullseye, bookworm, trixie), packages (Debian; python3 and git required), optionally pip and "
+                   "description; kept with the images, so later builds need only the name")
     p.set_defaults(func=cmd_image_build)
     p = isub.add_parser("ls", help="list images")
     p.set_defaults(func=cmd_image_ls)

@@ -62,6 +62,8 @@ class GradeResult:
                              "FAIL_TO_FAIL": {"success": [], "failure": []},
                              "PASS_TO_FAIL": {"success": [], "failure": []}},
             **({"error": self.error} if self.error else {}),
+            # What went wrong, for every prediction that did not resolve (SWE-bench keeps it in a log file).
+            **({"log_tail": self.log_tail[-LOG_TAIL_CHARS:]} if not self.resolved and self.log_tail else {}),
         }
 
     def to_reward(self, source: str = "orchard.tasks.grading", name: str = "swe_tests") -> tpb.Reward:
