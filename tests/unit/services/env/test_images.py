@@ -255,3 +255,28 @@ async def test_concurrent_builds_of_one_image_are_serialized(tmp_path: Path, dea
 async def test_build_host_is_refused(tmp_path: Path) -> None:
     with pytest.raises(InvalidArgument):
         await ImageStore(tmp_path).build("host")
+
+
+def test_a_recipe_file_makes_a_name_buildable(tmp_path: Path) -> None:
+    """A user image is a recipe file under the images folder, not an edit of the source: once added, the store
+    knows the name (list, resolve's error says it is not built yet); bad recipes name their field."""
+    from orchard.errors import AlreadyExists, InvalidArgument
+    from orchard.services.env.images import Recipe
+
+    store = ImageStore(tmp_path)
+    recipe = Recipe(suite="bullseye", variant="minbase", packages=("python3", "git", "less"), description="mine")
+    store.add_recipe("mine:1", recipe)
+    store.add_recipe("mine:1", recipe)  # the same again: fine
+    assert store.list_recipes()["mine:1"] == recipe and ImageStore(tmp_path).recipe("mine:1") == recipe
+    with pytest.raises(FailedPrecondition, match="not built"):
+        store.resolve("mine:1")
+    with pytest.raises(AlreadyExists):
+        store.add_recipe("mine:1", Recipe(suite="bookworm", variant="minbase", packages=("python3", "git"),
+                                          description="other"))
+    for name, bad, field in (("x", Recipe("sid", "minbase", ("python3", "git"), ""), "suite"),
+                             ("x", Recipe("bookworm", "minbase", ("python3", "git", "rm -rf /"), ""), "packages"),
+                             ("x", Recipe("bookworm", "minbase", ("less",), ""), "packages"),
+                             ("Bad Name", Recipe("bookworm", "minbase", ("python3", "git"), ""), "name")):
+        with pytest.raises(InvalidArgument) as info:
+            store.add_recipe(name, bad)
+        assert info.value.field == field
