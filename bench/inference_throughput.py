@@ -61,7 +61,7 @@ def chat_request(prompt: str, max_tokens: int) -> pb.ChatRequest:
 def baseline(prompts: list[str], max_tokens: int, threads: int) -> dict[str, float]:
     """The prompts one after another through plain transformers generate (greedy), in this process."""
     import torch
-    from orchard.services.inference.engines.model_files import (
+    from orchard.model_files import (
         default_cache_dir,
         resolve_model,
     )

@@ -112,7 +112,7 @@ def main() -> None:
         elif args.model:
             model_dir = Path(args.model)
         else:
-            from orchard.services.inference.engines.model_files import default_cache_dir, resolve_model
+            from orchard.model_files import default_cache_dir, resolve_model
 
             model_dir = resolve_model("", default_cache_dir())[0]
         data = dataset(root / "data.jsonl", args.samples, args.tokens)

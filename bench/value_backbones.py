@@ -40,7 +40,7 @@ def read_run(folder: Path) -> list[tpb.Trajectory]:
 def backbone_path(name: str) -> tuple[Path, str]:
     if name == "minilm":
         return resolve_backbone("")
-    from orchard.services.inference.engines.model_files import default_cache_dir, resolve_model
+    from orchard.model_files import default_cache_dir, resolve_model
 
     return resolve_model("", default_cache_dir())[0], "SmolLM2-135M-Instruct"
 

@@ -21,10 +21,10 @@ import sys
 import time
 from typing import Any
 
-from orchard.services.inference import chat
+from orchard.chat import templates as chat
 from orchard.services.inference.engines import load_engine
 from orchard.services.inference.engines.base import Engine, SamplingParams
-from orchard.services.inference.engines.model_files import default_cache_dir, resolve_model
+from orchard.model_files import default_cache_dir, resolve_model
 from orchard.services.inference.generation import collect
 from orchard.services.inference.settings import InferenceSettings
 

@@ -4,7 +4,7 @@ token samples through the base model's own chat template.
 Choices [I]:
 - Samples are rendered from each trajectory's OpenAI-format `messages` (not its stored token ids): the stored ids
   are the acting policy's tokenizer's, which need not be the base model's (a teacher, a scripted policy, a proxy
-  record). Tools are rendered the way the inference service renders them (`orchard.services.inference.chat`),
+  record). Tools are rendered the way the inference service renders them (`orchard.chat.templates`),
   so the trained text is what the policy sees when it serves.
 - The loss mask covers an assistant turn's whole rendered reply, end-of-turn token included (the whitespace a
   template adds after it is not trained: the model stops at the end token); found by rendering
@@ -26,9 +26,9 @@ from google.protobuf import json_format
 from orchard.errors import FailedPrecondition, InvalidArgument
 from orchard.experience.v1 import experience_pb2 as epb
 from orchard.experience.v1 import experience_pb2_grpc
-from orchard.services.experience.openai_format import from_openai, to_openai
-from orchard.services.inference.chat import render
-from orchard.services.inference.servicer import tool_dict
+from orchard.chat.openai_format import from_openai, to_openai
+from orchard.chat.templates import render
+from orchard.chat.tools import tool_spec
 from orchard.tasks.instance import load_instances, resolve_source
 from orchard.trainer.v1 import trainer_pb2 as pb
 from orchard.trainers.sft import Sample
@@ -76,7 +76,7 @@ def render_sample(renderer: TemplateRenderer, messages: list[dict[str, Any]], to
 def trajectory_sample(renderer: TemplateRenderer, traj: tpb.Trajectory,
                       trained_steps: set[int] | None = None) -> Sample:
     """A stored trajectory as a sample; `trained_steps` are step indices (step k is the k-th assistant turn)."""
-    return render_sample(renderer, [to_openai(m) for m in traj.messages], [tool_dict(t, i) for i, t in enumerate(traj.tools)], trained_steps)
+    return render_sample(renderer, [to_openai(m) for m in traj.messages], [tool_spec(t, i) for i, t in enumerate(traj.tools)], trained_steps)
 
 
 @dataclass

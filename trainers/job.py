@@ -26,12 +26,18 @@ from typing import Any
 
 from google.protobuf import json_format
 
+from orchard.checkpoints import (  # the checkpoint layout, shared with the services that load them
+    MANIFEST_FILE,
+    MANIFEST_FORMAT,
+    STATE_FILE,
+    CheckpointRecord,
+    latest_checkpoint,
+    read_manifest,
+)
 from orchard.trainer.v1 import trainer_pb2 as pb
 from orchard.trainers.distributed import Dist
 
 EVENTS_FILE, JOB_FILE, RUNTIME_FILE = "events.jsonl", "job.json", "runtime.json"
-MANIFEST_FILE, STATE_FILE = "manifest.json", "trainer_state.pt"
-MANIFEST_FORMAT = 1
 
 
 class JobCancelled(Exception):
@@ -50,17 +56,6 @@ class Runtime:
     """Where RL jobs publish their rollouts' events (to the experience store); empty publishes nothing."""
     model_cache_dir: str = ""
     """Where the embedded GGUF model is converted to a Hugging Face folder (the inference service's default)."""
-
-
-@dataclass(frozen=True)
-class CheckpointRecord:
-    """A complete checkpoint on disk (its manifest was written)."""
-
-    step: int
-    path: Path
-    version: str
-    metrics: dict[str, float]
-    is_final: bool
 
 
 @dataclass
@@ -166,19 +161,3 @@ class JobContext:
         return latest_checkpoint(self.checkpoints_dir)
 
 
-def read_manifest(path: Path) -> CheckpointRecord | None:
-    try:
-        data = json.loads((path / MANIFEST_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    return CheckpointRecord(step=int(data["step"]), path=path, version=str(data["version"]),
-                            metrics={k: float(v) for k, v in data.get("metrics", {}).items()},
-                            is_final=bool(data.get("is_final", False)))
-
-
-def latest_checkpoint(checkpoints_dir: Path) -> CheckpointRecord | None:
-    """The complete checkpoint with the highest step under `checkpoints_dir`."""
-    if not checkpoints_dir.is_dir():
-        return None
-    found = [r for p in checkpoints_dir.glob("step-*") if (r := read_manifest(p)) is not None]
-    return max(found, key=lambda r: r.step, default=None)

@@ -102,7 +102,7 @@ def load_model(path: Path) -> tuple[Any, Any]:
 
 def base_model_path(ctx: JobContext) -> Path:
     """The base model as a loadable folder: "" is the embedded SmolLM2 (converted once into the cache)."""
-    from orchard.services.inference.engines.model_files import default_cache_dir, resolve_model
+    from orchard.model_files import default_cache_dir, resolve_model
 
     cache = Path(ctx.runtime.model_cache_dir) if ctx.runtime.model_cache_dir else default_cache_dir()
     return resolve_model(ctx.config.base_model, cache)[0]

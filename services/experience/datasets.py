@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 from orchard.errors import FailedPrecondition
 from orchard.experience.v1 import experience_pb2 as pb
 from orchard.services.experience.backends.base import Position, SqlStore
-from orchard.services.experience.openai_format import to_openai
+from orchard.chat.openai_format import to_openai
 from orchard.types.v1 import types_pb2 as tpb
 
 PAGE = 100

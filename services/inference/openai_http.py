@@ -27,7 +27,9 @@ from orchard.errors import (
     Unimplemented,
 )
 from orchard.runtime.http import HttpSite
-from orchard.services.inference import chat, generation
+from orchard.chat import templates as chat
+from orchard.chat.tools import parse_tool_calls
+from orchard.services.inference import generation
 from orchard.services.inference import openai_protocol as p
 from orchard.services.inference.engines.base import Engine, SamplingParams, vision_unsupported
 from orchard.services.inference.generation import Completion
@@ -210,7 +212,7 @@ class OpenAIGateway:
         return {"content": content}
 
     def _chat_message(self, text: str, finish: str | None, names: set[str]) -> tuple[dict[str, Any], str | None]:
-        content, calls = chat.parse_tool_calls(text, names) if names else (text, [])
+        content, calls = parse_tool_calls(text, names) if names else (text, [])
         message: dict[str, Any] = {"role": "assistant", "content": content or (None if calls else "")}
         if calls:
             message["tool_calls"] = [{k: v for k, v in c.items() if k != "index"} for c in p.tool_calls_json(calls)]

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from orchard.services.inference.chat import ParsedToolCall
+from orchard.chat.tools import ParsedToolCall
 from orchard.services.inference.engines.base import ChatMessage, ToolSpec
 
 FINISH = {"stop": "stop", "length": "length", "abort": "stop", None: None}

@@ -16,7 +16,9 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from orchard.errors import InvalidArgument, Unimplemented
 from orchard.inference.v1 import inference_pb2 as pb
 from orchard.inference.v1 import inference_pb2_grpc
-from orchard.services.inference import chat, generation
+from orchard.chat import templates as chat
+from orchard.chat.tools import parse_tool_calls, tool_spec
+from orchard.services.inference import generation
 from orchard.services.inference.engines.base import (
     ChatMessage,
     Engine,
@@ -75,14 +77,6 @@ def message_images(messages: Sequence[tpb.Message]) -> list[bytes]:
             for i, m in enumerate(messages) for j, p in enumerate(m.parts) if p.HasField("image")]
 
 
-def tool_dict(t: tpb.ToolDefinition, i: int) -> ToolSpec:
-    try:
-        parameters = json.loads(t.parameters) if t.parameters else {"type": "object", "properties": {}}
-    except json.JSONDecodeError as err:
-        raise InvalidArgument(f"tools[{i}].parameters is not JSON: {err}", field=f"tools[{i}].parameters") from None
-    return {"type": "function", "function": {"name": t.name, "description": t.description, "parameters": parameters}}
-
-
 def _template_kwargs(s: Any) -> dict[str, Any]:
     return json_format.MessageToDict(s) if s.fields else {}
 
@@ -128,7 +122,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         the conversation's images."""
         generation.check_model(self.engine, request.model)
         messages = [message_dict(m, i, self.engine.info) for i, m in enumerate(request.messages)]
-        tools = [tool_dict(t, i) for i, t in enumerate(request.tools)]
+        tools = [tool_spec(t, i) for i, t in enumerate(request.tools)]
         if request.tool_choice == pb.TOOL_CHOICE_NONE:
             tools = []
         text = chat.render(self.engine, messages, tools, True, _template_kwargs(request.chat_template_kwargs))
@@ -154,7 +148,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
 
     def _message(self, text: str, finish: str | None, tool_names: set[str]) -> tuple[tpb.Message, int]:
         """The assistant message of a finished chat choice, and its finish reason."""
-        content, calls = chat.parse_tool_calls(text, tool_names) if tool_names else (text, [])
+        content, calls = parse_tool_calls(text, tool_names) if tool_names else (text, [])
         message = tpb.Message(role=tpb.ROLE_ASSISTANT, content=content,
                               tool_calls=[tpb.ToolCall(id=c.id, name=c.name, arguments=c.arguments) for c in calls])
         return message, pb.FINISH_REASON_TOOL_CALLS if calls else FINISH[finish]
@@ -271,7 +265,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
 
     def _render(self, prompt: pb.ChatPrompt) -> str:
         messages = [message_dict(m, i, self.engine.info) for i, m in enumerate(prompt.messages)]
-        tools = [tool_dict(t, i) for i, t in enumerate(prompt.tools)]
+        tools = [tool_spec(t, i) for i, t in enumerate(prompt.tools)]
         return chat.render(self.engine, messages, tools, prompt.add_generation_prompt,
                            _template_kwargs(prompt.chat_template_kwargs))
 

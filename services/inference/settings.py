@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from orchard.runtime.settings import ServiceSettings
-from orchard.services.inference.engines.model_files import default_cache_dir
+from orchard.model_files import default_cache_dir
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 

@@ -8,7 +8,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from orchard.services.reward.render import RenderedStep
+from orchard.chat.render import RenderedStep
 from orchard.services.reward.rubric import EvidencePolicy, Rubric, aggregate
 
 # A step's command splits into simple commands at newlines, `&&`, `||`, `;` and `|`.

@@ -19,7 +19,7 @@ from orchard.errors import OrchardError
 from orchard.services.reward import metrics
 from orchard.services.reward.guards import apply_guards
 from orchard.services.reward.models import Models
-from orchard.services.reward.render import Reference, render_trajectory, steps_of
+from orchard.chat.render import Reference, render_trajectory, steps_of
 from orchard.services.reward.rubric import Rubric
 from orchard.types.v1 import types_pb2 as tpb
 

@@ -14,7 +14,7 @@ import grpc
 from orchard.errors import InvalidArgument, OrchardError
 from orchard.reward.v1 import reward_pb2 as pb
 from orchard.reward.v1 import reward_pb2_grpc
-from orchard.services.reward import render
+from orchard.chat import render
 from orchard.services.reward.judge import Judge, JudgeInput, log_batch
 from orchard.services.reward.outcome import EvalSpec, OutcomeGrader, OutcomeInput, OutcomeValues, check_log_parser
 from orchard.services.reward.rubric import Criterion, Rubric, RubricError, build_rubric

@@ -34,7 +34,8 @@ from orchard.errors import NotFound
 from orchard.services.trainer.settings import TrainerSettings
 from orchard.trainer.v1 import trainer_pb2 as pb
 from orchard.trainers import distributed
-from orchard.trainers.job import EVENTS_FILE, JOB_FILE, RUNTIME_FILE, latest_checkpoint, read_manifest
+from orchard.checkpoints import latest_checkpoint, read_manifest
+from orchard.trainers.job import EVENTS_FILE, JOB_FILE, RUNTIME_FILE
 
 log = logging.getLogger("orchard.trainer")
 

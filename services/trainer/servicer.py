@@ -14,7 +14,7 @@ import grpc
 
 from orchard.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, Unimplemented
 from orchard.harness.assistant import AssistantHarness
-from orchard.services.inference.engines.model_files import check_checkpoint
+from orchard.model_files import check_checkpoint
 from orchard.services.trainer.jobs import JobManager
 from orchard.tasks.instance import resolve_source
 from orchard.trainer.v1 import trainer_pb2 as pb

@@ -49,7 +49,7 @@ def check_value_checkpoint(path: Path) -> None:
 
 def _manifest(path: Path) -> dict[str, Any]:
     """The trainer's manifest.json of the checkpoint (written last by a job), or {} when there is none."""
-    from orchard.trainers.job import MANIFEST_FILE
+    from orchard.checkpoints import MANIFEST_FILE
 
     try:
         data = json.loads((path / MANIFEST_FILE).read_text())

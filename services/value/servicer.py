@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 from orchard.errors import InvalidArgument
-from orchard.services.reward.render import problem_statement
+from orchard.chat.render import problem_statement
 from orchard.services.value.batcher import Batcher
 from orchard.services.value.checkpoints import ServedModel, ValueModels
 from orchard.services.value.settings import ValueSettings

@@ -21,7 +21,7 @@ def tiny_model(folder: Path, seed: int = 0) -> Path:
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from orchard.services.inference.engines.model_files import default_cache_dir, resolve_model
+    from orchard.model_files import default_cache_dir, resolve_model
 
     if (folder / "config.json").exists():
         return folder

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from orchard.errors import FailedPrecondition, InvalidArgument, OrchardError
+from orchard.errors import OrchardError
 from orchard.runtime.settings import SettingsError
 
 
@@ -102,65 +102,10 @@ def cmd_sandbox_rm(args: argparse.Namespace) -> int:
     return 0
 
 
-def _images(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    from orchard.services.env.images import ImageStore, default_images_dir
+def cmd_image(args: argparse.Namespace) -> int:
+    from orchard.cli.stack import run_tool
 
-    return ImageStore(Path(args.images_dir) if args.images_dir else default_images_dir())
-
-
-def cmd_image_build(args: argparse.Namespace) -> int:
-    from orchard.services.env.images import BuildProgressView
-
-    store = _images(args)
-    if args.recipe:
-        import json
-
-        from orchard.services.env.images import Recipe
-
-        try:
-            data = json.loads(Path(args.recipe).read_text())
-            recipe = Recipe(suite=data["suite"], variant=data.get("variant", "minbase"),
-                            packages=tuple(data["packages"]), pip=tuple(data.get("pip", ())),
-                            description=data.get("description", f"{args.name} ({data['suite']})"))
-        except (OSError, ValueError, KeyError, TypeError) as err:
-            raise InvalidArgument(f"{args.recipe} is not an image recipe (suite, packages ...): {err}") from None
-        store.add_recipe(args.name, recipe)
-    image = asyncio.run(store.build(args.name, force=args.force, progress=BuildProgressView()))
-    print(f"built {image.name}: {image.size_bytes / 2**20:.0f} MiB at {image.rootfs}", file=sys.stderr)
-    return 0
-
-
-def cmd_image_import(args: argparse.Namespace) -> int:
-    import subprocess
-    import tempfile
-
-    from orchard.services.env.images import BuildProgressView
-
-    if bool(args.archive) == bool(args.from_podman):
-        raise InvalidArgument("give the archive, or --from-podman REF (not both)")
-    with tempfile.TemporaryDirectory() as tmp:
-        archive = Path(args.archive) if args.archive else Path(tmp) / "image.tar"
-        if args.from_podman:
-            saved = subprocess.run(["podman", "image", "save", "--format", "docker-archive", "-o", str(archive),
-                                    args.from_podman], capture_output=True, text=True, check=False)
-            if saved.returncode != 0:
-                raise FailedPrecondition(f"podman image save {args.from_podman} failed: {saved.stderr.strip()}")
-        image = asyncio.run(_images(args).import_archive(args.name, archive, progress=BuildProgressView()))
-    print(f"imported {image.name}: {image.size_bytes / 2**20:.0f} MiB at {image.rootfs}", file=sys.stderr)
-    return 0
-
-
-def cmd_image_ls(args: argparse.Namespace) -> int:
-    store = _images(args)
-    built = {image.name: image for image in store.list()}
-    print(f"{'IMAGE':<20} {'STATUS':<10} {'SIZE':>8}  DESCRIPTION")
-    for name in ["host", *sorted(set(store.list_recipes()) | set(built) - {"host"})]:
-        image = built.get(name)
-        status = "built" if image else "not built"
-        size = f"{image.size_bytes / 2**20:.0f} MiB" if image and image.size_bytes else "-"
-        description = image.description if image else store.list_recipes()[name].description
-        print(f"{name:<20} {status:<10} {size:>8}  {description}")
-    return 0
+    return run_tool("image", args.image_args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -233,26 +178,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("sandbox_ids", nargs="+")
     p.set_defaults(func=cmd_sandbox_rm)
 
-    image = sub.add_parser("image", help="build and list local sandbox images")
-    image.add_argument("--images-dir", default=None, help="default: ORCHARD_ENV_IMAGES_DIR's default, "
-                       "~/.cache/orchard/images")
-    isub = image.add_subparsers(dest="action", required=True)
-    p = isub.add_parser("build", help="build an image from Debian packages (cached)")
-    p.add_argument("name")
-    p.add_argument("--force", action="store_true", help="rebuild even if built")
-    p.add_argument("--recipe", default=None, metavar="FILE", help="a new image's recipe: a JSON file with suite "
-                   "(bullseye, bookworm, trixie), packages (Debian; python3 and git required), optionally pip and "
-                   "description; kept with the images, so later builds need only the name")
-    p.set_defaults(func=cmd_image_build)
-    p = isub.add_parser("ls", help="list images")
-    p.set_defaults(func=cmd_image_ls)
-    p = isub.add_parser("import", help="make a sandbox image of a container image archive (docker/podman save, or "
-                        "an OCI layout tar), or of an image in the local podman store (--from-podman REF)")
-    p.add_argument("name", help="the sandbox image name to give it")
-    p.add_argument("archive", nargs="?", default=None, help="the archive file")
-    p.add_argument("--from-podman", default=None, metavar="REF", help="save this image of the local podman store "
-                   "first (e.g. localhost/myrepo:latest)")
-    p.set_defaults(func=cmd_image_import)
+    # The env service's image tool (orchard.services.env.image_cli), started through its entry point.
+    p = sub.add_parser("image", help="build, import and list local sandbox images (`orchard image --help`)",
+                       add_help=False)
+    p.add_argument("image_args", nargs=argparse.REMAINDER)
+    p.set_defaults(func=cmd_image)
 
     # These import their heavy parts only when run.
     from orchard.cli import eval as eval_cli
@@ -268,7 +198,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    given = list(sys.argv[1:] if argv is None else argv)
+    if given[:1] == ["image"]:  # a service's own tool: its parser handles every flag, --help included
+        from orchard.cli.stack import run_tool
+
+        sys.exit(run_tool("image", given[1:]))
+    args = build_parser().parse_args(given)
     try:
         code = args.func(args)
     except OrchardError as err:

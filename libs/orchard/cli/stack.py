@@ -26,6 +26,21 @@ SERVICES: dict[str, str] = {
 }
 
 
+TOOLS = {"image": "orchard.services.env.image_cli"}
+"""Entry points of the services' command-line tools, by `orchard` subcommand."""
+
+
+def run_tool(tool: str, argv: Sequence[str]) -> int:
+    """Run a service's command-line tool (its module's main) in this process; its exit code."""
+    import importlib
+
+    try:
+        importlib.import_module(TOOLS[tool]).main(list(argv))
+    except SystemExit as done:
+        return int(done.code or 0) if not isinstance(done.code, str) else 1
+    return 0
+
+
 def serve(service: str, argv: Sequence[str]) -> None:
     """Run one service in this process until SIGTERM/SIGINT."""
     if service not in SERVICES:

@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from orchard.chat.tools import TOOL_BLOCK, tool_call_blocks
 from orchard.errors import DeadlineExceeded, ResourceExhausted, Unavailable
 from orchard.types.v1 import types_pb2 as tpb
 
@@ -24,7 +25,6 @@ if TYPE_CHECKING:
     from orchard.tasks.grading import GradeResult
 
 T = TypeVar("T")
-TOOL_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 """A `<tool_call>` block (the closing tag may be missing when generation stopped early)."""
 
 
@@ -88,24 +88,8 @@ def call_arguments(action: tpb.ToolCall) -> dict[str, Any] | ActionResult:
     return args
 
 
-def parse_tool_calls(text: str) -> list[tpb.ToolCall] | None:
-    """The `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` calls in text; None when there is no block,
-    [] when blocks hold no parsable call."""
-    blocks = TOOL_BLOCK.findall(text)
-    if not blocks:
-        return None
-    calls = []
-    for block in blocks:
-        try:
-            value = json.loads(block)
-        except json.JSONDecodeError:
-            continue
-        for item in value if isinstance(value, list) else [value]:
-            if isinstance(item, dict) and isinstance(item.get("name"), str):
-                args = item.get("arguments", item.get("parameters", {}))
-                calls.append(tpb.ToolCall(id=f"call_{uuid.uuid4().hex[:12]}", name=item["name"],
-                                          arguments=args if isinstance(args, str) else json.dumps(args)))
-    return calls
+parse_tool_calls = tool_call_blocks
+"""The harnesses' parse of a reply: the calls of its `<tool_call>` blocks (chat.tools)."""
 
 
 class Harness(abc.ABC):

@@ -8,6 +8,7 @@ import json
 import re
 from typing import ClassVar
 
+from orchard.chat.tools import SHELL_BLOCK
 from orchard.harness.base import ActionResult, Harness, Parsed, call, call_arguments, create_retried, tool
 from orchard.sdk import AsyncSandbox, AsyncSandboxClient
 from orchard.tasks.instance import TaskInstance
@@ -33,7 +34,6 @@ EDITOR = tool("editor", "View a file (with line numbers) or directory, create a 
                "file_text": {"type": "string", "description": "For create: the whole content."},
                "old_str": {"type": "string"}, "new_str": {"type": "string"}}, ["command", "path"])
 SUBMIT = tool("submit", "Submit your changes (the diff of the repository) and end the task.", {}, [])
-_BASH_BLOCK = re.compile(r"```(?:bash|sh|shell)?\s*\n(.*?)```", re.DOTALL)
 
 # Runs inside the sandbox with the call's arguments as JSON on stdin: a failed edit is output, not an error.
 EDITOR_SCRIPT = r'''
@@ -111,7 +111,7 @@ class SWEHarness(Harness):
         parsed = super().parse(text)
         if parsed.calls or "<tool_call>" in text:
             return parsed
-        block = _BASH_BLOCK.search(text)
+        block = SHELL_BLOCK.search(text)
         if block is None:
             return Parsed([], "no <tool_call> block and no ```bash block found")
         command = block.group(1).strip()

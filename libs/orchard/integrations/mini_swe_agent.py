@@ -257,7 +257,7 @@ def trajectory_of(run: MiniRun, *, run_id: str, instance_id: str, task_set: str,
     traj.step_count = len(traj.steps)
     traj.stop_reason = (tpb.STOP_REASON_SUBMITTED if run.exit_status == "Submitted" else
                         tpb.STOP_REASON_STEP_LIMIT if run.exit_status == "LimitsExceeded" else
-                        tpb.STOP_REASON_FORMAT_ERROR if "Format" in run.exit_status else tpb.STOP_REASON_ERROR)
+                        tpb.STOP_REASON_FORMAT_ERROR if "Format" in run.exit_status else tpb.STOP_REASON_MODEL_ERROR)
     traj.stop_detail = run.exit_status
     traj.duration.FromNanoseconds(int(seconds * 1e9))
     traj.end_time.GetCurrentTime()

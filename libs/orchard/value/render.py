@@ -3,7 +3,7 @@ the RPR judge's renderer (recipes §2.5) without a reference, so training and se
 
 from __future__ import annotations
 
-from orchard.services.reward.render import problem_statement, render_trajectory, steps_of
+from orchard.chat.render import problem_statement, render_trajectory, steps_of
 from orchard.types.v1 import types_pb2 as tpb
 
 

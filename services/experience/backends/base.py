@@ -13,7 +13,7 @@ from typing import Any
 from google.protobuf.timestamp_pb2 import Timestamp
 from orchard.experience.v1 import experience_pb2 as pb
 from orchard.services.experience import ingest, sql
-from orchard.services.experience.openai_format import messages_from_call
+from orchard.chat.openai_format import messages_from_call
 from orchard.types.v1 import types_pb2 as tpb
 
 Statement = tuple[str, Sequence[Sequence[Any]]]

@@ -12,16 +12,13 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from orchard.chat.tools import ChatMessage, ToolSpec
 from orchard.errors import Unimplemented
 
 FinishReason = Literal["stop", "length", "abort"]
 
-ChatMessage = dict[str, Any]
-"""A chat message in the OpenAI chat format (role, content, tool_calls, tool_call_id, name): what Hugging Face
-chat templates take. The servicer and the OpenAI endpoint both build these."""
+# The chat message and tool formats are chat.tools' (one definition for every service and recipe).
 
-ToolSpec = dict[str, Any]
-"""A tool in the OpenAI format: {"type": "function", "function": {"name", "description", "parameters"}}."""
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from orchard.services.inference.engines.base import (
     ToolSpec,
     vision_unsupported,
 )
-from orchard.services.inference.engines.model_files import check_checkpoint, resolve_model
+from orchard.model_files import check_checkpoint, resolve_model
 from orchard.services.inference.engines.sampling import Sequence
 from orchard.services.inference.settings import InferenceSettings
 

@@ -15,7 +15,7 @@ from orchard.trainers.sft import Sample
 
 @pytest.fixture(scope="module")
 def renderer() -> TemplateRenderer:
-    from orchard.services.inference.engines.model_files import default_cache_dir, resolve_model
+    from orchard.model_files import default_cache_dir, resolve_model
     from transformers import AutoTokenizer
 
     return TemplateRenderer(AutoTokenizer.from_pretrained(resolve_model("", default_cache_dir())[0]))

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from orchard.services.inference.chat import _with_tool_preamble, parse_tool_calls
+from orchard.chat.templates import _with_tool_preamble
+from orchard.chat.tools import parse_tool_calls
 
 TOOLS = {"get_weather", "search"}
 

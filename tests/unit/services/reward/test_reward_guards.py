@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from orchard.services.reward.guards import apply_guards, cited_steps, runs_test, steps_with_tests
 from orchard.services.reward.judge import Judge, JudgeInput, log_batch, system_prompt
-from orchard.services.reward.render import RenderedStep
+from orchard.chat.render import RenderedStep
 from orchard.services.reward.rubric import BUNDLED_RUBRIC, Criterion, EvidencePolicy, build_rubric, load_rubric
 from orchard.types.v1 import types_pb2 as tpb
 from prometheus_client import REGISTRY

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from orchard.services.reward.render import (
+from orchard.chat.render import (
     OBSERVATION_CHARS,
     Reference,
     RenderedStep,

@@ -7,6 +7,7 @@ import json
 import re
 from dataclasses import dataclass
 
+from orchard.chat.tools import SHELL_BLOCK
 from orchard.types.v1 import types_pb2 as tpb
 
 TASK_CHARS = 4000
@@ -31,7 +32,6 @@ _SUMMARY = re.compile(
     r"|[\w.]*(Error|Exception): .*"
     r"|.*No module named .*)$")
 _RETURNCODE = re.compile(r"<returncode>\s*(-?\d+)\s*</returncode>")
-_BASH_BLOCK = re.compile(r"```(?:bash|sh)?\s*\n(.*?)```", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -116,9 +116,9 @@ def _from_messages(messages: list[tpb.Message]) -> list[RenderedStep]:
     for i, m in enumerate(messages):
         if m.role != tpb.ROLE_ASSISTANT:
             continue
-        blocks = _BASH_BLOCK.findall(m.content)
+        blocks = SHELL_BLOCK.findall(m.content)
         command = "\n".join(command_of(c) for c in m.tool_calls) or (blocks[-1].strip() if blocks else "")
-        reasoning = m.reasoning or _BASH_BLOCK.sub("", m.content).strip()
+        reasoning = m.reasoning or SHELL_BLOCK.sub("", m.content).strip()
         output, code = "", None
         following = messages[i + 1] if i + 1 < len(messages) else None
         if following is not None and following.role in (tpb.ROLE_TOOL, tpb.ROLE_USER) and i + 1 != first_user:

@@ -1,0 +1,89 @@
+"""The layers point one way (read by the import statements, not by running anything): libs/ never imports
+services/ or trainers/ (the CLI starts services and their tools through entry points named by strings); no service
+imports another; only the trainer service imports the recipes in trainers/; trainers/ imports libs/ only."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SOURCES = {"libs/orchard": "orchard", "services": "orchard.services", "trainers": "orchard.trainers"}
+
+
+def module_of(path: Path) -> str:
+    for folder, package in SOURCES.items():
+        base = ROOT / folder
+        if path.is_relative_to(base):
+            parts = list(path.relative_to(base).with_suffix("").parts)
+            if parts and parts[-1] == "__init__":
+                parts = parts[:-1]
+            return ".".join([package, *parts])
+    raise ValueError(f"{path} is not in a source folder")
+
+
+def imports_of(path: Path) -> list[tuple[int, str]]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append((node.lineno, node.module))
+    return [(line, name) for line, name in found if name == "orchard" or name.startswith("orchard.")]
+
+
+def forbidden(importer: str, imported: str) -> str | None:
+    """Why `importer` may not import `imported`, or None when it may."""
+    def service(module: str) -> str | None:
+        parts = module.split(".")
+        return parts[2] if len(parts) > 2 and parts[1] == "services" else None
+
+    into_services = imported.startswith("orchard.services")
+    into_trainers = imported.startswith("orchard.trainers")
+    if importer.startswith("orchard.trainers"):
+        return "trainers/ imports libs/ only" if into_services else None
+    if importer.startswith("orchard.services"):
+        mine = service(importer)
+        if into_services and service(imported) not in (None, mine):
+            return "a service never imports another service (they talk over gRPC through orchard.clients)"
+        if into_trainers and mine != "trainer":
+            return "only the trainer service runs the recipes of trainers/"
+        return None
+    if into_services or into_trainers:
+        return "libs/ never imports services/ or trainers/ (start them through their entry points)"
+    return None
+
+
+def violations(paths: list[Path]) -> list[str]:
+    out = []
+    for path in paths:
+        importer = module_of(path)
+        for line, imported in imports_of(path):
+            if (why := forbidden(importer, imported)) is not None:
+                out.append(f"{path.relative_to(ROOT)}:{line}: {importer} imports {imported}: {why}")
+    return out
+
+
+def source_files() -> list[Path]:
+    return [p for folder in SOURCES for p in (ROOT / folder).rglob("*.py")
+            if not p.name.endswith(("_pb2.py", "_pb2_grpc.py")) and "/repos/" not in p.as_posix()]
+
+
+def test_the_layers_point_one_way() -> None:
+    assert violations(source_files()) == []
+
+
+def test_a_forbidden_import_is_found() -> None:
+    """The check itself: a module of libs/ importing a service, and a service importing another, are caught."""
+    bad_lib = ROOT / "libs" / "orchard" / "_layer_probe.py"
+    bad_service = ROOT / "services" / "value" / "_layer_probe.py"
+    try:
+        bad_lib.write_text("from orchard.services.env import images\n")
+        bad_service.write_text("import orchard.services.reward.judge\nfrom orchard.chat import render\n")
+        found = violations([bad_lib, bad_service])
+    finally:
+        bad_lib.unlink(missing_ok=True)
+        bad_service.unlink(missing_ok=True)
+    assert len(found) == 2 and "libs/ never imports" in found[0] and "another service" in found[1]
+    assert forbidden("orchard.services.trainer.jobs", "orchard.trainers.job") is None
+    assert forbidden("orchard.trainers.data", "orchard.services.inference.servicer") is not None
