@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from orchard.inference.v1 import inference_pb2 as ipb
-from orchard.inference.v1 import inference_pb2_grpc
+from orchard.sdk.transport import Transport
 from orchard.trainers.sft import Sample, from_trajectory
 from orchard.types.v1 import types_pb2 as tpb
 
@@ -125,15 +125,14 @@ class Annotator(Protocol):
 class InferenceAnnotator:
     """An `Annotator` over the inference service's Chat RPC (greedy, with a deadline)."""
 
-    def __init__(self, stub: inference_pb2_grpc.InferenceServiceStub, model: str, timeout_s: float = 300.0,
-                 max_tokens: int = 2048) -> None:
-        self.stub, self.model, self.timeout_s, self.max_tokens = stub, model, timeout_s, max_tokens
+    def __init__(self, inference: Transport, model: str, timeout_s: float = 300.0, max_tokens: int = 2048) -> None:
+        self.inference, self.model, self.timeout_s, self.max_tokens = inference, model, timeout_s, max_tokens
 
     async def __call__(self, messages: list[tpb.Message]) -> str:
         request = ipb.ChatRequest(model=self.model, messages=messages,
                                   sampling=ipb.SamplingParams(temperature=0.0, max_tokens=self.max_tokens),
                                   labels={"purpose": "ca-sft-annotation"})
-        response = await self.stub.Chat(request, timeout=self.timeout_s)
+        response = await self.inference.unary("Chat", request, idempotent=True, timeout=self.timeout_s)
         return response.choices[0].text
 
 

@@ -20,12 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import grpc
 from google.protobuf import json_format
 
-from orchard.errors import FailedPrecondition, InvalidArgument
+from orchard import clients
+from orchard.errors import FailedPrecondition, InvalidArgument, OrchardError
 from orchard.experience.v1 import experience_pb2 as epb
-from orchard.experience.v1 import experience_pb2_grpc
 from orchard.chat.openai_format import from_openai, to_openai
 from orchard.chat.templates import render
 from orchard.chat.tools import tool_spec
@@ -146,14 +145,13 @@ async def _export(source: pb.DatasetSource, address: str) -> AsyncIterator[tpb.T
     request = epb.ExportTrajectoriesRequest(filter=source.experience, limit=source.limit,
                                             distinct_patches=source.distinct_patches,
                                             purpose=epb.EXPORT_PURPOSE_TRAINING)
-    async with grpc.aio.insecure_channel(address) as channel:
-        stub = experience_pb2_grpc.ExperienceServiceStub(channel)
-        try:
-            async for response in stub.ExportTrajectories(request, timeout=600):
+    try:
+        async with clients.connect("experience", address) as experience:
+            async for response in experience.server_stream("ExportTrajectories", request, timeout=600):
                 yield response.trajectory
-        except grpc.aio.AioRpcError as err:
-            raise FailedPrecondition(f"cannot read the dataset from the experience store at {address}: "
-                                     f"{err.code().name}: {err.details()}") from None
+    except OrchardError as err:
+        raise FailedPrecondition(f"cannot read the dataset from the experience store at {address}: "
+                                 f"{err.code.name}: {err.message}") from None
 
 
 def _read_jsonl(path: Path, limit: int) -> Dataset:

@@ -45,18 +45,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import grpc
 import torch
 
-from orchard.errors import FailedPrecondition, InvalidArgument, Unimplemented, from_rpc_error
+from orchard import clients
+from orchard.errors import FailedPrecondition, InvalidArgument, OrchardError, Unimplemented
 from orchard.events import EventPublisher
 from orchard.harness import AgentLoop, EventSink, InferenceModel, Limits, NullSink, SamplingConfig, SWEHarness
 from orchard.harness.assistant import AssistantHarness
 from orchard.inference.v1 import inference_pb2 as ipb
-from orchard.inference.v1 import inference_pb2_grpc
 from orchard.reward.v1 import reward_pb2 as rpb
-from orchard.reward.v1 import reward_pb2_grpc
 from orchard.sdk import AsyncSandboxClient
+from orchard.sdk.transport import Transport
 from orchard.tasks import TaskInstance, load_instances
 from orchard.tasks.grading import patched_files
 from orchard.tasks.instance import BUNDLED
@@ -407,8 +406,8 @@ def train(ctx: JobContext, sink: EventSink | None) -> None:
 class RlRun:
     """The rollout-step loop of one worker process: collect, score, train, save, push."""
 
-    inference: inference_pb2_grpc.InferenceServiceStub
-    reward: reward_pb2_grpc.RewardServiceStub
+    inference: Transport
+    reward: Transport
     source: HarnessRolloutSource
     """Set by `run`, which owns the channels."""
 
@@ -426,11 +425,9 @@ class RlRun:
         options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
         policy = InferenceModel(ctx.runtime.inference_address, self.policy_model, s.sampling)
-        async with (grpc.aio.insecure_channel(ctx.runtime.inference_address) as inference_channel,
-                    grpc.aio.insecure_channel(ctx.runtime.reward_address, options=options) as reward_channel,
-                    AsyncSandboxClient(ctx.runtime.env_address) as client):
-            self.inference = inference_pb2_grpc.InferenceServiceStub(inference_channel)
-            self.reward = reward_pb2_grpc.RewardServiceStub(reward_channel)
+        self.inference = clients.transport("inference", ctx.runtime.inference_address)
+        self.reward = clients.transport("reward", ctx.runtime.reward_address, options=options)
+        async with AsyncSandboxClient(ctx.runtime.env_address) as client:
             pending: asyncio.Task[Collected] | None = None
             events = contextlib.AsyncExitStack()
             try:
@@ -462,6 +459,8 @@ class RlRun:
                     pending.cancel()
                     await asyncio.gather(pending, return_exceptions=True)
                 await policy.close()
+                await self.inference.close()
+                await self.reward.close()
                 await events.aclose()  # flushes the rollouts' events
 
     async def collect(self, step: int) -> Collected:
@@ -524,12 +523,11 @@ class RlRun:
         scores: list[float | None] = []
         try:
             for chunk in range(0, len(requests), REWARD_BATCH):
-                response = await self.reward.BatchJudgeTrajectories(rpb.BatchJudgeTrajectoriesRequest(
-                    requests=requests[chunk:chunk + REWARD_BATCH]), timeout=REWARD_TIMEOUT_S)
+                response = await self.reward.unary("BatchJudgeTrajectories", rpb.BatchJudgeTrajectoriesRequest(
+                    requests=requests[chunk:chunk + REWARD_BATCH]), idempotent=True, timeout=REWARD_TIMEOUT_S)
                 scores += [None if r.judge.fell_back else r.judge.judge_score for r in response.rewards]
-        except grpc.aio.AioRpcError as err:
-            log.warning("the judge failed for %d rollouts; they keep their outcome reward: %s", len(requests),
-                        from_rpc_error(err))
+        except OrchardError as err:
+            log.warning("the judge failed for %d rollouts; they keep their outcome reward: %s", len(requests), err)
             return [None] * len(requests)
         return scores
 
@@ -543,13 +541,11 @@ class RlRun:
                                    mask=r.mask[r.prompt_len:]),
             max_context_tokens=d.teacher_max_context_tokens) for r in rows]
         rewards: list[tpb.Reward] = []
-        try:
-            for chunk in range(0, len(requests), REWARD_BATCH):
-                response = await self.reward.BatchComputeTeacherLogprobs(rpb.BatchComputeTeacherLogprobsRequest(
-                    requests=requests[chunk:chunk + REWARD_BATCH]), timeout=REWARD_TIMEOUT_S)
-                rewards += response.rewards
-        except grpc.aio.AioRpcError as err:
-            raise from_rpc_error(err) from None
+        for chunk in range(0, len(requests), REWARD_BATCH):
+            response = await self.reward.unary(
+                "BatchComputeTeacherLogprobs", rpb.BatchComputeTeacherLogprobsRequest(
+                    requests=requests[chunk:chunk + REWARD_BATCH]), idempotent=True, timeout=REWARD_TIMEOUT_S)
+            rewards += response.rewards
         out = [dataclasses.replace(r, teacher=[0.0] * r.prompt_len + list(w.teacher.teacher_logprobs),
                                    teacher_mask=[0] * r.prompt_len + list(w.teacher.mask))
                for r, w in zip(rows, rewards, strict=True)]
@@ -609,11 +605,9 @@ class RlRun:
     async def push(self, path: Path, version: str) -> float:
         """Load checkpoint `path` into the policy model of the inference service; the seconds it took."""
         started = time.perf_counter()
-        try:
-            await self.inference.UpdateWeights(ipb.UpdateWeightsRequest(
-                model=self.policy_model, checkpoint_path=str(path), weights_version=version), timeout=PUSH_TIMEOUT_S)
-        except grpc.aio.AioRpcError as err:
-            raise from_rpc_error(err) from None
+        await self.inference.unary("UpdateWeights", ipb.UpdateWeightsRequest(
+            model=self.policy_model, checkpoint_path=str(path), weights_version=version), idempotent=True,
+            timeout=PUSH_TIMEOUT_S)
         self.pushed = version
         log.info("inference now serves %s (%s)", version, path)
         return time.perf_counter() - started

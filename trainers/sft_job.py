@@ -21,11 +21,10 @@ import random
 import time
 from typing import Any
 
-import grpc
 import torch
 
-from orchard.errors import FailedPrecondition, InvalidArgument
-from orchard.inference.v1 import inference_pb2_grpc
+from orchard import clients
+from orchard.errors import FailedPrecondition, InvalidArgument, OrchardError
 from orchard.trainer.v1 import trainer_pb2 as pb
 from orchard.trainers import ca_sft, distributed, optim
 from orchard.trainers.data import Dataset, TemplateRenderer, load_dataset, openai_sample, resolved, trajectory_sample
@@ -85,18 +84,17 @@ async def ca_trained_steps(ctx: JobContext, data: Dataset) -> tuple[dict[str, se
     epsilon = cfg.epsilon if cfg.HasField("epsilon") else ca_sft.EPSILON
     trained: dict[str, set[int] | None] = {}
     failures = segments_total = 0
-    async with grpc.aio.insecure_channel(ctx.runtime.inference_address) as channel:
-        stub = inference_pb2_grpc.InferenceServiceStub(channel)
+    async with clients.connect("inference", ctx.runtime.inference_address) as inference:
         for traj in data.trajectories:
             if resolved(traj):
                 trained[traj.trajectory_id] = None
                 continue
             if not traj.steps:
                 continue
-            annotator = ca_sft.InferenceAnnotator(stub, cfg.annotator_model or traj.policy.model)
+            annotator = ca_sft.InferenceAnnotator(inference, cfg.annotator_model or traj.policy.model)
             try:
                 values = await ca_sft.annotate_values(traj, False, annotator)
-            except (ValueError, grpc.aio.AioRpcError) as err:
+            except (ValueError, OrchardError) as err:
                 failures += 1
                 log.warning("annotation of %s failed, left out: %s", traj.trajectory_id, err)
                 continue

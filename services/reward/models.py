@@ -4,12 +4,11 @@ variation point; `InferenceModels` is the real one, any model behind the inferen
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
-import grpc
-from orchard.errors import NotFound, OrchardError, from_rpc_error
+from orchard import clients
+from orchard.errors import NotFound, OrchardError
 from orchard.inference.v1 import inference_pb2 as ipb
-from orchard.inference.v1 import inference_pb2_grpc
 from orchard.types.v1 import types_pb2 as tpb
 
 
@@ -47,10 +46,9 @@ class InferenceModels:
 
     def __init__(self, address: str, max_message_bytes: int = 64 * 1024 * 1024) -> None:
         self.address = address
-        self._channel = grpc.aio.insecure_channel(address, options=[
+        self._transport = clients.transport("inference", address, options=[
             ("grpc.max_send_message_length", max_message_bytes),
             ("grpc.max_receive_message_length", max_message_bytes)])
-        self._stub = inference_pb2_grpc.InferenceServiceStub(self._channel)
         self._context: dict[str, int] = {}
 
     async def chat(self, model: str, system: str, user: str, *, temperature: float, max_tokens: int,
@@ -60,10 +58,7 @@ class InferenceModels:
                                    tpb.Message(role=tpb.ROLE_USER, content=user)],
             sampling=ipb.SamplingParams(temperature=temperature, max_tokens=max_tokens),
             labels={"caller": "orchard.reward.judge"})
-        try:
-            reply = await self._stub.Chat(request, timeout=timeout)
-        except grpc.aio.AioRpcError as err:
-            raise self._error(err, "Chat") from None
+        reply = await self._call("Chat", request, timeout)
         return ChatReply(text=reply.choices[0].message.content if reply.choices else "", model=reply.model)
 
     async def score(self, model: str, context_ids: list[int], continuation_ids: list[int], *,
@@ -71,19 +66,13 @@ class InferenceModels:
         request = ipb.ScoreTokensRequest(model=model, token_ids=ipb.TokenIds(ids=context_ids),
                                          continuation_token_ids=continuation_ids,
                                          labels={"caller": "orchard.reward.teacher"})
-        try:
-            reply = await self._stub.ScoreTokens(request, timeout=timeout)
-        except grpc.aio.AioRpcError as err:
-            raise self._error(err, "ScoreTokens") from None
+        reply = await self._call("ScoreTokens", request, timeout)
         return Scores(logprobs=list(reply.logprobs), model=reply.model, weights_version=reply.weights_version)
 
     async def context_length(self, model: str, *, timeout: float) -> int:
         """The model's context in tokens (asked once per model, then remembered)."""
         if model not in self._context:
-            try:
-                reply = await self._stub.ListModels(ipb.ListModelsRequest(), timeout=timeout)
-            except grpc.aio.AioRpcError as err:
-                raise self._error(err, "ListModels") from None
+            reply = await self._call("ListModels", ipb.ListModelsRequest(), timeout)
             found = [m for m in reply.models if (m.model_id == model if model else m.is_default)]
             if not found:
                 served = ", ".join(m.model_id for m in reply.models)
@@ -92,12 +81,14 @@ class InferenceModels:
             self._context[model] = found[0].max_context_tokens
         return self._context[model]
 
-    def _error(self, err: grpc.aio.AioRpcError, method: str) -> OrchardError:
-        """The inference service's error, with where it came from."""
-        out = from_rpc_error(err)
-        out.message = f"inference service {self.address} {method}: {out.message}"
-        out.args = (out.message,)
-        return out
+    async def _call(self, method: str, request: object, timeout: float) -> Any:
+        """One call (idempotent: a judge or teacher call changes nothing), its error saying where it came from."""
+        try:
+            return await self._transport.unary(method, request, idempotent=True, timeout=timeout)
+        except OrchardError as err:
+            err.message = f"inference service {self.address} {method}: {err.message}"
+            err.args = (err.message,)
+            raise
 
     async def close(self) -> None:
-        await self._channel.close()
+        await self._transport.close()

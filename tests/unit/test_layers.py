@@ -87,3 +87,22 @@ def test_a_forbidden_import_is_found() -> None:
     assert len(found) == 2 and "libs/ never imports" in found[0] and "another service" in found[1]
     assert forbidden("orchard.services.trainer.jobs", "orchard.trainers.job") is None
     assert forbidden("orchard.trainers.data", "orchard.services.inference.servicer") is not None
+
+
+CHANNEL_MAKERS = {"insecure_channel", "secure_channel"}
+PROBES = {"libs/orchard/runtime/healthcheck.py", "libs/orchard/cli/stack.py"}
+"""The gRPC health probes (a container's HEALTHCHECK, `orchard up` waiting for its children) ask the standard
+health service of any server, not an Orchard API: they open their own channel."""
+
+
+def test_every_client_goes_through_the_one_transport() -> None:
+    """No module opens a gRPC channel of its own but the transport (orchard.sdk.transport, which orchard.clients
+    builds on) and the health probes."""
+    opened = []
+    for path in source_files():
+        rel = path.relative_to(ROOT).as_posix()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in CHANNEL_MAKERS and rel not in PROBES \
+                    and rel != "libs/orchard/sdk/transport.py":
+                opened.append(f"{rel}:{node.lineno}")
+    assert opened == []

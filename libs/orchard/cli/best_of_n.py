@@ -128,10 +128,8 @@ async def rerank(address: str, task_id: str, group: list[tpb.Trajectory],
                  applied: dict[str, bool], tie_margin: float | None = None) -> value_pb2.RerankResponse:
     """The value service's ranking of one task's candidates. No problem statement is sent: the service then renders
     each candidate's task from its trajectory's first user message, as the value job did in training."""
-    import grpc
-
-    from orchard.cli.train import _rpc_error
-    from orchard.value.v1 import value_pb2, value_pb2_grpc
+    from orchard import clients
+    from orchard.value.v1 import value_pb2
 
     request = value_pb2.RerankRequest(task_id=task_id, tie_margin=tie_margin)
     for t in group:
@@ -140,12 +138,8 @@ async def rerank(address: str, task_id: str, group: list[tpb.Trajectory],
             checks.patch_applies = applied[t.trajectory_id]
         request.candidates.append(value_pb2.Candidate(candidate_id=t.trajectory_id, trajectory=_slim(t),
                                                       patch=t.final_patch, checks=checks))
-    async with grpc.aio.insecure_channel(address) as channel:
-        stub = value_pb2_grpc.ValueServiceStub(channel)  # type: ignore[no-untyped-call]
-        try:
-            return await stub.Rerank(request, timeout=RERANK_S)
-        except grpc.aio.AioRpcError as err:
-            raise _rpc_error(err, "value", address, "--value-address") from None
+    async with clients.connect("value", address, flag="--value-address") as value:
+        return await value.unary("Rerank", request, idempotent=True, timeout=RERANK_S)
 
 
 def plot(report: dict[str, Any], path: Path) -> bool:

@@ -77,34 +77,25 @@ async def stored_run(address: str, run_id: str, *, wait_s: float, graded: bool =
     (and graded, when `graded`) and two looks POLL_S apart agree on the count; after `wait_s` it returns what
     there is if that is complete, else raises FailedPrecondition naming what is missing.
     """
-    import grpc
-
-    from orchard.errors import FailedPrecondition, NotFound, Unavailable, from_rpc_error
+    from orchard import clients
+    from orchard.errors import FailedPrecondition, NotFound
     from orchard.experience.v1 import experience_pb2 as epb
-    from orchard.experience.v1 import experience_pb2_grpc
     from orchard.types.v1 import types_pb2 as tpb
 
     request = epb.ListTrajectoriesRequest(filter=epb.TrajectoryFilter(run_ids=[run_id], include_unfinished=True),
                                           view=epb.TRAJECTORY_VIEW_FULL if full else epb.TRAJECTORY_VIEW_BASIC,
                                           page_size=50 if full else 1000)  # full pages stay under gRPC's 4 MB
     deadline, agreed, told = time.monotonic() + wait_s, -1, False
-    async with grpc.aio.insecure_channel(address) as channel:
-        stub = experience_pb2_grpc.ExperienceServiceStub(channel)  # type: ignore[no-untyped-call]
+    async with clients.connect("experience", address, flag="--experience-address") as experience:
         while True:
             found: list[tpb.Trajectory] = []
             request.page_token = ""
-            try:
-                while True:
-                    page = await stub.ListTrajectories(request, timeout=10)
-                    found += page.trajectories
-                    request.page_token = page.next_page_token
-                    if not request.page_token:
-                        break
-            except grpc.aio.AioRpcError as err:
-                if err.code() == grpc.StatusCode.UNAVAILABLE:
-                    raise Unavailable(f"cannot reach the experience service at {address} ({err.details()}); start "
-                                      "the stack with `orchard up` or pass --experience-address") from None
-                raise from_rpc_error(err) from None
+            while True:
+                page = await experience.unary("ListTrajectories", request, idempotent=True, timeout=30)
+                found += page.trajectories
+                request.page_token = page.next_page_token
+                if not request.page_token:
+                    break
             unfinished = [t.trajectory_id for t in found if t.stop_reason == tpb.STOP_REASON_UNSPECIFIED]
             ungraded = [t.trajectory_id for t in found if graded and grade_from_trajectory(t) is None]
             complete = bool(found) and not unfinished and not ungraded

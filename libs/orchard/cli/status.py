@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from orchard.env.v1 import env_pb2, env_pb2_grpc
-from orchard.experience.v1 import experience_pb2, experience_pb2_grpc
-from orchard.inference.v1 import inference_pb2, inference_pb2_grpc
-from orchard.trainer.v1 import trainer_pb2, trainer_pb2_grpc
-from orchard.value.v1 import value_pb2, value_pb2_grpc
+from orchard import clients
+from orchard.env.v1 import env_pb2
+from orchard.errors import FailedPrecondition, OrchardError
+from orchard.experience.v1 import experience_pb2
+from orchard.inference.v1 import inference_pb2
+from orchard.sdk.transport import Transport
+from orchard.trainer.v1 import trainer_pb2
+from orchard.value.v1 import value_pb2
 
 
 @dataclass(frozen=True)
@@ -38,119 +42,93 @@ async def nats_row(address: str) -> Row:
     return Row("nats", address, ok, detail)
 
 
-async def env_row(address: str, token: str | None) -> Row:
-    metadata = (("authorization", f"Bearer {token}"),) if token else ()
-    async with grpc.aio.insecure_channel(address) as channel:
-        try:
-            health = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=2)
-        except grpc.aio.AioRpcError as err:
-            return Row("env", address, False, f"{err.code().name}: {err.details()}")
+Ask = Callable[[Transport], Awaitable[str]]
+
+
+async def service_row(service: str, address: str, token: str | None, ask: Ask) -> Row:
+    """A service's row: DOWN unless it answers and its health check says SERVING; then what `ask` reads of it."""
+    client = clients.transport(service, address, token=token, timeout=5, connect_timeout=2)
+    try:
+        await client.connect()
+        assert client.channel is not None
+        health = await health_pb2_grpc.HealthStub(client.channel).Check(health_pb2.HealthCheckRequest(), timeout=2)
         if health.status != health_pb2.HealthCheckResponse.SERVING:
-            return Row("env", address, False, health_pb2.HealthCheckResponse.ServingStatus.Name(health.status))
-        stub = env_pb2_grpc.EnvServiceStub(channel)  # type: ignore[no-untyped-call]
-        states: dict[str, int] = {}
-        token_page = ""
-        try:
-            while True:
-                page = await stub.ListSandboxes(env_pb2.ListSandboxesRequest(page_size=1000, page_token=token_page),
-                                                timeout=5, metadata=metadata)
-                for sb in page.sandboxes:
-                    name = env_pb2.SandboxState.Name(sb.state).removeprefix("SANDBOX_STATE_").lower()
-                    states[name] = states.get(name, 0) + 1
-                if not (token_page := page.next_page_token):
-                    break
-        except grpc.aio.AioRpcError as err:
-            return Row("env", address, True, f"SERVING (sandboxes: {err.code().name})")
+            return Row(service, address, False, health_pb2.HealthCheckResponse.ServingStatus.Name(health.status))
+        return Row(service, address, True, await ask(client))
+    except grpc.aio.AioRpcError as err:  # the health check's own call
+        return Row(service, address, False, f"{err.code().name}: {err.details()}")
+    except OrchardError as err:
+        return Row(service, address, False, f"{err.code.name}: {err.message}")
+    finally:
+        await client.close()
+
+
+async def env_detail(client: Transport) -> str:
+    states: dict[str, int] = {}
+    request = env_pb2.ListSandboxesRequest(page_size=1000)
+    try:
+        while True:
+            page = await client.unary("ListSandboxes", request, idempotent=True)
+            for sb in page.sandboxes:
+                name = env_pb2.SandboxState.Name(sb.state).removeprefix("SANDBOX_STATE_").lower()
+                states[name] = states.get(name, 0) + 1
+            request.page_token = page.next_page_token
+            if not request.page_token:
+                break
+    except OrchardError as err:
+        return f"SERVING (sandboxes: {err.code.name})"
     counts = ", ".join(f"{n} {state}" for state, n in sorted(states.items())) or "none"
-    return Row("env", address, True, f"SERVING, sandboxes: {counts}")
+    return f"SERVING, sandboxes: {counts}"
 
 
-async def not_serving(channel: grpc.aio.Channel, name: str, address: str) -> Row | None:
-    """The row of a service whose health check answers but is not SERVING; None when it serves."""
-    health = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=2)
-    if health.status != health_pb2.HealthCheckResponse.SERVING:
-        return Row(name, address, False, health_pb2.HealthCheckResponse.ServingStatus.Name(health.status))
-    return None
-
-
-async def inference_row(address: str, token: str | None) -> Row:
-    metadata = (("authorization", f"Bearer {token}"),) if token else ()
-    async with grpc.aio.insecure_channel(address) as channel:
-        try:
-            if (down := await not_serving(channel, "inference", address)) is not None:
-                return down
-            stub = inference_pb2_grpc.InferenceServiceStub(channel)  # type: ignore[no-untyped-call]
-            models = await stub.ListModels(inference_pb2.ListModelsRequest(), timeout=5, metadata=metadata)
-        except grpc.aio.AioRpcError as err:
-            return Row("inference", address, False, f"{err.code().name}: {err.details()}")
+async def inference_detail(client: Transport) -> str:
+    models = await client.unary("ListModels", inference_pb2.ListModelsRequest(), idempotent=True)
     served = ", ".join(f"{m.model_id} ({m.engine}, weights {m.weights_version})" for m in models.models)
-    return Row("inference", address, True, f"SERVING, models: {served}")
+    return f"SERVING, models: {served}"
 
 
-async def experience_row(address: str, token: str | None) -> Row:
-    metadata = (("authorization", f"Bearer {token}"),) if token else ()
-    async with grpc.aio.insecure_channel(address) as channel:
-        try:
-            if (down := await not_serving(channel, "experience", address)) is not None:
-                return down
-            stub = experience_pb2_grpc.ExperienceServiceStub(channel)  # type: ignore[no-untyped-call]
-            stats = await stub.QueryStats(experience_pb2.QueryStatsRequest(
-                filter=experience_pb2.TrajectoryFilter(include_unfinished=True)), timeout=5, metadata=metadata)
-        except grpc.aio.AioRpcError as err:
-            return Row("experience", address, False, f"{err.code().name}: {err.details()}")
-    return Row("experience", address, True, f"SERVING, trajectories: {stats.total.trajectory_count} "
-               f"({stats.total.finished_count} finished)")
+async def experience_detail(client: Transport) -> str:
+    stats = await client.unary("QueryStats", experience_pb2.QueryStatsRequest(
+        filter=experience_pb2.TrajectoryFilter(include_unfinished=True)), idempotent=True)
+    return f"SERVING, trajectories: {stats.total.trajectory_count} ({stats.total.finished_count} finished)"
 
 
-async def trainer_row(address: str, token: str | None) -> Row:
-    metadata = (("authorization", f"Bearer {token}"),) if token else ()
+async def trainer_detail(client: Transport) -> str:
     jobs: list[trainer_pb2.Job] = []
-    async with grpc.aio.insecure_channel(address) as channel:
-        try:
-            if (down := await not_serving(channel, "trainer", address)) is not None:
-                return down
-            stub = trainer_pb2_grpc.TrainerServiceStub(channel)  # type: ignore[no-untyped-call]
-            request = trainer_pb2.ListJobsRequest(page_size=1000)
-            while True:
-                page = await stub.ListJobs(request, timeout=5, metadata=metadata)
-                jobs += page.jobs
-                request.page_token = page.next_page_token
-                if not request.page_token:
-                    break
-        except grpc.aio.AioRpcError as err:
-            return Row("trainer", address, False, f"{err.code().name}: {err.details()}")
+    request = trainer_pb2.ListJobsRequest(page_size=1000)
+    while True:
+        page = await client.unary("ListJobs", request, idempotent=True)
+        jobs += page.jobs
+        request.page_token = page.next_page_token
+        if not request.page_token:
+            break
     running = sum(job.state == trainer_pb2.JOB_STATE_RUNNING for job in jobs)
-    return Row("trainer", address, True, f"SERVING, jobs: {len(jobs)} ({running} running)")
+    return f"SERVING, jobs: {len(jobs)} ({running} running)"
+
+
+async def value_detail(client: Transport) -> str:
+    try:
+        model = (await client.unary("GetModel", value_pb2.GetModelRequest(), idempotent=True)).model
+    except FailedPrecondition:  # serving, with no model loaded yet
+        return "SERVING, no model loaded (LoadModel or --checkpoint)"
+    return f"SERVING, model: {model.version} ({model.base_model})"
 
 
 async def value_row(address: str, token: str | None) -> Row:
-    metadata = (("authorization", f"Bearer {token}"),) if token else ()
-    async with grpc.aio.insecure_channel(address) as channel:
-        try:
-            if (down := await not_serving(channel, "value", address)) is not None:
-                return down
-            stub = value_pb2_grpc.ValueServiceStub(channel)  # type: ignore[no-untyped-call]
-            model = (await stub.GetModel(value_pb2.GetModelRequest(), timeout=5, metadata=metadata)).model
-        except grpc.aio.AioRpcError as err:
-            if err.code() == grpc.StatusCode.FAILED_PRECONDITION:  # serving, with no model loaded yet
-                return Row("value", address, True, "SERVING, no model loaded (LoadModel or --checkpoint)")
-            return Row("value", address, False, f"{err.code().name}: {err.details()}")
-    return Row("value", address, True, f"SERVING, model: {model.version} ({model.base_model})")
+    return await service_row("value", address, token, value_detail)
 
 
 async def status(env_address: str, nats_address: str, token: str | None,
                  inference_address: str | None = None, experience_address: str | None = None,
                  trainer_address: str | None = None, value_address: str | None = None) -> list[Row]:
     """Rows for NATS, env and, when their addresses are given, inference, experience, trainer and value."""
-    checks = [nats_row(nats_address), env_row(env_address, token)]
-    if inference_address:
-        checks.append(inference_row(inference_address, token))
-    if experience_address:
-        checks.append(experience_row(experience_address, token))
-    if trainer_address:
-        checks.append(trainer_row(trainer_address, token))
-    if value_address:
-        checks.append(value_row(value_address, token))
+    checks = [nats_row(nats_address), service_row("env", env_address, token, env_detail)]
+    for service, address, detail in (("inference", inference_address, inference_detail),
+                                     ("experience", experience_address, experience_detail),
+                                     ("trainer", trainer_address, trainer_detail),
+                                     ("value", value_address, value_detail)):
+        if address:
+            checks.append(service_row(service, address, token, detail))
     return list(await asyncio.gather(*checks))
 
 

@@ -16,12 +16,9 @@ from typing import TYPE_CHECKING
 from orchard.progress import ProgressLine
 
 if TYPE_CHECKING:  # the CLI imports this module at start: gRPC stubs are imported when the command runs
-    import grpc
-
-    from orchard.errors import OrchardError
     from orchard.inference.v1 import inference_pb2
+    from orchard.sdk.transport import Transport
     from orchard.trainer.v1 import trainer_pb2 as pb
-    from orchard.trainer.v1 import trainer_pb2_grpc
     from orchard.value.v1 import value_pb2
 
 KINDS = {"sft": "JOB_KIND_SFT", "ca-sft": "JOB_KIND_CREDIT_ASSIGNMENT_SFT", "value": "JOB_KIND_VALUE"}
@@ -92,17 +89,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.set_defaults(func=cmd_train)
 
 
-def _rpc_error(err: grpc.aio.AioRpcError, service: str, address: str, flag: str) -> OrchardError:
-    import grpc
-
-    from orchard.errors import Unavailable, from_rpc_error
-
-    if err.code() == grpc.StatusCode.UNAVAILABLE:
-        return Unavailable(f"cannot reach the {service} service at {address} ({err.details()}); start the stack "
-                           f"with `orchard up` or pass {flag}")
-    return from_rpc_error(err)
-
-
 class Progress:
     """The job's progress on stderr: one updating line on a terminal, a plain line every few seconds in a log."""
 
@@ -126,11 +112,9 @@ class Progress:
         self._line.finish()
 
 
-async def follow(stub: trainer_pb2_grpc.TrainerServiceStub, job_id: str, progress: Progress,
-                 address: str) -> pb.Job:
+async def follow(trainer: Transport, job_id: str, progress: Progress) -> pb.Job:
     """The job once it has ended, showing its state changes, steps and checkpoints as they come."""
-    import grpc
-
+    from orchard.errors import DeadlineExceeded
     from orchard.trainer.v1 import trainer_pb2 as pb
 
     done = (pb.JOB_STATE_SUCCEEDED, pb.JOB_STATE_FAILED, pb.JOB_STATE_CANCELLED)
@@ -138,7 +122,8 @@ async def follow(stub: trainer_pb2_grpc.TrainerServiceStub, job_id: str, progres
     while True:
         job = None
         try:
-            async for event in stub.StreamJobEvents(pb.StreamJobEventsRequest(job_id=job_id), timeout=STREAM_S):
+            async for event in trainer.server_stream("StreamJobEvents", pb.StreamJobEventsRequest(job_id=job_id),
+                                                     timeout=STREAM_S):
                 which = event.WhichOneof("event")
                 if which == "job":
                     job = event.job
@@ -149,25 +134,24 @@ async def follow(stub: trainer_pb2_grpc.TrainerServiceStub, job_id: str, progres
                     progress.step(event.progress)
                 elif which == "checkpoint":
                     progress.line(f"checkpoint {event.checkpoint.version} at {event.checkpoint.path}")
-        except grpc.aio.AioRpcError as err:
-            if err.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
-                raise _rpc_error(err, "trainer", address, "--trainer-address") from None
+        except DeadlineExceeded:
+            pass
         if job is not None and job.state in done:
             return job
         # The stream ended before the job (its deadline, or the service cut off a slow reader): follow it again.
 
 
-async def cancel(stub: trainer_pb2_grpc.TrainerServiceStub, job_id: str, progress: Progress) -> None:
+async def cancel(trainer: Transport, job_id: str, progress: Progress) -> None:
     """Cancel the job (Ctrl-C), saying where it stopped."""
-    import grpc
-
+    from orchard.errors import OrchardError
     from orchard.trainer.v1 import trainer_pb2 as pb
 
     progress.line(f"cancelling job {job_id} ...")
     try:
-        job = (await stub.CancelJob(pb.CancelJobRequest(job_id=job_id), timeout=CALL_S)).job
-    except grpc.aio.AioRpcError as err:
-        progress.line(f"orchard train: could not cancel job {job_id}: {err.code().name}: {err.details()}")
+        job = (await trainer.unary("CancelJob", pb.CancelJobRequest(job_id=job_id), idempotent=True,
+                                   timeout=CALL_S)).job
+    except OrchardError as err:
+        progress.line(f"orchard train: could not cancel job {job_id}: {err.code.name}: {err.message}")
         return
     kept = f"; its checkpoints are kept (latest {job.latest_checkpoint.version})" if job.latest_checkpoint.version else ""
     progress.line(f"job {job_id} {pb.JobState.Name(job.state).removeprefix('JOB_STATE_')} at step "
@@ -176,17 +160,13 @@ async def cancel(stub: trainer_pb2_grpc.TrainerServiceStub, job_id: str, progres
 
 async def served_model(address: str) -> inference_pb2.Model:
     """The inference service's default model; Unavailable naming the fix when the service is down."""
-    import grpc
-
+    from orchard import clients
     from orchard.errors import FailedPrecondition
-    from orchard.inference.v1 import inference_pb2, inference_pb2_grpc
+    from orchard.inference.v1 import inference_pb2
 
-    async with grpc.aio.insecure_channel(address) as channel:
-        stub = inference_pb2_grpc.InferenceServiceStub(channel)  # type: ignore[no-untyped-call]
-        try:
-            models = (await stub.ListModels(inference_pb2.ListModelsRequest(), timeout=CALL_S)).models
-        except grpc.aio.AioRpcError as err:
-            raise _rpc_error(err, "inference", address, "--inference-address (or drop --push)") from None
+    async with clients.connect("inference", address, flag="--inference-address (or drop --push)") as inference:
+        models = (await inference.unary("ListModels", inference_pb2.ListModelsRequest(), idempotent=True,
+                                        timeout=CALL_S)).models
     default = [m for m in models if m.is_default] or list(models)
     if not default:
         raise FailedPrecondition(f"the inference service at {address} serves no model to push the weights to")
@@ -208,57 +188,43 @@ def held_out_summary(metrics: Mapping[str, float]) -> str:
 async def value_model(address: str) -> value_pb2.ValueModel | None:
     """The model the value service serves (None when it serves none yet); Unavailable naming the fix when the
     service is down."""
-    import grpc
+    from orchard import clients
+    from orchard.errors import FailedPrecondition
+    from orchard.value.v1 import value_pb2
 
-    from orchard.value.v1 import value_pb2, value_pb2_grpc
-
-    async with grpc.aio.insecure_channel(address) as channel:
-        stub = value_pb2_grpc.ValueServiceStub(channel)  # type: ignore[no-untyped-call]
+    async with clients.connect("value", address, flag="--value-address (or drop --push)") as value:
         try:
-            return (await stub.GetModel(value_pb2.GetModelRequest(), timeout=CALL_S)).model
-        except grpc.aio.AioRpcError as err:
-            if err.code() == grpc.StatusCode.FAILED_PRECONDITION:  # up, with no model loaded yet
-                return None
-            raise _rpc_error(err, "value", address, "--value-address (or drop --push)") from None
+            return (await value.unary("GetModel", value_pb2.GetModelRequest(), idempotent=True,
+                                      timeout=CALL_S)).model
+        except FailedPrecondition:  # up, with no model loaded yet
+            return None
 
 
 async def load_value_model(address: str, checkpoint: pb.Checkpoint) -> value_pb2.LoadModelResponse:
     """Switch the value service to the checkpoint."""
-    import grpc
+    from orchard import clients
+    from orchard.value.v1 import value_pb2
 
-    from orchard.value.v1 import value_pb2, value_pb2_grpc
-
-    async with grpc.aio.insecure_channel(address) as channel:
-        stub = value_pb2_grpc.ValueServiceStub(channel)  # type: ignore[no-untyped-call]
-        try:
-            return await stub.LoadModel(value_pb2.LoadModelRequest(checkpoint_path=checkpoint.path,
-                                                                    version=checkpoint.version), timeout=PUSH_S)
-        except grpc.aio.AioRpcError as err:
-            raise _rpc_error(err, "value", address, "--value-address") from None
+    async with clients.connect("value", address, flag="--value-address") as value:
+        return await value.unary("LoadModel", value_pb2.LoadModelRequest(
+            checkpoint_path=checkpoint.path, version=checkpoint.version), idempotent=True, timeout=PUSH_S)
 
 
 async def push(address: str, checkpoint: pb.Checkpoint) -> inference_pb2.UpdateWeightsResponse:
     """Load the checkpoint into the inference service's default model."""
-    import grpc
+    from orchard import clients
+    from orchard.inference.v1 import inference_pb2
 
-    from orchard.inference.v1 import inference_pb2, inference_pb2_grpc
-
-    async with grpc.aio.insecure_channel(address) as channel:
-        stub = inference_pb2_grpc.InferenceServiceStub(channel)  # type: ignore[no-untyped-call]
-        try:
-            return await stub.UpdateWeights(inference_pb2.UpdateWeightsRequest(
-                checkpoint_path=checkpoint.path, weights_version=checkpoint.version), timeout=PUSH_S)
-        except grpc.aio.AioRpcError as err:
-            raise _rpc_error(err, "inference", address, "--inference-address") from None
+    async with clients.connect("inference", address, flag="--inference-address") as inference:
+        return await inference.unary("UpdateWeights", inference_pb2.UpdateWeightsRequest(
+            checkpoint_path=checkpoint.path, weights_version=checkpoint.version), idempotent=True, timeout=PUSH_S)
 
 
 async def train(args: argparse.Namespace) -> int:
-    import grpc
-
+    from orchard import clients
     from orchard.errors import FailedPrecondition, InvalidArgument
     from orchard.experience.v1 import experience_pb2 as epb
     from orchard.trainer.v1 import trainer_pb2 as pb
-    from orchard.trainer.v1 import trainer_pb2_grpc
     from orchard.types.v1 import types_pb2 as tpb
 
     value = args.kind == "value"
@@ -279,23 +245,19 @@ async def train(args: argparse.Namespace) -> int:
         hyperparameters=pb.Hyperparameters(learning_rate=args.lr or 0, epochs=args.epochs or 0, max_steps=args.max_steps,
                                            global_batch_size=args.batch or 0, max_seq_len=args.max_seq_len or 0))
     progress = Progress()
-    async with grpc.aio.insecure_channel(args.trainer_address) as channel:
-        stub = trainer_pb2_grpc.TrainerServiceStub(channel)  # type: ignore[no-untyped-call]
+    async with clients.connect("trainer", args.trainer_address, flag="--trainer-address") as trainer:
         # 2. The job, followed until it ends; Ctrl-C cancels it.
-        try:
-            job = (await stub.CreateJob(pb.CreateJobRequest(
-                config=config, job_id=args.job_id, display_name=f"{args.kind} on runs {runs}"[:200]),
-                timeout=CALL_S)).job
-        except grpc.aio.AioRpcError as err:
-            raise _rpc_error(err, "trainer", args.trainer_address, "--trainer-address") from None
+        job = (await trainer.unary("CreateJob", pb.CreateJobRequest(
+            config=config, job_id=args.job_id, display_name=f"{args.kind} on runs {runs}"[:200]),
+            idempotent=bool(args.job_id), timeout=CALL_S)).job
         base = args.base_model or ("the embedded all-MiniLM-L6-v2" if value else "the embedded model")
         progress.line(f"job {job.job_id}: {args.kind} of {base} on the {'resolved ' if args.resolved_only else ''}"
                       f"rollouts of run{'s' if len(args.run) > 1 else ''} {runs} ({args.trainer_address})")
         try:
-            job = await follow(stub, job.job_id, progress, args.trainer_address)
+            job = await follow(trainer, job.job_id, progress)
             progress.finish()
         except asyncio.CancelledError:  # Ctrl-C: the job must not train on unattended
-            await cancel(stub, job.job_id, progress)
+            await cancel(trainer, job.job_id, progress)
             raise
     # 3. The result, and the new weights served.
     state = pb.JobState.Name(job.state).removeprefix("JOB_STATE_")

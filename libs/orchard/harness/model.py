@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import grpc
 
-from orchard.errors import OrchardError, from_rpc_error
+from orchard import clients
+from orchard.errors import OrchardError
 from orchard.inference.v1 import inference_pb2 as ipb
-from orchard.inference.v1 import inference_pb2_grpc
 from orchard.types.v1 import types_pb2 as tpb
 
 log = logging.getLogger("orchard.harness")
@@ -109,8 +109,9 @@ class InferenceModel(Model):
         self.name = model or "default"
         self.sampling = sampling or SamplingConfig()
         self.timeouts = timeouts or Timeouts()
-        self._channel = grpc.aio.insecure_channel(target)
-        self._stub = inference_pb2_grpc.InferenceServiceStub(self._channel)
+        # Calls are retried by _call (a budget per stage), not by the transport.
+        self._transport = clients.transport("inference", target, timeout=self.timeouts.render_s,
+                                            flag="--inference-address")
 
     async def connect(self) -> None:
         """Learn the served model's name (the default model's when none was given)."""
@@ -122,19 +123,19 @@ class InferenceModel(Model):
         self.name = chosen[0].model_id
 
     async def close(self) -> None:
-        await self._channel.close()
+        await self._transport.close()
 
     async def _call(self, method: str, request: object, timeout: float) -> object:
-        rpc = getattr(self._stub, method)
         for attempt in range(self.timeouts.attempts):
             try:
-                return await rpc(request, timeout=timeout)
-            except grpc.aio.AioRpcError as err:
-                if err.code() not in RETRY_CODES or attempt + 1 == self.timeouts.attempts:
+                # idempotent=False: the transport does not retry on its own; this loop does, per stage.
+                return await self._transport.unary(method, request, idempotent=False, timeout=timeout)
+            except OrchardError as err:
+                if err.code not in RETRY_CODES or attempt + 1 == self.timeouts.attempts:
                     raise ModelError(f"inference {method} at {self.target} failed after {attempt + 1} "
-                                     f"attempt(s): {from_rpc_error(err)}") from None
+                                     f"attempt(s): {err}") from None
                 delay = self.timeouts.backoff_s * 2**attempt * random.uniform(0.75, 1.5)
-                log.info("inference %s failed (%s); retry in %.1fs", method, err.code().name, delay)
+                log.info("inference %s failed (%s); retry in %.1fs", method, err.code.name, delay)
                 await asyncio.sleep(delay)
         raise AssertionError("unreachable")
 

@@ -1,10 +1,12 @@
-"""The SDK's gRPC channel to the env service: connecting (failing fast), auth metadata, deadlines
-on every call, retries, and turning RpcErrors into orchard.errors classes."""
+"""The one gRPC transport every caller of an Orchard service uses (the env SDK, and orchard.clients for the other
+services): connecting (failing fast), auth metadata, TLS, deadlines on every call, retries, and turning RpcErrors
+into orchard.errors classes that name the service and its address."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -22,18 +24,25 @@ CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_mess
 class Transport:
     """One lazily opened channel and the call helpers every SDK object uses."""
 
-    def __init__(self, config: ClientConfig, *, timeout: float, connect_timeout: float) -> None:
+    def __init__(self, config: ClientConfig, *, timeout: float, connect_timeout: float, service: str = "env",
+                 stub: Callable[[grpc.aio.Channel], Any] = env_pb2_grpc.EnvServiceStub, hint: str = START_HINT,
+                 options: list[tuple[str, Any]] | None = None) -> None:
         self.config = config
+        self.service = service
+        """The service's name in messages ("env", "inference" ...)."""
+        self._make_stub = stub
+        self._hint = hint
+        self._options = CHANNEL_OPTIONS if options is None else options
         self.timeout = timeout
         """Default deadline of one call, in seconds."""
         self.connect_timeout = connect_timeout
         self._metadata = (("authorization", f"Bearer {config.api_key}"),) if config.api_key else ()
         self._channel: grpc.aio.Channel | None = None
-        self._stub: env_pb2_grpc.EnvServiceStub | None = None
+        self._stub: Any = None
         self._connecting = asyncio.Lock()
         self._closed = False
 
-    async def connect(self) -> env_pb2_grpc.EnvServiceStub:
+    async def connect(self) -> Any:
         """Open the channel if needed; raises Unavailable when the service cannot be reached in time."""
         async with self._connecting:
             if self._closed:
@@ -42,20 +51,20 @@ class Transport:
                 return self._stub
             target = self.config.target
             if self.config.secure:
-                channel = grpc.aio.secure_channel(target, self.config.credentials(), options=CHANNEL_OPTIONS)
+                channel = grpc.aio.secure_channel(target, self.config.credentials(), options=self._options)
             else:
-                channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+                channel = grpc.aio.insecure_channel(target, options=self._options)
             try:
                 await asyncio.wait_for(channel.channel_ready(), self.connect_timeout)
             except TimeoutError:
                 await channel.close()
-                raise Unavailable(f"cannot reach the Orchard env service at {target} "
+                raise Unavailable(f"cannot reach the {self.service} service at {target} "
                                   f"(no connection within {self.connect_timeout:g}s); is it running? "
-                                  f"{START_HINT}") from None
+                                  f"{self._hint}") from None
             except BaseException:
                 await channel.close()
                 raise
-            self._channel, self._stub = channel, env_pb2_grpc.EnvServiceStub(channel)  # type: ignore[no-untyped-call]
+            self._channel, self._stub = channel, self._make_stub(channel)
             return self._stub
 
     async def close(self) -> None:
@@ -63,6 +72,11 @@ class Transport:
         if self._channel is not None:
             await self._channel.close()
         self._channel = self._stub = None
+
+    @property
+    def channel(self) -> grpc.aio.Channel | None:
+        """The open channel (after connect), e.g. for a health check of the same service."""
+        return self._channel
 
     async def unary(self, method: str, request: Any, *, idempotent: bool, timeout: float | None = None) -> Any:
         """Call a unary RPC with a deadline (`timeout`, else the client's), retrying where safe."""
@@ -110,11 +124,11 @@ class Transport:
         error = from_rpc_error(err)
         target = self.config.target
         if isinstance(error, DeadlineExceeded) and error.message == "Deadline Exceeded":
-            return DeadlineExceeded(f"{method} to the env service at {target} did not finish within the "
-                                    f"SDK's {deadline:g}s deadline; pass a larger timeout if the work is slow")
+            return DeadlineExceeded(f"{method} to the {self.service} service at {target} did not finish within "
+                                    f"the client's {deadline:g}s deadline; pass a larger timeout if the work is slow")
         if isinstance(error, Unavailable) and not _sent_by_orchard(err):
-            return Unavailable(f"the Orchard env service at {target} is unavailable ({error.message}); "
-                               f"{START_HINT}")
+            return Unavailable(f"the {self.service} service at {target} is unavailable ({error.message}); "
+                               f"{self._hint}")
         return error
 
 
