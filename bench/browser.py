@@ -26,10 +26,6 @@ from typing import TypeVar
 
 import psutil
 from env_service import env_service
-from orchard import AsyncSandboxClient
-from orchard.sdk import AsyncSandbox
-from orchard.services.env.browser import CHROMIUM_ARGS, SETTLE_JS, TEXT_JS
-from orchard.services.env.settings import EnvSettings
 from playwright.async_api import (
     Browser,
     BrowserContext,
@@ -37,6 +33,11 @@ from playwright.async_api import (
     Playwright,
     async_playwright,
 )
+
+from orchard import AsyncSandboxClient
+from orchard.sdk import AsyncSandbox
+from orchard.services.env.browser import CHROMIUM_ARGS, SETTLE_JS, TEXT_JS
+from orchard.services.env.settings import EnvSettings
 
 T = TypeVar("T")
 
@@ -91,8 +92,11 @@ def progress(text: str) -> None:
 
 def summary_ms(values: list[float]) -> dict[str, float]:
     ordered = sorted(values)
-    return {"p50_ms": round(statistics.median(values) * 1e3, 1),
-            "p90_ms": round(ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))] * 1e3, 1), "n": len(values)}
+    return {
+        "p50_ms": round(statistics.median(values) * 1e3, 1),
+        "p90_ms": round(ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))] * 1e3, 1),
+        "n": len(values),
+    }
 
 
 def ratio(a: float, b: float) -> float:
@@ -106,6 +110,7 @@ async def timed(work: Awaitable[object]) -> float:
 
 
 # ---- what a round does, through the SDK and directly ----
+
 
 async def sdk_action(sb: AsyncSandbox, name: str, url: str) -> None:
     match name:
@@ -172,8 +177,10 @@ async def launch(pw: Playwright) -> Browser:
 
 # ---- phases ----
 
-async def creates(client: AsyncSandboxClient, browser: Browser, allow: list[str], url: str,
-                  n: int) -> dict[str, object]:
+
+async def creates(
+    client: AsyncSandboxClient, browser: Browser, allow: list[str], url: str, n: int
+) -> dict[str, object]:
     """n - 1 warm creates → first screenshot, alternated with the direct new context + goto + screenshot."""
     sdk, direct, deletes = [], [], []
     for i in range(n - 1):
@@ -185,8 +192,12 @@ async def creates(client: AsyncSandboxClient, browser: Browser, allow: list[str]
         direct.append(elapsed)
         await context.close()
     s, d = summary_ms(sdk), summary_ms(direct)
-    return {"create_to_first_screenshot": s, "baseline_direct_new_context_to_first_screenshot": d,
-            "create_p50_ratio_to_baseline": ratio(s["p50_ms"], d["p50_ms"]), "delete": summary_ms(deletes)}
+    return {
+        "create_to_first_screenshot": s,
+        "baseline_direct_new_context_to_first_screenshot": d,
+        "create_p50_ratio_to_baseline": ratio(s["p50_ms"], d["p50_ms"]),
+        "delete": summary_ms(deletes),
+    }
 
 
 async def actions(sb: AsyncSandbox, page: Page, url: str, rounds: int) -> dict[str, object]:
@@ -210,12 +221,16 @@ async def actions(sb: AsyncSandbox, page: Page, url: str, rounds: int) -> dict[s
     for name in ACTIONS:
         s, d = summary_ms(sdk[name]), summary_ms(direct[name])
         out["get_page_content" if name == "content" else name] = {
-            "sdk": s, "baseline_direct": d, "p50_ratio": ratio(s["p50_ms"], d["p50_ms"])}
+            "sdk": s,
+            "baseline_direct": d,
+            "p50_ratio": ratio(s["p50_ms"], d["p50_ms"]),
+        }
     return out
 
 
 async def rate(targets: list[T], shoot: Callable[[T], Awaitable[object]], n: int) -> float:
     """Screenshots per second, each target shooting n in a row, all targets at once."""
+
     async def one(target: T) -> None:
         for _ in range(n):
             await shoot(target)
@@ -225,8 +240,16 @@ async def rate(targets: list[T], shoot: Callable[[T], Awaitable[object]], n: int
     return round(len(targets) * n / (time.perf_counter() - start), 1)
 
 
-async def screenshots(client: AsyncSandboxClient, sb: AsyncSandbox, browser: Browser, page: Page,
-                      allow: list[str], url: str, n: int, k: int) -> dict[str, object]:
+async def screenshots(
+    client: AsyncSandboxClient,
+    sb: AsyncSandbox,
+    browser: Browser,
+    page: Page,
+    allow: list[str],
+    url: str,
+    n: int,
+    k: int,
+) -> dict[str, object]:
     """Screenshots/s of one sandbox in a row and of k sandboxes at once, against direct page.screenshot()."""
     progress(f"screenshots: one sandbox, {n} in a row (and the same directly)")
     await rate([sb], AsyncSandbox.screenshot, 3)  # warm-up
@@ -239,19 +262,36 @@ async def screenshots(client: AsyncSandboxClient, sb: AsyncSandbox, browser: Bro
     k_sdk = await rate(opened, AsyncSandbox.screenshot, n)
     k_direct = await rate([p for _, p, _ in direct], Page.screenshot, n)
     await asyncio.gather(*(s.delete() for s in opened), *(c.close() for c, _, _ in direct))
-    return {"one_sandbox": {"sdk_per_s": one_sdk, "baseline_direct_per_s": one_direct,
-                            "ratio_to_baseline": ratio(one_sdk, one_direct), "n": n},
-            "concurrent": {"sandboxes": k, "sdk_per_s": k_sdk, "baseline_direct_per_s": k_direct,
-                           "ratio_to_baseline": ratio(k_sdk, k_direct), "n_each": n}}
+    return {
+        "one_sandbox": {
+            "sdk_per_s": one_sdk,
+            "baseline_direct_per_s": one_direct,
+            "ratio_to_baseline": ratio(one_sdk, one_direct),
+            "n": n,
+        },
+        "concurrent": {
+            "sandboxes": k,
+            "sdk_per_s": k_sdk,
+            "baseline_direct_per_s": k_direct,
+            "ratio_to_baseline": ratio(k_sdk, k_direct),
+            "n_each": n,
+        },
+    }
 
 
 # ---- memory ----
 
+
 def pss_mib(procs: list[psutil.Process]) -> dict[str, float]:
     """PSS of procs in MiB by kind: Chromium's processes, the Playwright driver (node) and the rest (the
     service's own Python process)."""
-    out = {"total_mib": 0.0, "service_process_mib": 0.0, "driver_mib": 0.0, "chromium_mib": 0.0,
-           "chromium_processes": 0}
+    out = {
+        "total_mib": 0.0,
+        "service_process_mib": 0.0,
+        "driver_mib": 0.0,
+        "chromium_mib": 0.0,
+        "chromium_processes": 0,
+    }
     for proc in procs:
         try:
             name, pss = proc.name(), proc.memory_full_info().pss / MIB
@@ -276,8 +316,9 @@ def fit(rows: list[dict[str, float]]) -> tuple[float, float]:
     return slope, intercept
 
 
-async def service_memory(client: AsyncSandboxClient, service: psutil.Process, allow: list[str], url: str,
-                         m: int, verify: int) -> list[dict[str, float]]:
+async def service_memory(
+    client: AsyncSandboxClient, service: psutil.Process, allow: list[str], url: str, m: int, verify: int
+) -> list[dict[str, float]]:
     """The env service's memory with 0..m browser sandboxes open, and with `verify` when more than m."""
     rows = [await measure(service, 0)]
     opened = []
@@ -306,11 +347,12 @@ async def direct_memory(url: str, m: int) -> list[dict[str, float]]:
     return rows
 
 
-def memory_report(rows: list[dict[str, float]], direct: list[dict[str, float]], m: int, verify: int,
-                  per_process: int) -> dict[str, object]:
+def memory_report(
+    rows: list[dict[str, float]], direct: list[dict[str, float]], m: int, verify: int, per_process: int
+) -> dict[str, object]:
     """Marginal MiB per sandbox (a line through 1..m), against the direct browser's per context, and how many
     sandboxes 8 GiB holds by that line plus one more Chromium process every per_process sandboxes."""
-    slope, intercept = fit(rows[1:m + 1])
+    slope, intercept = fit(rows[1 : m + 1])
     direct_slope, direct_intercept = fit(direct[1:])
     process_mib = direct[0]["chromium_mib"]  # a freshly launched Chromium (same flags) with no context
 
@@ -323,28 +365,37 @@ def memory_report(rows: list[dict[str, float]], direct: list[dict[str, float]], 
         "marginal_mib_per_sandbox": round(slope, 1),
         "marginal_two_point_mib": round((rows[m]["total_mib"] - rows[1]["total_mib"]) / (m - 1), 1),
         "fixed_mib": round(intercept, 1),
-        "baseline_direct": {"by_count": direct, "marginal_mib_per_context": round(direct_slope, 1),
-                            "fixed_mib": round(direct_intercept, 1)},
+        "baseline_direct": {
+            "by_count": direct,
+            "marginal_mib_per_context": round(direct_slope, 1),
+            "fixed_mib": round(direct_intercept, 1),
+        },
         "marginal_ratio_to_baseline": ratio(slope, direct_slope),
         "extra_chromium_process_mib": process_mib,
         "fits_in_8_gib": next(n for n in range(1 << 20) if predict(n + 1) > BUDGET_MIB),
-        "fits_in_8_gib_note": (f"extrapolation from {m} sandboxes, not measured: 8 GiB of PSS over the "
-                               f"least-squares line through 1..{m} open sandboxes (fixed + marginal per sandbox), "
-                               "plus one more Chromium process (a fresh one's PSS with no context) every "
-                               f"{per_process} sandboxes (browser_contexts_per_process)"),
+        "fits_in_8_gib_note": (
+            f"extrapolation from {m} sandboxes, not measured: 8 GiB of PSS over the "
+            f"least-squares line through 1..{m} open sandboxes (fixed + marginal per sandbox), "
+            "plus one more Chromium process (a fresh one's PSS with no context) every "
+            f"{per_process} sandboxes (browser_contexts_per_process)"
+        ),
     }
     if verify > m:
         measured, predicted = rows[-1]["total_mib"], predict(verify)
         extra = (math.ceil(verify / per_process) - math.ceil(m / per_process)) * process_mib
-        out["verify"] = {"sandboxes": verify, "chromium_processes": rows[-1]["chromium_processes"],
-                         "measured_mib": measured, "predicted_mib": round(predicted, 1),
-                         "error_pct": round(100 * (predicted - measured) / measured, 1),
-                         "marginal_mib_per_sandbox_beyond_m": round(
-                             (measured - rows[m]["total_mib"] - extra) / (verify - m), 1)}
+        out["verify"] = {
+            "sandboxes": verify,
+            "chromium_processes": rows[-1]["chromium_processes"],
+            "measured_mib": measured,
+            "predicted_mib": round(predicted, 1),
+            "error_pct": round(100 * (predicted - measured) / measured, 1),
+            "marginal_mib_per_sandbox_beyond_m": round((measured - rows[m]["total_mib"] - extra) / (verify - m), 1),
+        }
     return out
 
 
 # ---- the run ----
+
 
 async def run(address: str, service_pid: int, port: int, args: argparse.Namespace) -> dict[str, object]:
     url, allow = f"http://127.0.0.1:{port}/", [f"127.0.0.1:{port}"]
@@ -354,8 +405,9 @@ async def run(address: str, service_pid: int, port: int, args: argparse.Namespac
         sb, cold = await sdk_open(client, allow, url)
         await sb.delete()
         # Memory while no other browser runs: another one's processes would share Chromium's pages, lowering PSS.
-        rows = await service_memory(client, psutil.Process(service_pid), allow, url, args.memory_sandboxes,
-                                    args.verify_sandboxes)
+        rows = await service_memory(
+            client, psutil.Process(service_pid), allow, url, args.memory_sandboxes, args.verify_sandboxes
+        )
         progress("cold start: the baseline, Playwright and Chromium started by this process")
         start = time.perf_counter()
         pw = await async_playwright().start()
@@ -364,61 +416,83 @@ async def run(address: str, service_pid: int, port: int, args: argparse.Namespac
             launched = time.perf_counter() - start
             context, _, first = await direct_open(browser, url)
             await context.close()
-            report.update({"cold_start_ms": round(cold * 1e3, 1),
-                           "baseline_direct_cold_start_ms": round((launched + first) * 1e3, 1),
-                           "cold_start_ratio_to_baseline": ratio(cold, launched + first)})
+            report.update(
+                {
+                    "cold_start_ms": round(cold * 1e3, 1),
+                    "baseline_direct_cold_start_ms": round((launched + first) * 1e3, 1),
+                    "cold_start_ratio_to_baseline": ratio(cold, launched + first),
+                }
+            )
             report.update(await creates(client, browser, allow, url, args.creates))
             sb, _ = await sdk_open(client, allow, url)
             context, page, _ = await direct_open(browser, url)
             report["actions"] = await actions(sb, page, url, args.actions)
-            report["screenshots_per_s"] = await screenshots(client, sb, browser, page, allow, url, args.screenshots,
-                                                            args.concurrent)
+            report["screenshots_per_s"] = await screenshots(
+                client, sb, browser, page, allow, url, args.screenshots, args.concurrent
+            )
             await sb.delete()
             await browser.close()
         finally:
             await pw.stop()
     progress(f"memory: the baseline, a browser of this process with 0..{args.memory_sandboxes} contexts")
     direct = await direct_memory(url, args.memory_sandboxes)
-    report["memory"] = memory_report(rows, direct, args.memory_sandboxes, args.verify_sandboxes,
-                                     args.contexts_per_process)
+    report["memory"] = memory_report(
+        rows, direct, args.memory_sandboxes, args.verify_sandboxes, args.contexts_per_process
+    )
     return report
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--creates", type=int, default=10, help="browser sandboxes created one after another "
-                        "(the first is the cold start)")
+    parser.add_argument(
+        "--creates",
+        type=int,
+        default=10,
+        help="browser sandboxes created one after another (the first is the cold start)",
+    )
     parser.add_argument("--actions", type=int, default=30, help="rounds of every action (after 2 warm-up rounds)")
     parser.add_argument("--screenshots", type=int, default=40, help="screenshots in a row, per sandbox")
     parser.add_argument("--concurrent", type=int, default=4, help="sandboxes taking screenshots at once")
     parser.add_argument("--memory-sandboxes", type=int, default=8, help="sandboxes the memory line is fitted on")
-    parser.add_argument("--verify-sandboxes", type=int, default=24,
-                        help="open this many to check the extrapolation (0: don't)")
-    parser.add_argument("--contexts-per-process", type=int, default=16,
-                        help="the service's browser_contexts_per_process")
+    parser.add_argument(
+        "--verify-sandboxes", type=int, default=24, help="open this many to check the extrapolation (0: don't)"
+    )
+    parser.add_argument(
+        "--contexts-per-process", type=int, default=16, help="the service's browser_contexts_per_process"
+    )
     args = parser.parse_args()
     if args.creates < 2 or args.actions < 1 or args.screenshots < 1 or args.concurrent < 1:
         parser.error("--creates must be at least 2, and --actions, --screenshots and --concurrent at least 1")
     if not 2 <= args.memory_sandboxes <= args.contexts_per_process:
-        parser.error("--memory-sandboxes must be between 2 and --contexts-per-process (the line is fitted on "
-                     "one Chromium process)")
+        parser.error(
+            "--memory-sandboxes must be between 2 and --contexts-per-process (the line is fitted on "
+            "one Chromium process)"
+        )
     # SIGTERM stops the run like Ctrl-C does (KeyboardInterrupt), so every finally runs: the sandboxes, the
     # browsers and the service stop. Not by re-raising SIGINT: a shell ignores SIGINT in background jobs.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
 
     most = max(32, args.memory_sandboxes, args.verify_sandboxes, args.concurrent + 2)
     load_before = os.getloadavg()
-    with page_server() as port, env_service("--max-browser-sandboxes", str(most), "--browser-contexts-per-process",
-                                            str(args.contexts_per_process)) as (address, proc):
+    with (
+        page_server() as port,
+        env_service(
+            "--max-browser-sandboxes", str(most), "--browser-contexts-per-process", str(args.contexts_per_process)
+        ) as (address, proc),
+    ):
         report = asyncio.run(run(address, proc.pid, port, args))
-    print(json.dumps({
-        "benchmark": "browser",
-        "cpus": os.cpu_count(),
-        "loadavg_before": [round(x, 2) for x in load_before],
-        "loadavg_after": [round(x, 2) for x in os.getloadavg()],
-        "chromium": CHROMIUM,
-        **report,
-    }))
+    print(
+        json.dumps(
+            {
+                "benchmark": "browser",
+                "cpus": os.cpu_count(),
+                "loadavg_before": [round(x, 2) for x in load_before],
+                "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+                "chromium": CHROMIUM,
+                **report,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -19,18 +19,24 @@ import time
 import grpc
 from env_service import env_service
 from google.protobuf.duration_pb2 import Duration
+
 from orchard.env.v1 import env_pb2 as pb
 from orchard.env.v1 import env_pb2_grpc
 
 # 1000 files of 50 KiB (random, so nothing dedupes) in 20 folders: ~50 MB.
-FILL = ("for d in $(seq 20); do mkdir -p data/$d; for f in $(seq 50); do head -c 51200 /dev/urandom > data/$d/$f; "
-        "done; done; du -sb data | cut -f1; find data -type f | wc -l")
+FILL = (
+    "for d in $(seq 20); do mkdir -p data/$d; for f in $(seq 50); do head -c 51200 /dev/urandom > data/$d/$f; "
+    "done; done; du -sb data | cut -f1; find data -type f | wc -l"
+)
 
 
 def summary_ms(values: list[float]) -> dict[str, float]:
     ordered = sorted(values)
-    return {"p50_ms": round(statistics.median(values) * 1e3, 1),
-            "p90_ms": round(ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))] * 1e3, 1), "n": len(values)}
+    return {
+        "p50_ms": round(statistics.median(values) * 1e3, 1),
+        "p90_ms": round(ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))] * 1e3, 1),
+        "n": len(values),
+    }
 
 
 def duration(seconds: float) -> Duration:
@@ -62,8 +68,9 @@ def bench_image(stub: env_pb2_grpc.EnvServiceStub, image: str, snapshots: int, c
     snap = stub.SnapshotSandbox(pb.SnapshotSandboxRequest(sandbox_id=source.sandbox_id), timeout=120).snapshot
     for i in range(2 * creates):
         forked = i % 2 == 1
-        request = pb.CreateSandboxRequest(from_snapshot=snap.snapshot_id) if forked else \
-            pb.CreateSandboxRequest(image=image)
+        request = (
+            pb.CreateSandboxRequest(from_snapshot=snap.snapshot_id) if forked else pb.CreateSandboxRequest(image=image)
+        )
         start = time.perf_counter()
         sandbox = stub.CreateSandbox(request, timeout=60).sandbox
         times["fork" if forked else "create"].append(time.perf_counter() - start)
@@ -76,8 +83,12 @@ def bench_image(stub: env_pb2_grpc.EnvServiceStub, image: str, snapshots: int, c
     stub.DeleteSandbox(pb.DeleteSandboxRequest(sandbox_id=source.sandbox_id), timeout=60)
     s = {name: summary_ms(values) for name, values in times.items()}
     return {
-        "workspace_bytes": size, "workspace_files": files, "snapshot_bytes": snap.size_bytes,
-        "snapshot": s["snapshot"], "fork_create": s["fork"], "plain_create": s["create"],
+        "workspace_bytes": size,
+        "workspace_files": files,
+        "snapshot_bytes": snap.size_bytes,
+        "snapshot": s["snapshot"],
+        "fork_create": s["fork"],
+        "plain_create": s["create"],
         "fork_to_plain_create_p50_ratio": round(s["fork"]["p50_ms"] / s["create"]["p50_ms"], 2),
         "find_over_the_files_in_a_fork": s["fork_exec"],
     }

@@ -23,9 +23,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "integration"))
 
 from env_service import env_service  # noqa: E402
+from podman_engine import PodmanEngine  # noqa: E402
+
 from orchard import AsyncSandboxClient  # noqa: E402
 from orchard.services.env.images import default_images_dir  # noqa: E402
-from podman_engine import PodmanEngine  # noqa: E402
 
 IMAGE = "python:3.11-slim"
 ISOLATIONS = {"runc": "container", "gvisor": "gvisor"}
@@ -33,8 +34,11 @@ ISOLATIONS = {"runc": "container", "gvisor": "gvisor"}
 
 def ms(values: list[float]) -> dict[str, float]:
     ordered = sorted(values)
-    return {"p50_ms": round(statistics.median(ordered) * 1e3, 1),
-            "p90_ms": round(ordered[int(0.9 * (len(ordered) - 1))] * 1e3, 1), "n": len(ordered)}
+    return {
+        "p50_ms": round(statistics.median(ordered) * 1e3, 1),
+        "p90_ms": round(ordered[int(0.9 * (len(ordered) - 1))] * 1e3, 1),
+        "n": len(ordered),
+    }
 
 
 async def measure(address: str, creates: int, execs: int, blocks: int) -> dict[str, object]:
@@ -55,10 +59,10 @@ async def measure(address: str, creates: int, execs: int, blocks: int) -> dict[s
                     await sandbox.delete()
     out: dict[str, object] = {f"create_to_first_exec_{k}": ms(v) for k, v in create_s.items()}
     out |= {f"exec_true_{k}": ms(v) for k, v in exec_s.items()}
-    out["create_ratio_gvisor_to_runc"] = round(statistics.median(create_s["gvisor"]) /
-                                               statistics.median(create_s["runc"]), 2)
-    out["exec_ratio_gvisor_to_runc"] = round(statistics.median(exec_s["gvisor"]) / statistics.median(exec_s["runc"]),
-                                             2)
+    out["create_ratio_gvisor_to_runc"] = round(
+        statistics.median(create_s["gvisor"]) / statistics.median(create_s["runc"]), 2
+    )
+    out["exec_ratio_gvisor_to_runc"] = round(statistics.median(exec_s["gvisor"]) / statistics.median(exec_s["runc"]), 2)
     return out
 
 
@@ -75,8 +79,16 @@ def main() -> None:
     engine = PodmanEngine(runc)
     try:
         engine.import_rootfs(default_images_dir() / IMAGE.replace(":", "_") / "rootfs", f"localhost/orchard-{IMAGE}")
-        flags = ("--backend", "docker", "--docker-host", engine.host, "--docker-gvisor-host", engine.gvisor_host,
-                 "--docker-agent-path", agent.stdout.strip())
+        flags = (
+            "--backend",
+            "docker",
+            "--docker-host",
+            engine.host,
+            "--docker-gvisor-host",
+            engine.gvisor_host,
+            "--docker-agent-path",
+            agent.stdout.strip(),
+        )
         with env_service(*flags) as (address, _):
             figures = asyncio.run(measure(address, args.creates, args.execs, args.blocks))
     finally:

@@ -17,6 +17,7 @@ import time
 
 import grpc
 from env_service import env_service
+
 from orchard import AsyncSandboxClient, SandboxClient
 from orchard.env.v1 import env_pb2 as pb
 from orchard.env.v1 import env_pb2_grpc
@@ -31,8 +32,12 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def summary_ms(values: list[float]) -> dict[str, float]:
-    return {"p50_ms": round(percentile(values, 50) * 1e3, 3), "p99_ms": round(percentile(values, 99) * 1e3, 3),
-            "mean_ms": round(statistics.fmean(values) * 1e3, 3), "n": len(values)}
+    return {
+        "p50_ms": round(percentile(values, 50) * 1e3, 3),
+        "p99_ms": round(percentile(values, 99) * 1e3, 3),
+        "mean_ms": round(statistics.fmean(values) * 1e3, 3),
+        "n": len(values),
+    }
 
 
 def timed(fn: object, n: int) -> list[float]:
@@ -87,8 +92,9 @@ def main() -> None:
                 stub = env_pb2_grpc.EnvServiceStub(channel)
                 for _ in range(args.creates):
                     start = time.perf_counter()
-                    created = stub.CreateSandbox(pb.CreateSandboxRequest(image=args.image, resources=ALL_LIMITS),
-                                                 timeout=30).sandbox
+                    created = stub.CreateSandbox(
+                        pb.CreateSandboxRequest(image=args.image, resources=ALL_LIMITS), timeout=30
+                    ).sandbox
                     limited.append(time.perf_counter() - start)
                     stub.DeleteSandbox(pb.DeleteSandboxRequest(sandbox_id=created.sandbox_id), timeout=30)
             with client.create_sandbox(args.image) as sandbox:
@@ -97,9 +103,11 @@ def main() -> None:
             deletes = []  # of sandboxes whose writable layer holds a venv-sized tree (20,000 files)
             for _ in range(args.deletes):
                 sandbox = client.create_sandbox(args.image)
-                sandbox.exec("mkdir -p /tmp/tree && cd /tmp/tree && python3 -c \"import os\n"
-                             "for d in range(200):\n os.mkdir(str(d))\n for f in range(100): "
-                             "open(f'{d}/{f}', 'w').write('x' * 200)\"")
+                sandbox.exec(
+                    'mkdir -p /tmp/tree && cd /tmp/tree && python3 -c "import os\n'
+                    "for d in range(200):\n os.mkdir(str(d))\n for f in range(100): "
+                    "open(f'{d}/{f}', 'w').write('x' * 200)\""
+                )
                 start = time.perf_counter()
                 sandbox.delete()
                 deletes.append(time.perf_counter() - start)
@@ -109,23 +117,33 @@ def main() -> None:
     bare = timed(lambda: subprocess.run(["true"]), args.execs)
     sdk_s, bare_s, create_s, limited_s = summary_ms(sdk), summary_ms(bare), summary_ms(creates), summary_ms(limited)
     ratio = round(sdk_s["p50_ms"] / bare_s["p50_ms"], 2)
-    print(json.dumps({
-        "benchmark": "env_latency",
-        "image": args.image,
-        "cpus": os.cpu_count(),
-        "exec_true_sdk": sdk_s,
-        "baseline_subprocess_true": bare_s,
-        "exec_p50_ratio_to_subprocess": ratio,
-        "create_ready": create_s,
-        "create_ready_all_limits": limited_s,
-        "delete_with_20k_files": summary_ms(deletes),
-        "exec_true_concurrent": {**summary_ms(concurrent), "clients": args.clients,
-                                 "execs_per_s": round(len(concurrent) / wall, 1)},
-        "targets": {"exec_p50_ms": 5.0, "exec_p50_ratio": 3.0, "create_p50_ms": 100.0, "delete_p50_ms": 50.0},
-        "meets_targets": (sdk_s["p50_ms"] <= 5.0 and ratio <= 3.0
-                          and max(create_s["p50_ms"], limited_s["p50_ms"]) <= 100.0
-                          and summary_ms(deletes)["p50_ms"] <= 50.0),
-    }))
+    print(
+        json.dumps(
+            {
+                "benchmark": "env_latency",
+                "image": args.image,
+                "cpus": os.cpu_count(),
+                "exec_true_sdk": sdk_s,
+                "baseline_subprocess_true": bare_s,
+                "exec_p50_ratio_to_subprocess": ratio,
+                "create_ready": create_s,
+                "create_ready_all_limits": limited_s,
+                "delete_with_20k_files": summary_ms(deletes),
+                "exec_true_concurrent": {
+                    **summary_ms(concurrent),
+                    "clients": args.clients,
+                    "execs_per_s": round(len(concurrent) / wall, 1),
+                },
+                "targets": {"exec_p50_ms": 5.0, "exec_p50_ratio": 3.0, "create_p50_ms": 100.0, "delete_p50_ms": 50.0},
+                "meets_targets": (
+                    sdk_s["p50_ms"] <= 5.0
+                    and ratio <= 3.0
+                    and max(create_s["p50_ms"], limited_s["p50_ms"]) <= 100.0
+                    and summary_ms(deletes)["p50_ms"] <= 50.0
+                ),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from env_service import env_service
+
 from orchard import AsyncSandboxClient
 
 
@@ -44,11 +45,17 @@ async def flood(address: str, pid: int, image: str, execs: int, mib: int, warmup
             await sandbox.delete()
     rss.append((execs, rss_mib(pid)))
     after_warmup = next(r for i, r in rss if i >= warmup)
-    return {"execs": execs, "mib_each": mib, "seconds": round(elapsed, 1),
-            "mib_per_s": round(execs * mib / elapsed, 1), "rss_mib_start": round(rss[0][1], 1),
-            "rss_mib_after_warmup": round(after_warmup, 1), "rss_mib_end": round(rss[-1][1], 1),
-            "rss_growth_after_warmup_mib": round(rss[-1][1] - after_warmup, 1),
-            "rss_samples": [[i, round(r, 1)] for i, r in rss]}
+    return {
+        "execs": execs,
+        "mib_each": mib,
+        "seconds": round(elapsed, 1),
+        "mib_per_s": round(execs * mib / elapsed, 1),
+        "rss_mib_start": round(rss[0][1], 1),
+        "rss_mib_after_warmup": round(after_warmup, 1),
+        "rss_mib_end": round(rss[-1][1], 1),
+        "rss_growth_after_warmup_mib": round(rss[-1][1] - after_warmup, 1),
+        "rss_samples": [[i, round(r, 1)] for i, r in rss],
+    }
 
 
 def bare_mib_per_s(mib: int, n: int = 20) -> float:

@@ -22,8 +22,10 @@ def env_service(*flags: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        proc = subprocess.Popen([ORCHARD, "serve", "env", "--port", str(port), "--state-dir", state,
-                                 "--log-level", "WARNING", *flags], stdout=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [ORCHARD, "serve", "env", "--port", str(port), "--state-dir", state, "--log-level", "WARNING", *flags],
+            stdout=subprocess.DEVNULL,
+        )
         address = f"127.0.0.1:{port}"
         try:
             with grpc.insecure_channel(address) as channel:

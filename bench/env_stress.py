@@ -17,6 +17,7 @@ import os
 import time
 
 from env_service import env_service
+
 from orchard import AsyncSandboxClient
 
 

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import nats
+
 from orchard import events
 from orchard.experience.v1 import experience_pb2 as pb
 from orchard.types.v1 import types_pb2 as tpb
@@ -40,14 +41,27 @@ def make_events(n: int, steps: int, tokens: int, run_id: str) -> list[pb.Rollout
     i = 0
     while len(out) < n:
         tid = f"{run_id}-t{i}"
-        base = tpb.Trajectory(trajectory_id=tid, run_id=run_id, task_id=f"task{i % 100}", task_set="bench",
-                              policy=tpb.Policy(model="m", weights_version="v1"),
-                              messages=[tpb.Message(role=tpb.ROLE_USER, content="solve the task " * 8)])
+        base = tpb.Trajectory(
+            trajectory_id=tid,
+            run_id=run_id,
+            task_id=f"task{i % 100}",
+            task_set="bench",
+            policy=tpb.Policy(model="m", weights_version="v1"),
+            messages=[tpb.Message(role=tpb.ROLE_USER, content="solve the task " * 8)],
+        )
         out.append(events.started(base))
-        done = [tpb.Step(index=k, model_output=tpb.Message(role=tpb.ROLE_ASSISTANT, content="ls -la"),
-                         tokens=tpb.TokenSpan(token_ids=list(range(tokens)), logprobs=[-0.1] * tokens,
-                                              mask=[1] * (tokens // 2) + [0] * (tokens - tokens // 2)))
-                for k in range(steps)]
+        done = [
+            tpb.Step(
+                index=k,
+                model_output=tpb.Message(role=tpb.ROLE_ASSISTANT, content="ls -la"),
+                tokens=tpb.TokenSpan(
+                    token_ids=list(range(tokens)),
+                    logprobs=[-0.1] * tokens,
+                    mask=[1] * (tokens // 2) + [0] * (tokens - tokens // 2),
+                ),
+            )
+            for k in range(steps)
+        ]
         out += [events.step(run_id, tid, s) for s in done]
         final = tpb.Trajectory()
         final.CopyFrom(base)
@@ -66,8 +80,9 @@ async def raw_publish(url: str, payloads: list[tuple[str, bytes, str]]) -> float
     start = time.perf_counter()
     futures = []
     for subject, data, msg_id in payloads:
-        futures.append(await js.publish_async("bench.raw." + subject.split(".", 2)[2], data,
-                                              headers={"Nats-Msg-Id": msg_id}))
+        futures.append(
+            await js.publish_async("bench.raw." + subject.split(".", 2)[2], data, headers={"Nats-Msg-Id": msg_id})
+        )
     await asyncio.gather(*futures)
     seconds = time.perf_counter() - start
     await js.delete_stream("BENCH_RAW")
@@ -111,8 +126,11 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
     port = free_port()
     url = f"nats://127.0.0.1:{port}"
     store_url = args.store_url or f"sqlite:///{work / 'experience.db'}"
-    nats_proc = subprocess.Popen([NATS_SERVER, "-js", "-sd", str(work / "nats"), "-a", "127.0.0.1", "-p", str(port)],
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    nats_proc = subprocess.Popen(
+        [NATS_SERVER, "-js", "-sd", str(work / "nats"), "-a", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     service = None
     try:
         await asyncio.sleep(0.5)
@@ -120,9 +138,24 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
         payload_bytes = sum(len(e.SerializeToString()) for e in sample) / len(sample)
         raw = await raw_publish(url, [(events.subject_of(e), e.SerializeToString(), e.event_id) for e in sample])
         service = subprocess.Popen(
-            [sys.executable, "-m", "orchard.services.experience.server", "--port", str(free_port()), "--nats-url", url,
-             "--store-url", store_url, "--batch-size", str(args.batch_size), "--log-level", "WARNING"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            [
+                sys.executable,
+                "-m",
+                "orchard.services.experience.server",
+                "--port",
+                str(free_port()),
+                "--nats-url",
+                url,
+                "--store-url",
+                store_url,
+                "--batch-size",
+                str(args.batch_size),
+                "--log-level",
+                "WARNING",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         warm = make_events(200, args.steps, args.tokens, "warmup")  # the service is up and the schema exists
         await end_to_end(url, store_url, warm, 0)
         stored_rate, accept_rate = await end_to_end(url, store_url, sample, len(warm))
@@ -134,10 +167,15 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
         nats_proc.wait(timeout=10)
         shutil.rmtree(work, ignore_errors=True)
     return {
-        "events": args.events, "mean_event_bytes": round(payload_bytes), "store": store_url.split(":", 1)[0],
-        "stored_events_per_s": round(stored_rate), "raw_jetstream_publish_per_s": round(raw),
-        "ratio_stored_to_raw_publish": round(stored_rate / raw, 3), "publisher_accept_per_s": round(accept_rate),
-        "target_stored_events_per_s": 10_000, "meets_target": stored_rate >= 10_000,
+        "events": args.events,
+        "mean_event_bytes": round(payload_bytes),
+        "store": store_url.split(":", 1)[0],
+        "stored_events_per_s": round(stored_rate),
+        "raw_jetstream_publish_per_s": round(raw),
+        "ratio_stored_to_raw_publish": round(stored_rate / raw, 3),
+        "publisher_accept_per_s": round(accept_rate),
+        "target_stored_events_per_s": 10_000,
+        "meets_target": stored_rate >= 10_000,
     }
 
 

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import grpc
+
 from orchard.inference.v1 import inference_pb2 as pb
 from orchard.inference.v1 import inference_pb2_grpc
 from orchard.types.v1 import types_pb2
@@ -54,18 +55,21 @@ def free_port() -> int:
 
 
 def chat_request(prompt: str, max_tokens: int) -> pb.ChatRequest:
-    return pb.ChatRequest(messages=[types_pb2.Message(role=types_pb2.ROLE_USER, content=prompt)],
-                          sampling=pb.SamplingParams(temperature=0.0, max_tokens=max_tokens))
+    return pb.ChatRequest(
+        messages=[types_pb2.Message(role=types_pb2.ROLE_USER, content=prompt)],
+        sampling=pb.SamplingParams(temperature=0.0, max_tokens=max_tokens),
+    )
 
 
 def baseline(prompts: list[str], max_tokens: int, threads: int) -> dict[str, float]:
     """The prompts one after another through plain transformers generate (greedy), in this process."""
     import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     from orchard.model_files import (
         default_cache_dir,
         resolve_model,
     )
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.set_num_threads(threads)
     folder, _ = resolve_model("", default_cache_dir())  # the service's own converted copy of the embedded GGUF
@@ -76,8 +80,9 @@ def baseline(prompts: list[str], max_tokens: int, threads: int) -> dict[str, flo
     started = time.perf_counter()
     with torch.inference_mode():
         for prompt in prompts:
-            text = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                           tokenize=False)
+            text = tok.apply_chat_template(
+                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
+            )
             enc = tok(text, return_tensors="pt", add_special_tokens=False)
             t0 = time.perf_counter()
             model.generate(**enc, max_new_tokens=1, do_sample=False)
@@ -86,8 +91,12 @@ def baseline(prompts: list[str], max_tokens: int, threads: int) -> dict[str, flo
             tokens += int(out.shape[1] - enc["input_ids"].shape[1])
     # The first-token probes are not part of the generation time.
     seconds = time.perf_counter() - started - sum(ttfts)
-    return {"tokens": tokens, "seconds": round(seconds, 3), "tokens_per_s": round(tokens / seconds, 2),
-            "ttft_p50_ms": round(statistics.median(ttfts) * 1e3, 1)}
+    return {
+        "tokens": tokens,
+        "seconds": round(seconds, 3),
+        "tokens_per_s": round(tokens / seconds, 2),
+        "ttft_p50_ms": round(statistics.median(ttfts) * 1e3, 1),
+    }
 
 
 async def service_run(address: str, prompts: list[str], max_tokens: int) -> dict[str, float]:
@@ -102,8 +111,10 @@ async def service_run(address: str, prompts: list[str], max_tokens: int) -> dict
 
         async def first_token(prompt: str) -> float:
             t0 = time.perf_counter()
-            request = pb.StreamChatRequest(messages=[types_pb2.Message(role=types_pb2.ROLE_USER, content=prompt)],
-                                           sampling=pb.SamplingParams(temperature=0.0, max_tokens=max_tokens))
+            request = pb.StreamChatRequest(
+                messages=[types_pb2.Message(role=types_pb2.ROLE_USER, content=prompt)],
+                sampling=pb.SamplingParams(temperature=0.0, max_tokens=max_tokens),
+            )
             async for event in stub.StreamChat(request, timeout=600):
                 if event.HasField("delta") and event.delta.token_ids:
                     return time.perf_counter() - t0
@@ -111,10 +122,15 @@ async def service_run(address: str, prompts: list[str], max_tokens: int) -> dict
 
         alone = await first_token(prompts[0])
         loaded = await asyncio.gather(*(first_token(p) for p in prompts))
-    return {"tokens": tokens, "seconds": round(seconds, 3), "tokens_per_s": round(tokens / seconds, 2),
-            "ttft_alone_ms": round(alone * 1e3, 1), "ttft_p50_concurrent_ms": round(statistics.median(loaded) * 1e3, 1),
-            "tokens_per_request": [r.usage.completion_tokens for r in replies],
-            "sample": replies[0].choices[0].text[:80]}
+    return {
+        "tokens": tokens,
+        "seconds": round(seconds, 3),
+        "tokens_per_s": round(tokens / seconds, 2),
+        "ttft_alone_ms": round(alone * 1e3, 1),
+        "ttft_p50_concurrent_ms": round(statistics.median(loaded) * 1e3, 1),
+        "tokens_per_request": [r.usage.completion_tokens for r in replies],
+        "sample": replies[0].choices[0].text[:80],
+    }
 
 
 def main() -> None:
@@ -127,8 +143,21 @@ def main() -> None:
 
     port = free_port()
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.Popen([ORCHARD, "serve", "inference", "--port", str(port), "--log-level", "WARNING",
-                             "--torch-threads", str(args.threads)], env=env, stdout=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            ORCHARD,
+            "serve",
+            "inference",
+            "--port",
+            str(port),
+            "--log-level",
+            "WARNING",
+            "--torch-threads",
+            str(args.threads),
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+    )
     try:
         address = f"127.0.0.1:{port}"
         load_started = time.perf_counter()
@@ -140,12 +169,21 @@ def main() -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=60)
-    print(json.dumps({
-        "bench": "inference_throughput", "requests": args.requests, "max_tokens": args.max_tokens,
-        "torch_threads": args.threads, "service_start_s": round(load_s, 2),
-        "service": served, "sequential_generate": base,
-        "ratio": round(served["tokens_per_s"] / base["tokens_per_s"], 2), "target_ratio": 3.0,
-    }))
+    print(
+        json.dumps(
+            {
+                "bench": "inference_throughput",
+                "requests": args.requests,
+                "max_tokens": args.max_tokens,
+                "torch_threads": args.threads,
+                "service_start_s": round(load_s, 2),
+                "service": served,
+                "sequential_generate": base,
+                "ratio": round(served["tokens_per_s"] / base["tokens_per_s"], 2),
+                "target_ratio": 3.0,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

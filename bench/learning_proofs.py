@@ -18,6 +18,7 @@ import time
 from statistics import mean
 
 import torch
+
 from orchard.trainers import toy
 
 TARGET = 0.6
@@ -42,25 +43,39 @@ async def grpo(seeds: range, env_steps: int) -> dict[str, object]:
             "adam_env_steps_to_target": round(mean(c.steps_to(TARGET) or env_steps for c in adam)),
         }
     bar, fixed = figures["bar"], figures["fixed_n"]
-    return {"target_success": TARGET, "env_step_budget": env_steps, **bar, "baseline_fixed_n": fixed,
-            **{f"ratio_{key}": ratio(bar[key], fixed[key])
-               for key in ("env_steps_to_target", "spread_group_fraction", "final_success",
-                           "adam_env_steps_to_target")}}
+    return {
+        "target_success": TARGET,
+        "env_step_budget": env_steps,
+        **bar,
+        "baseline_fixed_n": fixed,
+        **{
+            f"ratio_{key}": ratio(bar[key], fixed[key])
+            for key in ("env_steps_to_target", "spread_group_fraction", "final_success", "adam_env_steps_to_target")
+        },
+    }
 
 
 def ca_sft(seeds: range, samples: int) -> dict[str, object]:
     with_rise = mean(toy.localisation_accuracy(toy.train_sft(toy.sft_dataset(s, samples, True))) for s in seeds)
     resolved = mean(toy.localisation_accuracy(toy.train_sft(toy.sft_dataset(s, samples, False))) for s in seeds)
-    return {"samples": samples, "localisation_accuracy": round(with_rise, 3),
-            "baseline_resolved_only": round(resolved, 3), "ratio": ratio(with_rise, resolved)}
+    return {
+        "samples": samples,
+        "localisation_accuracy": round(with_rise, 3),
+        "baseline_resolved_only": round(resolved, 3),
+        "ratio": ratio(with_rise, resolved),
+    }
 
 
 def opd(seeds: range, steps: int) -> dict[str, object]:
     runs = [toy.distill_bigram(seed, steps) for seed in seeds]
     after_to_before = mean(after / before for before, after in runs)
-    return {"steps": steps, "kl_before": round(mean(b for b, _ in runs), 3),
-            "kl_after": round(mean(a for _, a in runs), 3), "ratio_kl_after_to_before": round(after_to_before, 3),
-            "kl_cut": round(1 - after_to_before, 3)}
+    return {
+        "steps": steps,
+        "kl_before": round(mean(b for b, _ in runs), 3),
+        "kl_after": round(mean(a for _, a in runs), 3),
+        "ratio_kl_after_to_before": round(after_to_before, 3),
+        "kl_cut": round(1 - after_to_before, 3),
+    }
 
 
 def fraction(flags: list[bool]) -> float | None:
@@ -75,11 +90,15 @@ def rpr(seeds: range, n_groups: int) -> dict[str, object]:
     groups = [g for seed in seeds for g in toy.rpr_spreads(seed, n_groups)]
     failed = [g for g in groups if g.all_failed]
     spread, outcome = fraction([g.rpr for g in groups]), fraction([g.outcome for g in groups])
-    return {"groups": len(groups), "all_failed_groups": len(failed),
-            "all_failed_spread_fraction": rounded(fraction([g.rpr for g in failed])),
-            "baseline_outcome_only_all_failed_spread_fraction": rounded(fraction([g.outcome for g in failed])),
-            "spread_group_fraction": rounded(spread), "baseline_outcome_only_spread_group_fraction": rounded(outcome),
-            "ratio_spread_group_fraction": ratio(spread, outcome)}
+    return {
+        "groups": len(groups),
+        "all_failed_groups": len(failed),
+        "all_failed_spread_fraction": rounded(fraction([g.rpr for g in failed])),
+        "baseline_outcome_only_all_failed_spread_fraction": rounded(fraction([g.outcome for g in failed])),
+        "spread_group_fraction": rounded(spread),
+        "baseline_outcome_only_spread_group_fraction": rounded(outcome),
+        "ratio_spread_group_fraction": ratio(spread, outcome),
+    }
 
 
 async def main(args: argparse.Namespace) -> dict[str, object]:

@@ -25,24 +25,59 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "integration"))
 
 from env_service import env_service  # noqa: E402
+from test_real_repos import (  # noqa: E402
+    CFGREAD,
+    CFGREAD_FIX,
+    CFGREAD_TEST,
+    PAGER,
+    PAGER_FIX,
+    PAGER_TEST,
+    SPECS,
+    git_repo,
+)
+
 from orchard import AsyncSandboxClient  # noqa: E402
 from orchard.tasks import load_instances  # noqa: E402
 from orchard.tasks.environments import builder_for, task_sandbox, wheelhouse  # noqa: E402
 from orchard.tasks.grading import grade  # noqa: E402
-from test_real_repos import CFGREAD, CFGREAD_FIX, CFGREAD_TEST, PAGER, PAGER_FIX, PAGER_TEST, SPECS, git_repo  # noqa: E402
 
 
 def make_tasks(root: Path) -> tuple[Path, Path]:
     rows = []
     for name, files, fix, test, extra in (
-            ("cfgread", CFGREAD, CFGREAD_FIX, CFGREAD_TEST, {"FAIL_TO_PASS": ["tests/test_default.py::test_default_port"],
-                                                            "PASS_TO_PASS": ["tests/test_cfg.py::test_explicit_port"]}),
-            ("pagerkit", PAGER, PAGER_FIX, PAGER_TEST, {"version": "0.1",
-                                                        "FAIL_TO_PASS": ["tests/test_pager.py::test_pager_is_less"],
-                                                        "PASS_TO_PASS": ["tests/test_env.py::test_python_39"]})):
+        (
+            "cfgread",
+            CFGREAD,
+            CFGREAD_FIX,
+            CFGREAD_TEST,
+            {
+                "FAIL_TO_PASS": ["tests/test_default.py::test_default_port"],
+                "PASS_TO_PASS": ["tests/test_cfg.py::test_explicit_port"],
+            },
+        ),
+        (
+            "pagerkit",
+            PAGER,
+            PAGER_FIX,
+            PAGER_TEST,
+            {
+                "version": "0.1",
+                "FAIL_TO_PASS": ["tests/test_pager.py::test_pager_is_less"],
+                "PASS_TO_PASS": ["tests/test_env.py::test_python_39"],
+            },
+        ),
+    ):
         fields = git_repo(root / name, files, fix, test)
-        rows.append({"instance_id": f"{name}-1", "repo": f"local/{name}", "repo_dir": name, "problem_statement": "x",
-                     **extra, **fields})
+        rows.append(
+            {
+                "instance_id": f"{name}-1",
+                "repo": f"local/{name}",
+                "repo_dir": name,
+                "problem_statement": "x",
+                **extra,
+                **fields,
+            }
+        )
     (root / "tasks.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (root / "specs.json").write_text(json.dumps(SPECS))
     return root / "tasks.jsonl", root / "specs.json"
@@ -53,8 +88,9 @@ def host_test_seconds(repo: Path, instance, spec, n: int) -> float:  # type: ign
     with tempfile.TemporaryDirectory() as tmp:
         venv = Path(tmp) / "venv"
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        wheels = wheelhouse(list(spec.venv_requirements) + ["tomli==2.2.1"], spec.python,
-                            Path.home() / ".cache" / "orchard")
+        wheels = wheelhouse(
+            list(spec.venv_requirements) + ["tomli==2.2.1"], spec.python, Path.home() / ".cache" / "orchard"
+        )
         pip = [str(venv / "bin" / "pip"), "install", "-q", "--no-index", "--find-links", str(wheels)]
         subprocess.run([*pip, *spec.venv_requirements], check=True)
         subprocess.run([*pip, "-e", str(repo)], check=True, cwd=repo)
@@ -62,8 +98,20 @@ def host_test_seconds(repo: Path, instance, spec, n: int) -> float:  # type: ign
         times = []
         for _ in range(n):
             started = time.perf_counter()
-            subprocess.run([str(venv / "bin" / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                            *instance.test_files[1:]], cwd=repo, capture_output=True, check=False)
+            subprocess.run(
+                [
+                    str(venv / "bin" / "python"),
+                    "-m",
+                    "pytest",
+                    "-q",
+                    "-p",
+                    "no:cacheprovider",
+                    *instance.test_files[1:],
+                ],
+                cwd=repo,
+                capture_output=True,
+                check=False,
+            )
             times.append(time.perf_counter() - started)
         subprocess.run(["git", "-C", str(repo), "checkout", "-q", "-"], check=True)
         return statistics.median(times)
@@ -95,11 +143,15 @@ async def measure(address: str, tasks: Path, specs: Path, grades: int) -> dict[s
                     await sandbox.exec(f"{instance.command} {files}", cwd=instance.workdir)
                     own.append(time.monotonic() - started)
             out[instance.instance_id] = {
-                "python": instance.environment.python, "image": instance.environment.image,
-                "environment_build_s": round(env_s, 1), "instance_build_s": round(prepared.seconds, 1),
-                "instance_found_again_s": round(again.seconds, 3), "grade_p50_s": round(statistics.median(gold), 2),
+                "python": instance.environment.python,
+                "image": instance.environment.image,
+                "environment_build_s": round(env_s, 1),
+                "instance_build_s": round(prepared.seconds, 1),
+                "instance_found_again_s": round(again.seconds, 3),
+                "grade_p50_s": round(statistics.median(gold), 2),
                 "tests_in_open_sandbox_p50_s": round(statistics.median(own), 2),
-                "grade_overhead_s": round(statistics.median(gold) - statistics.median(own), 2)}
+                "grade_overhead_s": round(statistics.median(gold) - statistics.median(own), 2),
+            }
     return out
 
 
@@ -117,7 +169,8 @@ def main() -> None:
         host = host_test_seconds(Path(tmp) / "cfgread", cfg, cfg.environment, args.grades)
     figures["cfgread-1"]["tests_on_this_host_p50_s"] = round(host, 2)  # type: ignore[index]
     figures["cfgread-1"]["grade_ratio_to_host_tests"] = round(  # type: ignore[index]
-        figures["cfgread-1"]["grade_p50_s"] / host, 1)  # type: ignore[index]
+        figures["cfgread-1"]["grade_p50_s"] / host, 1
+    )  # type: ignore[index]
     figures["loadavg_start_end"] = [round(load_start, 2), round(os.getloadavg()[0], 2)]
     print(json.dumps(figures))
 

@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 import grpc
+
 from orchard.inference.v1 import inference_pb2 as ipb
 from orchard.inference.v1 import inference_pb2_grpc
 from orchard.reward.v1 import reward_pb2 as rpb
@@ -37,10 +38,27 @@ from orchard.trainer.v1 import trainer_pb2_grpc
 
 ORCHARD = str(Path(sys.executable).with_name("orchard"))
 FILTERS = {"nonzero_std": pb.GROUP_FILTER_NONZERO_STD, "none": pb.GROUP_FILTER_NONE}
-FIGURES = ("reward_mean", "reward_std", "resolved_fraction", "submitted_fraction", "judge_score_mean",
-           "judge_fallback_fraction", "groups_kept_fraction", "groups_trained", "nonzero_variance_groups",
-           "rollouts", "env_steps", "trained_tokens", "clip_fraction", "logprob_diff_mean", "logprob_diff_max",
-           "grad_norm", "rollout_seconds", "train_seconds", "push_seconds")
+FIGURES = (
+    "reward_mean",
+    "reward_std",
+    "resolved_fraction",
+    "submitted_fraction",
+    "judge_score_mean",
+    "judge_fallback_fraction",
+    "groups_kept_fraction",
+    "groups_trained",
+    "nonzero_variance_groups",
+    "rollouts",
+    "env_steps",
+    "trained_tokens",
+    "clip_fraction",
+    "logprob_diff_mean",
+    "logprob_diff_max",
+    "grad_norm",
+    "rollout_seconds",
+    "train_seconds",
+    "push_seconds",
+)
 """The progress metrics of each step kept in the JSON file."""
 
 
@@ -51,15 +69,25 @@ def free_port() -> int:
 
 
 def job_config(args: argparse.Namespace) -> pb.JobConfig:
-    rl = pb.RlConfig(group_size=args.group_size, prompts_per_step=args.prompts, max_turns=args.max_turns,
-                     group_filter=FILTERS[args.group_filter], max_concurrent_rollouts=args.prompts * args.group_size,
-                     sampling=ipb.SamplingParams(temperature=1.0, top_p=0.95, max_tokens=args.step_tokens))
+    rl = pb.RlConfig(
+        group_size=args.group_size,
+        prompts_per_step=args.prompts,
+        max_turns=args.max_turns,
+        group_filter=FILTERS[args.group_filter],
+        max_concurrent_rollouts=args.prompts * args.group_size,
+        sampling=ipb.SamplingParams(temperature=1.0, top_p=0.95, max_tokens=args.step_tokens),
+    )
     if args.alpha:
         rl.judge.CopyFrom(rpb.JudgeConfig(alpha=args.alpha, max_tokens=args.judge_tokens))
-    return pb.JobConfig(kind=pb.JOB_KIND_RL, base_model="", dataset=pb.DatasetSource(path="toyrepair"),
-                        hyperparameters=pb.Hyperparameters(max_steps=args.steps, learning_rate=args.lr, seed=args.seed,
-                                                           micro_batch_size=2),
-                        rl=rl)
+    return pb.JobConfig(
+        kind=pb.JOB_KIND_RL,
+        base_model="",
+        dataset=pb.DatasetSource(path="toyrepair"),
+        hyperparameters=pb.Hyperparameters(
+            max_steps=args.steps, learning_rate=args.lr, seed=args.seed, micro_batch_size=2
+        ),
+        rl=rl,
+    )
 
 
 async def run_job(trainer: str, inference: str, config: pb.JobConfig, timeout_s: float) -> dict[str, object]:
@@ -74,18 +102,28 @@ async def run_job(trainer: str, inference: str, config: pb.JobConfig, timeout_s:
             if kind == "progress":
                 now = event.progress.update_time.ToNanoseconds() / 1e9
                 m = event.progress.metrics
-                steps.append({"step": event.progress.step, "loss": round(event.progress.loss, 6),
-                              "seconds": round(now - last, 1), **{k: round(m[k], 4) for k in FIGURES if k in m}})
+                steps.append(
+                    {
+                        "step": event.progress.step,
+                        "loss": round(event.progress.loss, 6),
+                        "seconds": round(now - last, 1),
+                        **{k: round(m[k], 4) for k in FIGURES if k in m},
+                    }
+                )
                 last = now
-                print(f"step {event.progress.step}/{event.progress.total_steps}: reward {m['reward_mean']:+.3f} "
-                      f"± {m['reward_std']:.3f}, groups kept {m['groups_kept_fraction']:.2f}, "
-                      f"{steps[-1]['seconds']}s", file=sys.stderr)
+                print(
+                    f"step {event.progress.step}/{event.progress.total_steps}: reward {m['reward_mean']:+.3f} "
+                    f"± {m['reward_std']:.3f}, groups kept {m['groups_kept_fraction']:.2f}, "
+                    f"{steps[-1]['seconds']}s",
+                    file=sys.stderr,
+                )
             elif kind == "job":
                 job = event.job
                 if job.state == pb.JOB_STATE_RUNNING and not steps:
                     last = job.start_time.ToNanoseconds() / 1e9
-        served = (await inference_pb2_grpc.InferenceServiceStub(ic).ListModels(ipb.ListModelsRequest(),
-                                                                                timeout=30)).models[0]
+        served = (
+            await inference_pb2_grpc.InferenceServiceStub(ic).ListModels(ipb.ListModelsRequest(), timeout=30)
+        ).models[0]
     return {"job": job, "steps": steps, "served": served}
 
 
@@ -101,16 +139,20 @@ def plot(steps: list[dict[str, float]], path: Path, title: str) -> None:
     x, mean, std = series("step"), series("reward_mean"), series("reward_std")
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(6, 6), sharex=True)
     top.plot(x, mean, marker="o", label="reward R' (mean)")
-    top.fill_between(x, [m - d for m, d in zip(mean, std)], [m + d for m, d in zip(mean, std)], alpha=0.2,
-                     label="± std")
+    top.fill_between(
+        x,
+        [m - d for m, d in zip(mean, std, strict=False)],
+        [m + d for m, d in zip(mean, std, strict=False)],
+        alpha=0.2,
+        label="± std",
+    )
     top.plot(x, series("judge_score_mean"), marker="s", label="judge score J (mean where it scored)")
     top.set_ylabel("reward")
     top.legend(loc="best", fontsize=8)
     top.set_title(title, fontsize=9)
     bottom.plot(x, series("loss"), marker="o", color="tab:red", label="loss")
     bottom.plot(x, series("groups_kept_fraction"), marker="^", color="tab:green", label="groups kept (fraction)")
-    bottom.plot(x, series("judge_fallback_fraction"), marker="x", color="tab:gray",
-                label="judge fell back (fraction)")
+    bottom.plot(x, series("judge_fallback_fraction"), marker="x", color="tab:gray", label="judge fell back (fraction)")
     bottom.set_xlabel("RL step (weights pushed to inference after each)")
     bottom.set_xticks(x)
     bottom.legend(loc="best", fontsize=8)
@@ -128,9 +170,13 @@ def main() -> None:
     parser.add_argument("--step-tokens", type=int, default=48, help="most tokens per model reply")
     parser.add_argument("--alpha", type=float, default=0.5, help="RPR judge weight (0: outcome reward only)")
     parser.add_argument("--judge-tokens", type=int, default=256, help="most tokens the judge may write")
-    parser.add_argument("--group-filter", choices=sorted(FILTERS), default="nonzero_std",
-                        help="which groups are trained: nonzero_std drops groups without reward spread; none trains "
-                             "every group (zero-advantage groups then only exercise the update path)")
+    parser.add_argument(
+        "--group-filter",
+        choices=sorted(FILTERS),
+        default="nonzero_std",
+        help="which groups are trained: nonzero_std drops groups without reward spread; none trains "
+        "every group (zero-advantage groups then only exercise the update path)",
+    )
     parser.add_argument("--lr", type=float, default=1e-6, help="learning rate (the RL recipe's)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path(".state/bench/rl_real_run"))
@@ -151,10 +197,24 @@ def main() -> None:
     commands = {
         "env": ["--state-dir", str(work / "env")],
         "inference": ["--torch-threads", "1"],
-        "reward": ["--inference-address", address["inference"], "--env-address", address["env"],
-                   "--judge-timeout-s", "1200"],
-        "trainer": ["--jobs-dir", str(jobs_dir), "--inference-address", address["inference"], "--env-address",
-                    address["env"], "--reward-address", address["reward"]],
+        "reward": [
+            "--inference-address",
+            address["inference"],
+            "--env-address",
+            address["env"],
+            "--judge-timeout-s",
+            "1200",
+        ],
+        "trainer": [
+            "--jobs-dir",
+            str(jobs_dir),
+            "--inference-address",
+            address["inference"],
+            "--env-address",
+            address["env"],
+            "--reward-address",
+            address["reward"],
+        ],
     }
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     procs: list[subprocess.Popen[bytes]] = []
@@ -162,8 +222,14 @@ def main() -> None:
     try:
         for name, extra in commands.items():
             with open(work / f"{name}.log", "wb") as log:
-                procs.append(subprocess.Popen([ORCHARD, "serve", name, "--port", str(ports[name]), *common, *extra],
-                                              env=env, stdout=log, stderr=subprocess.STDOUT))
+                procs.append(
+                    subprocess.Popen(
+                        [ORCHARD, "serve", name, "--port", str(ports[name]), *common, *extra],
+                        env=env,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                    )
+                )
         for name in commands:
             with grpc.insecure_channel(address[name]) as channel:
                 grpc.channel_ready_future(channel).result(timeout=300)
@@ -184,30 +250,71 @@ def main() -> None:
     steps: list[dict[str, float]] = result["steps"]  # type: ignore[assignment]
     served: ipb.Model = result["served"]  # type: ignore[assignment]
     if job.state != pb.JOB_STATE_SUCCEEDED:
-        print(json.dumps({"bench": "rl_real_run", "error": pb.JobState.Name(job.state), "detail": job.error[-2000:],
-                          "steps": steps}))
+        print(
+            json.dumps(
+                {
+                    "bench": "rl_real_run",
+                    "error": pb.JobState.Name(job.state),
+                    "detail": job.error[-2000:],
+                    "steps": steps,
+                }
+            )
+        )
         sys.exit(1)
-    settings = {k: getattr(args, k) for k in ("steps", "prompts", "group_size", "max_turns", "step_tokens", "alpha",
-                                              "judge_tokens", "group_filter", "lr", "seed")}
-    record = {"bench": "rl_real_run", "model": served.model_id, "task_set": "toyrepair", "settings": settings,
-              "served_weights_version": served.weights_version, "steps": steps}
+    settings = {
+        k: getattr(args, k)
+        for k in (
+            "steps",
+            "prompts",
+            "group_size",
+            "max_turns",
+            "step_tokens",
+            "alpha",
+            "judge_tokens",
+            "group_filter",
+            "lr",
+            "seed",
+        )
+    }
+    record = {
+        "bench": "rl_real_run",
+        "model": served.model_id,
+        "task_set": "toyrepair",
+        "settings": settings,
+        "served_weights_version": served.weights_version,
+        "steps": steps,
+    }
     json_path, png_path = args.out / "rl_real_run.json", args.out / "rl_real_run.png"
     json_path.write_text(json.dumps(record, indent=2))
-    plot(steps, png_path, f"RL on ToyRepair ({served.model_id}): {args.prompts} x {args.group_size} rollouts "
-                          f"per step, judge alpha {args.alpha}")
-    print(json.dumps({
-        "bench": "rl_real_run", "model": served.model_id, "steps": len(steps),
-        "reward_mean_per_step": [s["reward_mean"] for s in steps],
-        "reward_std_per_step": [s["reward_std"] for s in steps],
-        "baseline_reward_mean": steps[0]["reward_mean"] if steps else None,
-        "groups_kept_per_step": [s["groups_kept_fraction"] for s in steps],
-        "judge_fallback_per_step": [s.get("judge_fallback_fraction") for s in steps],
-        "submitted_per_step": [s.get("submitted_fraction") for s in steps],
-        "loss_per_step": [s["loss"] for s in steps], "seconds_per_step": [s["seconds"] for s in steps],
-        "logprob_diff_max_per_step": [s.get("logprob_diff_max") for s in steps],
-        "served_weights_version": served.weights_version, "services_start_s": round(ready_s, 1),
-        "total_s": round(time.perf_counter() - started, 1), "json": str(json_path), "png": str(png_path),
-    }))
+    plot(
+        steps,
+        png_path,
+        f"RL on ToyRepair ({served.model_id}): {args.prompts} x {args.group_size} rollouts "
+        f"per step, judge alpha {args.alpha}",
+    )
+    print(
+        json.dumps(
+            {
+                "bench": "rl_real_run",
+                "model": served.model_id,
+                "steps": len(steps),
+                "reward_mean_per_step": [s["reward_mean"] for s in steps],
+                "reward_std_per_step": [s["reward_std"] for s in steps],
+                "baseline_reward_mean": steps[0]["reward_mean"] if steps else None,
+                "groups_kept_per_step": [s["groups_kept_fraction"] for s in steps],
+                "judge_fallback_per_step": [s.get("judge_fallback_fraction") for s in steps],
+                "submitted_per_step": [s.get("submitted_fraction") for s in steps],
+                "loss_per_step": [s["loss"] for s in steps],
+                "seconds_per_step": [s["seconds"] for s in steps],
+                "logprob_diff_max_per_step": [s.get("logprob_diff_max") for s in steps],
+                "served_weights_version": served.weights_version,
+                "services_start_s": round(ready_s, 1),
+                "total_s": round(time.perf_counter() - started, 1),
+                "json": str(json_path),
+                "png": str(png_path),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -26,8 +26,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "integration"))  # the tiny-model helper and in-process service
 
-from orchard.trainer.v1 import trainer_pb2 as pb  # noqa: E402
 from trainer_service_helpers import tiny_model, trainer_service  # noqa: E402
+
+from orchard.trainer.v1 import trainer_pb2 as pb  # noqa: E402
 
 
 def dataset(path: Path, n: int, tokens: int) -> Path:
@@ -36,24 +37,28 @@ def dataset(path: Path, n: int, tokens: int) -> Path:
     with path.open("w") as f:
         for i in range(n):
             answer = " ".join(f"step{(i * 7 + j) % 97}" for j in range(words))
-            messages = [{"role": "user", "content": f"Explain fix number {i}."},
-                        {"role": "assistant", "content": answer}]
+            messages = [
+                {"role": "user", "content": f"Explain fix number {i}."},
+                {"role": "assistant", "content": answer},
+            ]
             f.write(json.dumps({"messages": messages}) + "\n")
     return path
 
 
 def bare_loop(model_dir: Path, data: Path, steps: int, batch: int, micro: int, max_len: int) -> dict[str, float]:
     """The same work as the job's steps with nothing around it: pack, forward, backward, clip, AdamW."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     from orchard.trainers.data import TemplateRenderer, openai_sample
     from orchard.trainers.sft import truncate_left
     from orchard.trainers.sft_job import micro_batches, micro_loss
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").train()
     renderer = TemplateRenderer(tokenizer)
-    samples = [truncate_left(openai_sample(renderer, json.loads(line)), max_len)
-               for line in data.read_text().splitlines()]
+    samples = [
+        truncate_left(openai_sample(renderer, json.loads(line)), max_len) for line in data.read_text().splitlines()
+    ]
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, foreach=False)
     rates = []
     for step in range(steps):
@@ -72,14 +77,24 @@ def bare_loop(model_dir: Path, data: Path, steps: int, batch: int, micro: int, m
     return {"tokens_per_s": statistics.median(rates[1:] or rates), "steps": steps}
 
 
-async def job_run(model_dir: Path, data: Path, steps: int, batch: int, micro: int, max_len: int,
-                  jobs: Path) -> dict[str, float]:
+async def job_run(
+    model_dir: Path, data: Path, steps: int, batch: int, micro: int, max_len: int, jobs: Path
+) -> dict[str, float]:
     async with trainer_service(jobs) as stub:
-        config = pb.JobConfig(kind=pb.JOB_KIND_SFT, base_model=str(model_dir),
-                              dataset=pb.DatasetSource(path=str(data)),
-                              hyperparameters=pb.Hyperparameters(learning_rate=1e-5, max_steps=steps, epochs=100,
-                                                                 global_batch_size=batch, micro_batch_size=micro,
-                                                                 max_seq_len=max_len, seed=0))
+        config = pb.JobConfig(
+            kind=pb.JOB_KIND_SFT,
+            base_model=str(model_dir),
+            dataset=pb.DatasetSource(path=str(data)),
+            hyperparameters=pb.Hyperparameters(
+                learning_rate=1e-5,
+                max_steps=steps,
+                epochs=100,
+                global_batch_size=batch,
+                micro_batch_size=micro,
+                max_seq_len=max_len,
+                seed=0,
+            ),
+        )
         started = time.perf_counter()
         job = (await stub.CreateJob(pb.CreateJobRequest(config=config))).job
         rates = []
@@ -119,13 +134,19 @@ def main() -> None:
         max_len = args.tokens * 2
         job = asyncio.run(job_run(model_dir, data, args.steps, args.batch, args.micro, max_len, root / "jobs"))
         bare = bare_loop(model_dir, data, args.steps, args.batch, args.micro, max_len)
-    print(json.dumps({
-        "model": "tiny" if args.tiny else (args.model or "SmolLM2-135M-Instruct"),
-        "samples_per_step": args.batch, "tokens_per_sample": args.tokens,
-        "job": job, "bare_loop": bare,
-        "ratio": round(job["tokens_per_s"] / bare["tokens_per_s"], 3),
-        "overhead_pct": round(100 * (1 - job["tokens_per_s"] / bare["tokens_per_s"]), 1),
-    }))
+    print(
+        json.dumps(
+            {
+                "model": "tiny" if args.tiny else (args.model or "SmolLM2-135M-Instruct"),
+                "samples_per_step": args.batch,
+                "tokens_per_sample": args.tokens,
+                "job": job,
+                "bare_loop": bare,
+                "ratio": round(job["tokens_per_s"] / bare["tokens_per_s"], 3),
+                "overhead_pct": round(100 * (1 - job["tokens_per_s"] / bare["tokens_per_s"]), 1),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 from google.protobuf import json_format
+
 from orchard.trainer.v1 import trainer_pb2 as pb
 from orchard.trainers import optim, value_data, value_job
 from orchard.types.v1 import types_pb2 as tpb
@@ -45,14 +46,15 @@ def backbone_path(name: str) -> tuple[Path, str]:
     return resolve_model("", default_cache_dir())[0], "SmolLM2-135M-Instruct"
 
 
-def fold_figures(name: str, history: list[tpb.Trajectory], candidates: list[tpb.Trajectory], held: set[str],
-                 args: argparse.Namespace) -> dict[str, Any]:
+def fold_figures(
+    name: str, history: list[tpb.Trajectory], candidates: list[tpb.Trajectory], held: set[str], args: argparse.Namespace
+) -> dict[str, Any]:
     """Train `name` on the history without `held`, score the held-out candidates."""
     torch.manual_seed(args.seed)
     vd = value_data.build([t for t in history if t.task_id not in held], eval_fraction=0, seed=args.seed)
     o = optim.resolve(pb.Hyperparameters(seed=args.seed, global_batch_size=args.batch), pb.JOB_KIND_VALUE)
     plan, _ = value_job.training_plan(vd, o, epochs_given=False)
-    plan = plan[:args.steps]
+    plan = plan[: args.steps]
     path, label = backbone_path(name)
     model = ValueModel.load(path, base_model=label, max_context_tokens=args.max_context_tokens)
     model.lexical = None  # the encoders compared alone: the lexical part would be the same for both
@@ -68,10 +70,20 @@ def fold_figures(name: str, history: list[tpb.Trajectory], candidates: list[tpb.
     started = time.perf_counter()
     logits = model.score(texts)
     score_s = time.perf_counter() - started
-    scored = [vm.Candidate(t.task_id, vm.sigmoid(x), value_data.resolved(t), t.final_patch,
-                           excluded=not t.final_patch.strip()) for t, x in zip(pool, logits, strict=True)]
-    return {"candidates": scored, "train_s": train_s, "steps": len(plan),
-            "train_candidates": sum(len(b) for b in plan), "score_s": score_s, "scored": len(texts)}
+    scored = [
+        vm.Candidate(
+            t.task_id, vm.sigmoid(x), value_data.resolved(t), t.final_patch, excluded=not t.final_patch.strip()
+        )
+        for t, x in zip(pool, logits, strict=True)
+    ]
+    return {
+        "candidates": scored,
+        "train_s": train_s,
+        "steps": len(plan),
+        "train_candidates": sum(len(b) for b in plan),
+        "score_s": score_s,
+        "scored": len(texts),
+    }
 
 
 def main() -> int:
@@ -91,10 +103,17 @@ def main() -> int:
         raise SystemExit(f"no hist-{args.seed}-* or eval-{args.seed} run under {args.runs}")
     tasks = sorted({t.task_id for t in candidates})
     random.Random(args.seed).shuffle(tasks)
-    folds = [set(tasks[i::args.folds]) for i in range(args.folds)]
-    out: dict[str, Any] = {"seed": args.seed, "folds": args.folds, "steps": args.steps, "batch": args.batch,
-                           "max_context_tokens": args.max_context_tokens, "history": len(history),
-                           "eval_candidates": len(candidates), "backbones": {}}
+    folds = [set(tasks[i :: args.folds]) for i in range(args.folds)]
+    out: dict[str, Any] = {
+        "seed": args.seed,
+        "folds": args.folds,
+        "steps": args.steps,
+        "batch": args.batch,
+        "max_context_tokens": args.max_context_tokens,
+        "history": len(history),
+        "eval_candidates": len(candidates),
+        "backbones": {},
+    }
     for name in args.backbones.split(","):
         merged: list[vm.Candidate] = []
         train_s = score_s = 0.0
@@ -108,17 +127,22 @@ def main() -> int:
         report = vm.best_of_n_report(merged, (1, 2, 4, 8))
         out["backbones"][name] = {
             "auc": vm.auc([c.score for c in kept], [c.resolved for c in kept]),
-            "best@8": vm.best_at_n(merged, 8), "random@8": vm.random_at_n(merged, 8), "pass@8": vm.pass_at_n(merged, 8),
-            "curve": report["curve"], "seconds_per_step": train_s / max(steps, 1),
+            "best@8": vm.best_at_n(merged, 8),
+            "random@8": vm.random_at_n(merged, 8),
+            "pass@8": vm.pass_at_n(merged, 8),
+            "curve": report["curve"],
+            "seconds_per_step": train_s / max(steps, 1),
             "train_candidates_per_second": trained / max(train_s, 1e-9),
-            "scored_candidates_per_second": scored / max(score_s, 1e-9)}
+            "scored_candidates_per_second": scored / max(score_s, 1e-9),
+        }
         print(f"{name}: {json.dumps(out['backbones'][name])}", file=sys.stderr)
     b = out["backbones"]
     if "minilm" in b and "policy" in b:
         out["policy_vs_minilm"] = {
             "seconds_per_step_ratio": b["policy"]["seconds_per_step"] / b["minilm"]["seconds_per_step"],
             "auc_difference": (b["policy"]["auc"] or 0) - (b["minilm"]["auc"] or 0),
-            "best@8_difference": b["policy"]["best@8"] - b["minilm"]["best@8"]}
+            "best@8_difference": b["policy"]["best@8"] - b["minilm"]["best@8"],
+        }
     print(json.dumps(out))
     return 0
 

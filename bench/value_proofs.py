@@ -17,6 +17,7 @@ from statistics import mean
 from typing import Any
 
 import torch
+
 from orchard.trainers import value_toy
 
 CONTROL_INITS = 4
@@ -36,8 +37,16 @@ def averaged(reports: list[dict[str, Any]]) -> dict[str, float | None]:
 def curve(reports: list[dict[str, Any]]) -> list[dict[str, float]]:
     """The best@N curve (random, best, pass for each N) averaged over reports."""
     ns = [row["n"] for row in reports[0]["curve"]]
-    return [{"n": n, **{k: round(mean(next(row[k] for row in r["curve"] if row["n"] == n) for r in reports), 3)
-                        for k in ("random", "best", "pass")}} for n in ns]
+    return [
+        {
+            "n": n,
+            **{
+                k: round(mean(next(row[k] for row in r["curve"] if row["n"] == n) for r in reports), 3)
+                for k in ("random", "best", "pass")
+            },
+        }
+        for n in ns
+    ]
 
 
 def ratio(value: float | None, baseline: float | None) -> float | None:
@@ -48,6 +57,7 @@ def ratio(value: float | None, baseline: float | None) -> float | None:
 def plot(path: str, main: list[dict[str, float]], vote: list[dict[str, float]], seeds: int) -> None:
     """The best@N curve as a PNG: random pick, majority vote, the value model and the oracle."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -57,8 +67,15 @@ def plot(path: str, main: list[dict[str, float]], vote: list[dict[str, float]], 
     ax.plot(ns, [r["best"] for r in main], marker="o", label="best@N (value model)")
     ax.plot(ns, [r["best"] for r in vote], marker="o", label="majority vote")
     ax.plot(ns, [r["random"] for r in main], marker="o", label="random@N")
-    ax.set(xscale="log", xticks=ns, xticklabels=[str(n) for n in ns], ylim=(0, 1), xlabel="candidates N",
-           ylabel="tasks resolved", title=f"Value-model reranking on ToyRepair ({seeds} seeds)")
+    ax.set(
+        xscale="log",
+        xticks=ns,
+        xticklabels=[str(n) for n in ns],
+        ylim=(0, 1),
+        xlabel="candidates N",
+        ylabel="tasks resolved",
+        title=f"Value-model reranking on ToyRepair ({seeds} seeds)",
+    )
     ax.minorticks_off()
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
@@ -73,32 +90,47 @@ def main(args: argparse.Namespace) -> dict[str, object]:
         args.seeds, args.tasks, args.eval_tasks, args.epochs = 1, 4, 8, 2
     seeds, experiments = range(args.seeds), len(value_toy.SKILLS)
     start = time.perf_counter()
-    growth = {k: [value_toy.proof(s, k, args.tasks, args.eval_tasks, args.epochs) for s in seeds]
-              for k in range(1, experiments + 1)}
+    growth = {
+        k: [value_toy.proof(s, k, args.tasks, args.eval_tasks, args.epochs) for s in seeds]
+        for k in range(1, experiments + 1)
+    }
     reports = growth[experiments]
     vote = [value_toy.majority_vote(s, args.eval_tasks) for s in seeds]
-    control = [value_toy.untrained(s * CONTROL_INITS + i, s, args.eval_tasks)
-               for s in seeds for i in range(CONTROL_INITS)]
-    bce = [value_toy.proof(s, experiments, args.tasks, args.eval_tasks, args.epochs, pairwise_weight=0.0)
-           for s in seeds]
+    control = [
+        value_toy.untrained(s * CONTROL_INITS + i, s, args.eval_tasks) for s in seeds for i in range(CONTROL_INITS)
+    ]
+    bce = [
+        value_toy.proof(s, experiments, args.tasks, args.eval_tasks, args.epochs, pairwise_weight=0.0) for s in seeds
+    ]
     figures, vote_figures = averaged(reports), averaged(vote)
     main_curve, vote_curve = curve(reports), curve(vote)
     if args.plot:
         plot(args.plot, main_curve, vote_curve, args.seeds)
     return {
-        "seeds": args.seeds, "skills": list(value_toy.SKILLS), "eval_skill": value_toy.EVAL_SKILL,
-        "history_tasks_per_experiment": args.tasks, "eval_tasks": args.eval_tasks,
-        "candidates_per_task": value_toy.N_CANDIDATES, "epochs": args.epochs, "pairwise_weight": 1.0,
+        "seeds": args.seeds,
+        "skills": list(value_toy.SKILLS),
+        "eval_skill": value_toy.EVAL_SKILL,
+        "history_tasks_per_experiment": args.tasks,
+        "eval_tasks": args.eval_tasks,
+        "candidates_per_task": value_toy.N_CANDIDATES,
+        "epochs": args.epochs,
+        "pairwise_weight": 1.0,
         **figures,
         "ratio_best_to_random_at_8": ratio(figures["best@8"], figures["random@8"]),
         "ratio_best_to_pass_at_8": ratio(figures["best@8"], figures["pass@8"]),
         "curve": main_curve,
-        "per_seed": [{"seed": s, **{k: None if v is None else round(v, 3)
-                                    for k, v in value_toy.figures(r).items()}} for s, r in zip(seeds, reports)],
-        "store_growth": [{"experiments": k, "best@8": averaged(rs)["best@8"], "auc": averaged(rs)["auc"]}
-                         for k, rs in growth.items()],
-        "baseline_majority_vote": {"best@8": vote_figures["best@8"], "curve": vote_curve,
-                                   "ratio_best_to_vote_at_8": ratio(figures["best@8"], vote_figures["best@8"])},
+        "per_seed": [
+            {"seed": s, **{k: None if v is None else round(v, 3) for k, v in value_toy.figures(r).items()}}
+            for s, r in zip(seeds, reports, strict=False)
+        ],
+        "store_growth": [
+            {"experiments": k, "best@8": averaged(rs)["best@8"], "auc": averaged(rs)["auc"]} for k, rs in growth.items()
+        ],
+        "baseline_majority_vote": {
+            "best@8": vote_figures["best@8"],
+            "curve": vote_curve,
+            "ratio_best_to_vote_at_8": ratio(figures["best@8"], vote_figures["best@8"]),
+        },
         "baseline_untrained": {"models": len(control), **{k: averaged(control)[k] for k in ("auc", "best@8", "ece")}},
         "ablation_bce_only": {k: averaged(bce)[k] for k in ("auc", "best@8", "ece")},
         "seconds": round(time.perf_counter() - start, 1),

@@ -22,23 +22,31 @@ import time
 from typing import Any
 
 from orchard.chat import templates as chat
+from orchard.model_files import default_cache_dir, resolve_model
 from orchard.services.inference.engines import load_engine
 from orchard.services.inference.engines.base import Engine, SamplingParams
-from orchard.model_files import default_cache_dir, resolve_model
 from orchard.services.inference.generation import collect
 from orchard.services.inference.settings import InferenceSettings
 
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
-STORIES = [f"Write a short story about a {animal} who learns to {skill}." for animal, skill in
-           [("fox", "swim"), ("cat", "fly"), ("dog", "paint"), ("owl", "sing"), ("bear", "dance"), ("crab", "cook")]]
+STORIES = [
+    f"Write a short story about a {animal} who learns to {skill}."
+    for animal, skill in [
+        ("fox", "swim"),
+        ("cat", "fly"),
+        ("dog", "paint"),
+        ("owl", "sing"),
+        ("bear", "dance"),
+        ("crab", "cook"),
+    ]
+]
 
 
 async def checks(engine: Engine) -> dict[str, Any]:
     prompt = engine.tokenize(chat.render(engine, FRANCE, None))
     greedy = (await collect(engine, prompt, SamplingParams(max_tokens=24, temperature=0, logprobs=True)))[0]
     scored = await engine.score(prompt, greedy.token_ids)
-    sampled = (await collect(engine, prompt, SamplingParams(max_tokens=24, temperature=1.0, seed=3,
-                                                            logprobs=True)))[0]
+    sampled = (await collect(engine, prompt, SamplingParams(max_tokens=24, temperature=1.0, seed=3, logprobs=True)))[0]
     scored_sampled = await engine.score(prompt, sampled.token_ids)
     seeded = SamplingParams(max_tokens=16, temperature=1.0, seed=11, n=4)
     first, second = await collect(engine, prompt, seeded), await collect(engine, prompt, seeded)
@@ -52,11 +60,12 @@ async def checks(engine: Engine) -> dict[str, Any]:
     return {
         "chat_text": greedy.text,
         "chat_says_paris": "Paris" in greedy.text,
-        "greedy_logprobs_vs_score_max_abs_diff": max(abs(a - b) for a, b in zip(greedy.logprobs, scored.logprobs,
-                                                                                strict=True)),
-        "sampled_logprobs_vs_score_max_abs_diff": max(abs(a - b) for a, b in zip(sampled.logprobs,
-                                                                                 scored_sampled.logprobs,
-                                                                                 strict=True)),
+        "greedy_logprobs_vs_score_max_abs_diff": max(
+            abs(a - b) for a, b in zip(greedy.logprobs, scored.logprobs, strict=True)
+        ),
+        "sampled_logprobs_vs_score_max_abs_diff": max(
+            abs(a - b) for a, b in zip(sampled.logprobs, scored_sampled.logprobs, strict=True)
+        ),
         "seed_reproducible": [c.token_ids for c in first] == [c.token_ids for c in second],
         "n_samples_distinct": len({tuple(c.token_ids) for c in first}),
         "stop_string_ok": stopped.stop_sequence == word and word not in stopped.text,
@@ -65,8 +74,10 @@ async def checks(engine: Engine) -> dict[str, Any]:
 
 
 async def throughput(engine: Engine, concurrency: int, max_tokens: int) -> dict[str, float]:
-    prompts = [engine.tokenize(chat.render(engine, [{"role": "user", "content": STORIES[i % len(STORIES)]}], None))
-               for i in range(concurrency)]
+    prompts = [
+        engine.tokenize(chat.render(engine, [{"role": "user", "content": STORIES[i % len(STORIES)]}], None))
+        for i in range(concurrency)
+    ]
     params = SamplingParams(max_tokens=max_tokens, temperature=1.0, seed=0, logprobs=True)
     await collect(engine, prompts[0], SamplingParams(max_tokens=4))  # warm up
     started = time.perf_counter()
@@ -76,13 +87,18 @@ async def throughput(engine: Engine, concurrency: int, max_tokens: int) -> dict[
     results = await asyncio.gather(*[collect(engine, p, params) for p in prompts])
     batch_s = time.perf_counter() - started
     tokens = sum(len(r[0].token_ids) for r in results)
-    return {"single_tok_s": round(len(single[0].token_ids) / single_s, 1), "batched_tok_s": round(tokens / batch_s, 1),
-            "batched_tokens": tokens, "batched_wall_s": round(batch_s, 2)}
+    return {
+        "single_tok_s": round(len(single[0].token_ids) / single_s, 1),
+        "batched_tok_s": round(tokens / batch_s, 1),
+        "batched_tokens": tokens,
+        "batched_wall_s": round(batch_s, 2),
+    }
 
 
 async def run(engine_name: str, model: str, device: str, concurrency: int, max_tokens: int) -> dict[str, Any]:
-    settings = InferenceSettings(engine=engine_name, model=model, device=device, torch_threads=0,
-                                 max_batch_size=max(concurrency, 8), port=0)
+    settings = InferenceSettings(
+        engine=engine_name, model=model, device=device, torch_threads=0, max_batch_size=max(concurrency, 8), port=0
+    )
     engine = load_engine(settings)
     started = time.perf_counter()
     await engine.start()
@@ -113,8 +129,10 @@ def main() -> None:
             import torch
 
             device = "cuda" if torch.cuda.is_available() else "cpu"
-            result["baseline_transformers"] = {"device": device, **asyncio.run(
-                run("transformers", model, device, args.concurrency, args.max_tokens))}
+            result["baseline_transformers"] = {
+                "device": device,
+                **asyncio.run(run("transformers", model, device, args.concurrency, args.max_tokens)),
+            }
         except Exception as err:
             result["baseline_transformers"] = {"error": f"{type(err).__name__}: {err}"}
     vllm, base = result["vllm"].get("throughput"), result.get("baseline_transformers", {}).get("throughput")

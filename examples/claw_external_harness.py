@@ -19,6 +19,7 @@ import time
 from typing import Any
 
 from openai import AsyncOpenAI
+
 from orchard.assistant import TOOLS, AssistantEnv
 from orchard.sdk import AsyncSandboxClient
 from orchard.tasks.assistant import AssistantTask, grade, load_tasks

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
 from typing import Protocol, TypeVar
 
+from orchard import outcomes
 from orchard.types.v1 import types_pb2 as tpb
 
 SLACK = 1e-9
@@ -51,13 +52,9 @@ class Rollout:
         return self.status != Status.ABORTED
 
 
-STATUS_OF_STOP = {
-    tpb.STOP_REASON_SUBMITTED: Status.COMPLETED,
-    tpb.STOP_REASON_STEP_LIMIT: Status.TRUNCATED,
-    tpb.STOP_REASON_TOKEN_LIMIT: Status.TRUNCATED,
-    tpb.STOP_REASON_FORMAT_ERROR: Status.TRUNCATED,
-}
-"""Stop reasons of usable rollouts; every other one (time limit, model or env error, cancel) is backfill."""
+STATUS_OF_STOP = {stop: Status.COMPLETED if outcomes.submitted(stop) else Status.TRUNCATED for stop in outcomes.USABLE}
+"""Stop reasons of usable rollouts (orchard.outcomes); every other one (time limit, model or env error, cancel) is
+backfill."""
 
 
 def rollout_from_trajectory(traj: tpb.Trajectory, reward: float) -> Rollout:
@@ -81,7 +78,7 @@ def try_assemble(pool: Sequence[Rollout], n: int, lo: float, hi: float, rho_star
     n_lo, n_hi = math.ceil(lo * n - SLACK), math.floor(hi * n + SLACK)
     for n_pos in sorted(range(n_lo, n_hi + 1), key=lambda k: abs(k - n_star)):
         if n_pos <= len(positives) and n - n_pos <= len(negatives):
-            return positives[:n_pos] + negatives[:n - n_pos]
+            return positives[:n_pos] + negatives[: n - n_pos]
     return None
 
 
@@ -196,8 +193,13 @@ class Batch:
         return sum(r.generated for r in self.results)
 
 
-async def collect_batch(source: RolloutSource[Prompt], prompts: Sequence[Prompt], n_groups: int,
-                        config: BarConfig, kind: GroupFilter = GroupFilter.DEFAULT) -> Batch:
+async def collect_batch(
+    source: RolloutSource[Prompt],
+    prompts: Sequence[Prompt],
+    n_groups: int,
+    config: BarConfig,
+    kind: GroupFilter = GroupFilter.DEFAULT,
+) -> Batch:
     """Runs BAR on every prompt (the step's prompts plus the over-sampled ones) concurrently, filters the groups
     and keeps the first `n_groups` that pass, in prompt order: later prompts replace dropped ones."""
     async with asyncio.TaskGroup() as tg:

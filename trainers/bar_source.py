@@ -27,8 +27,16 @@ class HarnessRolloutSource:
     """A `RolloutSource[TaskInstance]`: n graded agent-loop rollouts per call, at most `concurrency` at a time
     over all calls (each holds a sandbox, then a grading sandbox)."""
 
-    def __init__(self, loop: AgentLoop, client: AsyncSandboxClient, make_harness: HarnessFactory, *,
-                 concurrency: int = 4, test_timeout_s: float = 600.0, first_sample: int = 0) -> None:
+    def __init__(
+        self,
+        loop: AgentLoop,
+        client: AsyncSandboxClient,
+        make_harness: HarnessFactory,
+        *,
+        concurrency: int = 4,
+        test_timeout_s: float = 600.0,
+        first_sample: int = 0,
+    ) -> None:
         self.loop = loop
         self.client = client
         self.make_harness = make_harness
@@ -51,8 +59,9 @@ class HarnessRolloutSource:
 
     async def _one(self, instance: TaskInstance, sample: int) -> Rollout:
         async with self._slots:
-            done = await run_one(self.loop, self.client, self.make_harness, instance, sample,
-                                 test_timeout_s=self.test_timeout_s)
+            done = await run_one(
+                self.loop, self.client, self.make_harness, instance, sample, test_timeout_s=self.test_timeout_s
+            )
         trajectory = done.trajectory
         self.trajectories.append(trajectory)
         reward = trajectory.rewards[-1]

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import json
 import re
-from itertools import pairwise
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Protocol
 
 from orchard.inference.v1 import inference_pb2 as ipb
@@ -73,8 +73,9 @@ def credits(values: Sequence[float]) -> list[float]:
     return [b - a for a, b in pairwise(values)]
 
 
-def extract_rise_segments(values: Sequence[float], epsilon: float = EPSILON,
-                          merge_gap: int = 0) -> list[tuple[int, int]]:
+def extract_rise_segments(
+    values: Sequence[float], epsilon: float = EPSILON, merge_gap: int = 0
+) -> list[tuple[int, int]]:
     """Maximal [t_i, t_j] with c_t >= epsilon for every t in [t_i, t_j - 1], in order."""
     segments: list[tuple[int, int]] = []
     start = None
@@ -114,6 +115,7 @@ def ca_sample(traj: tpb.Trajectory, resolved: bool, segments: Sequence[tuple[int
 
 # Value annotation by the trajectory's own teacher.
 
+
 class Annotator(Protocol):
     """A chat model that answers the annotation prompt (the teacher, through the inference service)."""
 
@@ -129,9 +131,12 @@ class InferenceAnnotator:
         self.inference, self.model, self.timeout_s, self.max_tokens = inference, model, timeout_s, max_tokens
 
     async def __call__(self, messages: list[tpb.Message]) -> str:
-        request = ipb.ChatRequest(model=self.model, messages=messages,
-                                  sampling=ipb.SamplingParams(temperature=0.0, max_tokens=self.max_tokens),
-                                  labels={"purpose": "ca-sft-annotation"})
+        request = ipb.ChatRequest(
+            model=self.model,
+            messages=messages,
+            sampling=ipb.SamplingParams(temperature=0.0, max_tokens=self.max_tokens),
+            labels={"purpose": "ca-sft-annotation"},
+        )
         response = await self.inference.unary("Chat", request, idempotent=True, timeout=self.timeout_s)
         return response.choices[0].text
 
@@ -153,8 +158,10 @@ def annotation_prompt(traj: tpb.Trajectory, resolved: bool) -> list[tpb.Message]
             lines.append(f"  observation: {obs.message.content[:OBSERVATION_CHARS]}")
     outcome = "resolved" if resolved else "NOT resolved (the hidden tests failed or nothing was submitted)"
     lines += [f"[state {len(traj.steps)}] end", "", f"Outcome: {outcome}. T = {len(traj.steps)}."]
-    return [tpb.Message(role=tpb.ROLE_SYSTEM, content=SYSTEM_PROMPT),
-            tpb.Message(role=tpb.ROLE_USER, content="\n".join(lines))]
+    return [
+        tpb.Message(role=tpb.ROLE_SYSTEM, content=SYSTEM_PROMPT),
+        tpb.Message(role=tpb.ROLE_USER, content="\n".join(lines)),
+    ]
 
 
 _JSON = re.compile(r"\{.*\}", re.DOTALL)
@@ -166,8 +173,11 @@ def parse_key_steps(text: str, n_states: int) -> list[KeyStep]:
     if found is None:
         raise ValueError(f"annotation has no JSON object: {text[:200]!r}")
     items = json.loads(found.group(0)).get("key_steps", [])
-    steps = [KeyStep(int(k["step"]), min(1.0, max(0.0, float(k["value"]))), str(k.get("why", "")))
-             for k in items if isinstance(k, dict) and 0 <= int(k.get("step", -1)) < n_states]
+    steps = [
+        KeyStep(int(k["step"]), min(1.0, max(0.0, float(k["value"]))), str(k.get("why", "")))
+        for k in items
+        if isinstance(k, dict) and 0 <= int(k.get("step", -1)) < n_states
+    ]
     if not steps:
         raise ValueError(f"annotation names no key step in [0, {n_states - 1}]: {text[:200]!r}")
     return steps

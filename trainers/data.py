@@ -23,11 +23,11 @@ from typing import Any
 from google.protobuf import json_format
 
 from orchard import clients
-from orchard.errors import FailedPrecondition, InvalidArgument, OrchardError
-from orchard.experience.v1 import experience_pb2 as epb
 from orchard.chat.openai_format import from_openai, to_openai
 from orchard.chat.templates import render
 from orchard.chat.tools import tool_spec
+from orchard.errors import FailedPrecondition, InvalidArgument, OrchardError
+from orchard.experience.v1 import experience_pb2 as epb
 from orchard.tasks.instance import load_instances, resolve_source
 from orchard.trainer.v1 import trainer_pb2 as pb
 from orchard.trainers.sft import Sample
@@ -40,15 +40,30 @@ class TemplateRenderer:
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
-                            add_generation_prompt: bool = True, template_kwargs: dict[str, Any] | None = None) -> str:
-        return str(self.tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
-                                                      add_generation_prompt=add_generation_prompt,
-                                                      **(template_kwargs or {})))
+    def apply_chat_template(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> str:
+        return str(
+            self.tokenizer.apply_chat_template(
+                messages,
+                tools=tools or None,
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+                **(template_kwargs or {}),
+            )
+        )
 
 
-def render_sample(renderer: TemplateRenderer, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
-                  trained_turns: set[int] | None = None) -> Sample:
+def render_sample(
+    renderer: TemplateRenderer,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]],
+    trained_turns: set[int] | None = None,
+) -> Sample:
     """The conversation as token ids with mask 1 on the assistant turns in `trained_turns` (the k-th assistant
     message is turn k; every turn when None)."""
     full = render(renderer, messages, tools, add_generation_prompt=False)
@@ -61,21 +76,29 @@ def render_sample(renderer: TemplateRenderer, messages: list[dict[str, Any]], to
         if trained_turns is not None and turn not in trained_turns:
             continue
         start = len(render(renderer, messages[:i], tools, add_generation_prompt=True)) if i else 0
-        through = render(renderer, messages[:i + 1], tools, add_generation_prompt=False)
+        through = render(renderer, messages[: i + 1], tools, add_generation_prompt=False)
         end = len(through.rstrip())  # the newline a template puts after the end token is not the model's output
         if not full.startswith(through):
-            raise InvalidArgument(f"the chat template does not render turn {turn} as a prefix of the conversation; "
-                                  "it cannot be trained turn by turn")
+            raise InvalidArgument(
+                f"the chat template does not render turn {turn} as a prefix of the conversation; "
+                "it cannot be trained turn by turn"
+            )
         spans.append((start, end))
     encoded = renderer.tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
     mask = [int(any(a <= lo and hi <= b and hi > lo for a, b in spans)) for lo, hi in encoded["offset_mapping"]]
     return Sample(list(encoded["input_ids"]), mask)
 
 
-def trajectory_sample(renderer: TemplateRenderer, traj: tpb.Trajectory,
-                      trained_steps: set[int] | None = None) -> Sample:
+def trajectory_sample(
+    renderer: TemplateRenderer, traj: tpb.Trajectory, trained_steps: set[int] | None = None
+) -> Sample:
     """A stored trajectory as a sample; `trained_steps` are step indices (step k is the k-th assistant turn)."""
-    return render_sample(renderer, [to_openai(m) for m in traj.messages], [tool_spec(t, i) for i, t in enumerate(traj.tools)], trained_steps)
+    return render_sample(
+        renderer,
+        [to_openai(m) for m in traj.messages],
+        [tool_spec(t, i) for i, t in enumerate(traj.tools)],
+        trained_steps,
+    )
 
 
 @dataclass
@@ -90,8 +113,7 @@ class Dataset:
         return len(self.trajectories) + len(self.openai_samples)
 
 
-async def load_dataset(source: pb.DatasetSource, experience_address: str, *,
-                       allow_unresolved: bool = True) -> Dataset:
+async def load_dataset(source: pb.DatasetSource, experience_address: str, *, allow_unresolved: bool = True) -> Dataset:
     """The records `source` selects, decontaminated against its eval_task_files."""
     kind = source.WhichOneof("source")
     if kind == "experience":
@@ -100,8 +122,10 @@ async def load_dataset(source: pb.DatasetSource, experience_address: str, *,
     elif kind == "path":
         data = _read_jsonl(Path(source.path), source.limit)
     else:
-        raise InvalidArgument("dataset has no source; set dataset.experience (a trajectory filter) or dataset.path",
-                              field="config.dataset")
+        raise InvalidArgument(
+            "dataset has no source; set dataset.experience (a trajectory filter) or dataset.path",
+            field="config.dataset",
+        )
     if source.distinct_patches:
         seen: set[tuple[str, str]] = set()
         kept = []
@@ -113,8 +137,10 @@ async def load_dataset(source: pb.DatasetSource, experience_address: str, *,
         data.trajectories = kept
     decontaminate(data, list(source.eval_task_files))
     if not len(data):
-        raise FailedPrecondition(f"the dataset selects no records ({json_format.MessageToJson(source, indent=None)}); "
-                                 "check the filter or the file")
+        raise FailedPrecondition(
+            f"the dataset selects no records ({json_format.MessageToJson(source, indent=None)}); "
+            "check the filter or the file"
+        )
     return data
 
 
@@ -132,26 +158,36 @@ def decontaminate(data: Dataset, eval_task_files: list[str]) -> None:
     """Raise FailedPrecondition when a record's task is in one of the evaluation sets."""
     for path in eval_task_files:
         eval_ids = eval_task_ids(path)
-        leaked = sorted({t.task_id for t in data.trajectories if t.task_id in eval_ids} |
-                        {str(s.get("instance_id") or s.get("task_id")) for s in data.openai_samples
-                         if (s.get("instance_id") or s.get("task_id")) in eval_ids})
+        leaked = sorted(
+            {t.task_id for t in data.trajectories if t.task_id in eval_ids}
+            | {
+                str(s.get("instance_id") or s.get("task_id"))
+                for s in data.openai_samples
+                if (s.get("instance_id") or s.get("task_id")) in eval_ids
+            }
+        )
         if leaked:
             raise FailedPrecondition(
                 f"{len(leaked)} task(s) of the dataset are in the evaluation set {path}: {leaked[:5]}; training on "
-                "them would contaminate the evaluation. Exclude them (filter.exclude_task_ids) or drop the file.")
+                "them would contaminate the evaluation. Exclude them (filter.exclude_task_ids) or drop the file."
+            )
 
 
 async def _export(source: pb.DatasetSource, address: str) -> AsyncIterator[tpb.Trajectory]:
-    request = epb.ExportTrajectoriesRequest(filter=source.experience, limit=source.limit,
-                                            distinct_patches=source.distinct_patches,
-                                            purpose=epb.EXPORT_PURPOSE_TRAINING)
+    request = epb.ExportTrajectoriesRequest(
+        filter=source.experience,
+        limit=source.limit,
+        distinct_patches=source.distinct_patches,
+        purpose=epb.EXPORT_PURPOSE_TRAINING,
+    )
     try:
         async with clients.connect("experience", address) as experience:
             async for response in experience.server_stream("ExportTrajectories", request, timeout=600):
                 yield response.trajectory
     except OrchardError as err:
-        raise FailedPrecondition(f"cannot read the dataset from the experience store at {address}: "
-                                 f"{err.code.name}: {err.message}") from None
+        raise FailedPrecondition(
+            f"cannot read the dataset from the experience store at {address}: {err.code.name}: {err.message}"
+        ) from None
 
 
 def _read_jsonl(path: Path, limit: int) -> Dataset:
@@ -168,16 +204,17 @@ def _read_jsonl(path: Path, limit: int) -> Dataset:
                 raise InvalidArgument(f"{path}:{n} is not JSON: {err}", field="config.dataset.path") from None
             if "messages" in record and "trajectory_id" not in record and "trajectoryId" not in record:
                 if not isinstance(record["messages"], list) or not record["messages"]:
-                    raise InvalidArgument(f"{path}:{n}: messages must be a non-empty list",
-                                          field="config.dataset.path")
+                    raise InvalidArgument(f"{path}:{n}: messages must be a non-empty list", field="config.dataset.path")
                 data.openai_samples.append(record)
             else:
                 try:
-                    data.trajectories.append(json_format.ParseDict(record, tpb.Trajectory(),
-                                                                   ignore_unknown_fields=True))
+                    data.trajectories.append(
+                        json_format.ParseDict(record, tpb.Trajectory(), ignore_unknown_fields=True)
+                    )
                 except json_format.ParseError as err:
-                    raise InvalidArgument(f"{path}:{n} is neither an OpenAI sample nor a trajectory: {err}",
-                                          field="config.dataset.path") from None
+                    raise InvalidArgument(
+                        f"{path}:{n} is neither an OpenAI sample nor a trajectory: {err}", field="config.dataset.path"
+                    ) from None
             if limit and len(data) >= limit:
                 break
     return data

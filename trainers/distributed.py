@@ -58,8 +58,9 @@ class Dist:
 def init() -> Dist:
     """This process's place from torchrun's environment; joins the process group when there are several ranks."""
     # torchrun's variables are the launch contract itself, not settings, so they are read here.
-    dist = Dist(int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1")),
-                int(os.environ.get("LOCAL_RANK", "0")))
+    dist = Dist(
+        int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("LOCAL_RANK", "0"))
+    )
     if dist.world_size > 1:
         if torch.cuda.is_available():
             torch.cuda.set_device(dist.device)
@@ -107,9 +108,11 @@ def shard(model: Any, dist: Dist) -> None:
 def rank_slice(items: Sequence[T], dist: Dist) -> list[T]:
     """This rank's share of the global micro-batches: every `world_size`-th one, starting at `rank`."""
     if len(items) % dist.world_size:
-        raise ValueError(f"{len(items)} micro-batches do not split evenly over {dist.world_size} ranks (each rank "
-                         f"must run as many passes); make the global batch a multiple of micro_batch * ranks")
-    return list(items[dist.rank::dist.world_size])
+        raise ValueError(
+            f"{len(items)} micro-batches do not split evenly over {dist.world_size} ranks (each rank "
+            f"must run as many passes); make the global batch a multiple of micro_batch * ranks"
+        )
+    return list(items[dist.rank :: dist.world_size])
 
 
 def global_sum(x: float, dist: Dist) -> float:
@@ -168,8 +171,16 @@ def save_pretrained(model: Any, tokenizer: Any | None, path: Path, dist: Dist) -
 
 def torchrun_command(nproc: int, module: str, args: list[str]) -> list[str]:
     """The argv that runs `python -m module *args` as `nproc` ranks on this machine."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-            "-m", module, *args]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        "-m",
+        module,
+        *args,
+    ]
 
 
 def torchrun_env() -> dict[str, str]:

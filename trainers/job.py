@@ -29,10 +29,8 @@ from google.protobuf import json_format
 from orchard.checkpoints import (  # the checkpoint layout, shared with the services that load them
     MANIFEST_FILE,
     MANIFEST_FORMAT,
-    STATE_FILE,
     CheckpointRecord,
     latest_checkpoint,
-    read_manifest,
 )
 from orchard.trainer.v1 import trainer_pb2 as pb
 from orchard.trainers.distributed import Dist
@@ -115,11 +113,16 @@ class JobContext:
             f.flush()
             os.fsync(f.fileno())
 
-    def progress(self, step: int, total_steps: int, loss: float, *, epoch: float = 0.0,
-                 **metrics: float) -> None:
+    def progress(self, step: int, total_steps: int, loss: float, *, epoch: float = 0.0, **metrics: float) -> None:
         """Report the figures at a step."""
-        self.emit("progress", step=step, total_steps=total_steps, loss=float(loss), epoch=float(epoch),
-                  metrics={k: float(v) for k, v in metrics.items()})
+        self.emit(
+            "progress",
+            step=step,
+            total_steps=total_steps,
+            loss=float(loss),
+            epoch=float(epoch),
+            metrics={k: float(v) for k, v in metrics.items()},
+        )
 
     # -- checkpoints --------------------------------------------------------------------------------------------
 
@@ -144,20 +147,30 @@ class JobContext:
         if not self.dist.is_main:
             return final
         manifest = {
-            "format": MANIFEST_FORMAT, "job_id": self.job_id, "version": self.version(step), "step": step,
-            "kind": pb.JobKind.Name(self.config.kind), "base_model": self.config.base_model,
-            "metrics": {k: float(v) for k, v in metrics.items()}, "is_final": is_final, "create_time": time.time(),
+            "format": MANIFEST_FORMAT,
+            "job_id": self.job_id,
+            "version": self.version(step),
+            "step": step,
+            "kind": pb.JobKind.Name(self.config.kind),
+            "base_model": self.config.base_model,
+            "metrics": {k: float(v) for k, v in metrics.items()},
+            "is_final": is_final,
+            "create_time": time.time(),
             "files": sorted(p.name for p in staging.iterdir()),
         }
         (staging / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, sort_keys=True))
         shutil.rmtree(final, ignore_errors=True)  # a re-run after a crash may write the same step again
         staging.rename(final)
-        self.emit("checkpoint", step=step, path=str(final), version=self.version(step), metrics=manifest["metrics"],
-                  is_final=is_final)
+        self.emit(
+            "checkpoint",
+            step=step,
+            path=str(final),
+            version=self.version(step),
+            metrics=manifest["metrics"],
+            is_final=is_final,
+        )
         return final
 
     def latest_checkpoint(self) -> CheckpointRecord | None:
         """The newest complete checkpoint of this job, to resume from; None before the first."""
         return latest_checkpoint(self.checkpoints_dir)
-
-

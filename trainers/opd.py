@@ -48,21 +48,23 @@ def _js_value(ls: torch.Tensor, lt: torch.Tensor, lam: float) -> torch.Tensor:
     return ls - torch.logaddexp(log_student, log_teacher)
 
 
-def estimate(ls: torch.Tensor, lt: torch.Tensor, kind: OpdLoss = OpdLoss.JS_SKEW,
-             lam: float = JS_LAMBDA) -> torch.Tensor:
+def estimate(
+    ls: torch.Tensor, lt: torch.Tensor, kind: OpdLoss = OpdLoss.JS_SKEW, lam: float = JS_LAMBDA
+) -> torch.Tensor:
     """The per-token divergence estimate of each surrogate (no gradient semantics)."""
     d = ls - lt
     if kind == OpdLoss.K1:
         return d
     if kind == OpdLoss.K2:
-        return 0.5 * d ** 2
+        return 0.5 * d**2
     if kind == OpdLoss.K3:
         return torch.exp(-d) - 1 + d
     return _js_value(ls, lt, lam)
 
 
-def token_loss(ls: torch.Tensor, lt: torch.Tensor, kind: OpdLoss = OpdLoss.JS_SKEW,
-               lam: float = JS_LAMBDA) -> torch.Tensor:
+def token_loss(
+    ls: torch.Tensor, lt: torch.Tensor, kind: OpdLoss = OpdLoss.JS_SKEW, lam: float = JS_LAMBDA
+) -> torch.Tensor:
     """The per-token differentiable OPD loss; the gradient flows through the student's log-probs `ls` only."""
     lt = lt.detach()
     if kind == OpdLoss.K1:
@@ -73,17 +75,27 @@ def token_loss(ls: torch.Tensor, lt: torch.Tensor, kind: OpdLoss = OpdLoss.JS_SK
     return f + f.detach() * (ls - ls.detach())
 
 
-def opd_loss(ls: torch.Tensor, lt: torch.Tensor, mask: torch.Tensor, kind: OpdLoss = OpdLoss.JS_SKEW,
-             lam: float = JS_LAMBDA) -> torch.Tensor:
+def opd_loss(
+    ls: torch.Tensor, lt: torch.Tensor, mask: torch.Tensor, kind: OpdLoss = OpdLoss.JS_SKEW, lam: float = JS_LAMBDA
+) -> torch.Tensor:
     """The mean OPD loss over assistant tokens (mask 1); tool and observation tokens are scored but masked."""
     return aggregate(token_loss(ls, lt, kind, lam), mask.float(), Aggregation.TOKEN_MEAN)
 
 
-def total_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, teacher_logprobs: torch.Tensor,
-               advantages: torch.Tensor, mask: torch.Tensor, opd_coef: float = 1.0,
-               kind: OpdLoss = OpdLoss.JS_SKEW, lam: float = JS_LAMBDA, opd_only: bool = False,
-               clip_low: float = CLIP_LOW, clip_high: float = CLIP_HIGH,
-               aggregation: Aggregation = Aggregation.TOKEN_MEAN) -> tuple[torch.Tensor, LossStats]:
+def total_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    teacher_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    opd_coef: float = 1.0,
+    kind: OpdLoss = OpdLoss.JS_SKEW,
+    lam: float = JS_LAMBDA,
+    opd_only: bool = False,
+    clip_low: float = CLIP_LOW,
+    clip_high: float = CLIP_HIGH,
+    aggregation: Aggregation = Aggregation.TOKEN_MEAN,
+) -> tuple[torch.Tensor, LossStats]:
     """GRPO's clipped loss plus opd_coef times the OPD loss; `opd_only` zeroes the task advantage."""
     if opd_only:
         advantages = torch.zeros_like(advantages)
@@ -93,8 +105,13 @@ def total_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, teacher_logpr
     return loss, stats
 
 
-async def teacher_logprobs(stub: inference_pb2_grpc.InferenceServiceStub, model: str, token_ids: list[int],
-                           max_context: int = 0, timeout_s: float = 300.0) -> tuple[list[float], list[int]]:
+async def teacher_logprobs(
+    stub: inference_pb2_grpc.InferenceServiceStub,
+    model: str,
+    token_ids: list[int],
+    max_context: int = 0,
+    timeout_s: float = 300.0,
+) -> tuple[list[float], list[int]]:
     """The teacher's log-prob of every token of the identical sequence (tool tokens included), through the
     inference service's ScoreTokens, and a mask of the scored positions.
 
@@ -105,8 +122,12 @@ async def teacher_logprobs(stub: inference_pb2_grpc.InferenceServiceStub, model:
     kept = token_ids[cut:]
     if len(kept) < 2:
         return [0.0] * len(token_ids), [0] * len(token_ids)
-    request = ipb.ScoreTokensRequest(model=model, token_ids=ipb.TokenIds(ids=kept[:1]),
-                                     continuation_token_ids=kept[1:], labels={"purpose": "opd-teacher"})
+    request = ipb.ScoreTokensRequest(
+        model=model,
+        token_ids=ipb.TokenIds(ids=kept[:1]),
+        continuation_token_ids=kept[1:],
+        labels={"purpose": "opd-teacher"},
+    )
     response = await stub.ScoreTokens(request, timeout=timeout_s)
     logprobs = [0.0] * (cut + 1) + list(response.logprobs)
     return logprobs, [0] * (cut + 1) + [1] * (len(kept) - 1)

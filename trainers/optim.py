@@ -11,9 +11,10 @@ from typing import Any
 
 import torch
 
+from orchard.checkpoints import STATE_FILE
 from orchard.trainer.v1 import trainer_pb2 as pb
 from orchard.trainers import distributed
-from orchard.trainers.job import STATE_FILE, JobContext
+from orchard.trainers.job import JobContext
 
 
 @dataclass(frozen=True)
@@ -43,8 +44,15 @@ RECIPE_DEFAULTS: dict[int, dict[str, Any]] = {
     pb.JOB_KIND_RL: {"lr": 1e-6, "wd": 0.1, "beta2": 0.98, "schedule": pb.LR_SCHEDULE_COSINE},
     # The value model [I]: fine-tuning a small encoder (the head learns faster, see value_job), a few epochs over
     # a small balanced set, 16 candidates a step, its 512-token context.
-    pb.JOB_KIND_VALUE: {"lr": 3e-5, "wd": 0.01, "beta2": 0.999, "schedule": pb.LR_SCHEDULE_LINEAR, "epochs": 4,
-                        "batch": 16, "max_seq_len": 512},
+    pb.JOB_KIND_VALUE: {
+        "lr": 3e-5,
+        "wd": 0.01,
+        "beta2": 0.999,
+        "schedule": pb.LR_SCHEDULE_LINEAR,
+        "epochs": 4,
+        "batch": 16,
+        "max_seq_len": 512,
+    },
 }
 DEFAULT_GLOBAL_BATCH = 8
 """Samples per optimiser step when unset [I]: the paper's 128 is a GPU-cluster figure; 8 fits one CPU."""
@@ -109,12 +117,21 @@ def base_model_path(ctx: JobContext) -> Path:
 
 
 def optimizer(model: Any, o: Optim) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(model.parameters(), lr=o.learning_rate, betas=o.betas, weight_decay=o.weight_decay,
-                             foreach=False)
+    return torch.optim.AdamW(
+        model.parameters(), lr=o.learning_rate, betas=o.betas, weight_decay=o.weight_decay, foreach=False
+    )
 
 
-def save(ctx: JobContext, model: Any, tokenizer: Any, opt: torch.optim.Optimizer, step: int,
-         metrics: dict[str, float], is_final: bool, extra: dict[str, Any] | None = None) -> Path:
+def save(
+    ctx: JobContext,
+    model: Any,
+    tokenizer: Any,
+    opt: torch.optim.Optimizer,
+    step: int,
+    metrics: dict[str, float],
+    is_final: bool,
+    extra: dict[str, Any] | None = None,
+) -> Path:
     """A complete checkpoint: weights (every rank takes part in the gather), then the optimizer state and the
     manifest from the main rank."""
     staging = ctx.staging_dir(step)

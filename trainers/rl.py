@@ -60,8 +60,9 @@ class LossStats:
     mean_ratio: float
 
 
-def aggregate(token_loss: torch.Tensor, mask: torch.Tensor,
-              aggregation: Aggregation = Aggregation.TOKEN_MEAN) -> torch.Tensor:
+def aggregate(
+    token_loss: torch.Tensor, mask: torch.Tensor, aggregation: Aggregation = Aggregation.TOKEN_MEAN
+) -> torch.Tensor:
     """The batch loss from per-token losses [B, L] and the assistant mask [B, L]."""
     if aggregation == Aggregation.TOKEN_MEAN:
         return masked_mean(token_loss, mask)
@@ -70,9 +71,15 @@ def aggregate(token_loss: torch.Tensor, mask: torch.Tensor,
     return (per_seq * has_tokens).sum() / has_tokens.sum().clamp(min=1)
 
 
-def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-                clip_low: float = CLIP_LOW, clip_high: float = CLIP_HIGH,
-                aggregation: Aggregation = Aggregation.TOKEN_MEAN) -> tuple[torch.Tensor, LossStats]:
+def policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_low: float = CLIP_LOW,
+    clip_high: float = CLIP_HIGH,
+    aggregation: Aggregation = Aggregation.TOKEN_MEAN,
+) -> tuple[torch.Tensor, LossStats]:
     """The PPO clipped policy-gradient loss with asymmetric clipping.
 
     Args:
@@ -92,6 +99,7 @@ def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: 
     with torch.no_grad():
         was_clipped = ((-advantages * clipped) > (-advantages * ratio)).float()
         n = mask.sum().clamp(min=1)
-        stats = LossStats(clip_fraction=float((was_clipped * mask).sum() / n),
-                          mean_ratio=float((ratio * mask).sum() / n))
+        stats = LossStats(
+            clip_fraction=float((was_clipped * mask).sum() / n), mean_ratio=float((ratio * mask).sum() / n)
+        )
     return loss, stats

@@ -79,15 +79,25 @@ REWARD_BATCH = 256
 DIFF_WARNING = 0.05
 """A mean |trainer - behaviour| log-prob gap on-policy above which the weights are not the served ones."""
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-GROUP_FILTERS = {pb.GROUP_FILTER_UNSPECIFIED: bar.GroupFilter.DEFAULT, pb.GROUP_FILTER_DEFAULT: bar.GroupFilter.DEFAULT,
-                 pb.GROUP_FILTER_NONZERO_STD: bar.GroupFilter.NONZERO_STD,
-                 pb.GROUP_FILTER_NO_ABORTED: bar.GroupFilter.NO_ABORTED, pb.GROUP_FILTER_NONE: bar.GroupFilter.NONE}
-AGGREGATIONS = {pb.LOSS_AGGREGATION_UNSPECIFIED: rl.Aggregation.TOKEN_MEAN,
-                pb.LOSS_AGGREGATION_TOKEN_MEAN: rl.Aggregation.TOKEN_MEAN,
-                pb.LOSS_AGGREGATION_SEQUENCE_MEAN: rl.Aggregation.SEQUENCE_MEAN}
-OPD_LOSSES = {pb.OPD_LOSS_TYPE_UNSPECIFIED: opd.OpdLoss.JS_SKEW, pb.OPD_LOSS_TYPE_K1: opd.OpdLoss.K1,
-              pb.OPD_LOSS_TYPE_K2: opd.OpdLoss.K2, pb.OPD_LOSS_TYPE_K3: opd.OpdLoss.K3,
-              pb.OPD_LOSS_TYPE_JS_SKEW: opd.OpdLoss.JS_SKEW}
+GROUP_FILTERS = {
+    pb.GROUP_FILTER_UNSPECIFIED: bar.GroupFilter.DEFAULT,
+    pb.GROUP_FILTER_DEFAULT: bar.GroupFilter.DEFAULT,
+    pb.GROUP_FILTER_NONZERO_STD: bar.GroupFilter.NONZERO_STD,
+    pb.GROUP_FILTER_NO_ABORTED: bar.GroupFilter.NO_ABORTED,
+    pb.GROUP_FILTER_NONE: bar.GroupFilter.NONE,
+}
+AGGREGATIONS = {
+    pb.LOSS_AGGREGATION_UNSPECIFIED: rl.Aggregation.TOKEN_MEAN,
+    pb.LOSS_AGGREGATION_TOKEN_MEAN: rl.Aggregation.TOKEN_MEAN,
+    pb.LOSS_AGGREGATION_SEQUENCE_MEAN: rl.Aggregation.SEQUENCE_MEAN,
+}
+OPD_LOSSES = {
+    pb.OPD_LOSS_TYPE_UNSPECIFIED: opd.OpdLoss.JS_SKEW,
+    pb.OPD_LOSS_TYPE_K1: opd.OpdLoss.K1,
+    pb.OPD_LOSS_TYPE_K2: opd.OpdLoss.K2,
+    pb.OPD_LOSS_TYPE_K3: opd.OpdLoss.K3,
+    pb.OPD_LOSS_TYPE_JS_SKEW: opd.OpdLoss.JS_SKEW,
+}
 ASSISTANT = AssistantHarness.name
 """The assistant harness (the Claw recipe): its tasks are assistant tasks ("claw" = the bundled set)."""
 HARNESSES = ("", SWEHarness.name, ASSISTANT)
@@ -140,32 +150,52 @@ def settings(config: pb.JobConfig, o: optim.Optim) -> Settings:
     """The job's RL settings; InvalidArgument or Unimplemented names the field at fault."""
     r = config.rl
     if r.algorithm not in (pb.RL_ALGORITHM_UNSPECIFIED, pb.RL_ALGORITHM_GRPO):
-        raise Unimplemented(f"rl.algorithm {pb.RlAlgorithm.Name(r.algorithm)} is not available; use "
-                            "RL_ALGORITHM_GRPO", field="config.rl.algorithm")
+        raise Unimplemented(
+            f"rl.algorithm {pb.RlAlgorithm.Name(r.algorithm)} is not available; use RL_ALGORITHM_GRPO",
+            field="config.rl.algorithm",
+        )
     if r.kl_coef or r.entropy_coef:
-        raise Unimplemented("rl.kl_coef and rl.entropy_coef are not available (no recipe uses a KL term); set 0",
-                            field="config.rl")
+        raise Unimplemented(
+            "rl.kl_coef and rl.entropy_coef are not available (no recipe uses a KL term); set 0", field="config.rl"
+        )
     if r.harness not in HARNESSES:
-        raise InvalidArgument(f"rl.harness {r.harness!r} cannot record token-level rollouts; use {SWEHarness.name!r}"
-                              f" (or leave it empty) or {ASSISTANT!r}", field="config.rl.harness")
+        raise InvalidArgument(
+            f"rl.harness {r.harness!r} cannot record token-level rollouts; use {SWEHarness.name!r}"
+            f" (or leave it empty) or {ASSISTANT!r}",
+            field="config.rl.harness",
+        )
     if r.sampling.top_k or r.sampling.stop:
-        raise InvalidArgument("rl.sampling.top_k and stop are not supported by the harness; set temperature, top_p "
-                              "and max_tokens", field="config.rl.sampling")
-    for name in ("group_size", "prompts_per_step", "oversample_prompts", "max_turns", "max_trajectory_tokens",
-                 "max_concurrent_rollouts"):
+        raise InvalidArgument(
+            "rl.sampling.top_k and stop are not supported by the harness; set temperature, top_p and max_tokens",
+            field="config.rl.sampling",
+        )
+    for name in (
+        "group_size",
+        "prompts_per_step",
+        "oversample_prompts",
+        "max_turns",
+        "max_trajectory_tokens",
+        "max_concurrent_rollouts",
+    ):
         if getattr(r, name) < 0:
             raise InvalidArgument(f"rl.{name} is {getattr(r, name)}; it must be >= 0", field=f"config.rl.{name}")
     if r.max_staleness not in (0, 1):
-        raise InvalidArgument(f"rl.max_staleness is {r.max_staleness}; it must be 0 (on-policy) or 1",
-                              field="config.rl.max_staleness")
+        raise InvalidArgument(
+            f"rl.max_staleness is {r.max_staleness}; it must be 0 (on-policy) or 1", field="config.rl.max_staleness"
+        )
     n = r.group_size or DEFAULT_GROUP_SIZE
     bar_config = None
     if r.HasField("bar"):
         if not r.bar.max_group_size or not r.bar.rho_max:
             raise InvalidArgument("rl.bar needs max_group_size (> group_size) and rho_max", field="config.rl.bar")
         try:
-            bar_config = bar.BarConfig(n=n, n_max=r.bar.max_group_size, stride=r.bar.stride or r.bar.max_group_size,
-                                       rho_min=r.bar.rho_min, rho_max=r.bar.rho_max)
+            bar_config = bar.BarConfig(
+                n=n,
+                n_max=r.bar.max_group_size,
+                stride=r.bar.stride or r.bar.max_group_size,
+                rho_min=r.bar.rho_min,
+                rho_max=r.bar.rho_max,
+            )
         except ValueError as err:
             raise InvalidArgument(f"rl.bar: {err}", field="config.rl.bar") from None
     s = r.sampling
@@ -175,30 +205,45 @@ def settings(config: pb.JobConfig, o: optim.Optim) -> Settings:
         if not 0 <= alpha < 2:
             raise InvalidArgument(f"rl.judge.alpha is {alpha}; it must be in [0, 2)", field="config.rl.judge.alpha")
         if alpha and r.harness == ASSISTANT:
-            raise Unimplemented("the RPR judge grades SWE rollouts against a gold patch; assistant rollouts are "
-                                "scored by their tasks' checks: leave rl.judge unset", field="config.rl.judge")
+            raise Unimplemented(
+                "the RPR judge grades SWE rollouts against a gold patch; assistant rollouts are "
+                "scored by their tasks' checks: leave rl.judge unset",
+                field="config.rl.judge",
+            )
     out, d = r.outcome_reward, r.opd
     return Settings(
-        group_size=n, bar=bar_config, prompts_per_step=r.prompts_per_step or max(1, o.global_batch_size // n),
-        oversample_prompts=r.oversample_prompts, group_filter=GROUP_FILTERS[r.group_filter],
+        group_size=n,
+        bar=bar_config,
+        prompts_per_step=r.prompts_per_step or max(1, o.global_batch_size // n),
+        oversample_prompts=r.oversample_prompts,
+        group_filter=GROUP_FILTERS[r.group_filter],
         clip_low=r.clip_eps_low if r.HasField("clip_eps_low") else rl.CLIP_LOW,
         clip_high=r.clip_eps_high if r.HasField("clip_eps_high") else rl.CLIP_HIGH,
         aggregation=AGGREGATIONS[r.loss_aggregation],
-        sampling=SamplingConfig(temperature=s.temperature if s.HasField("temperature") else DEFAULT_TEMPERATURE,
-                                top_p=s.top_p if s.HasField("top_p") else DEFAULT_TOP_P,
-                                max_step_tokens=s.max_tokens or DEFAULT_STEP_TOKENS,
-                                seed=s.seed if s.HasField("seed") else o.seed),
-        limits=Limits(max_steps=r.max_turns or NO_CAP, max_tokens=r.max_trajectory_tokens or o.max_seq_len,
-                      wall_clock_s=r.rollout_timeout.ToTimedelta().total_seconds() or NO_CAP),
+        sampling=SamplingConfig(
+            temperature=s.temperature if s.HasField("temperature") else DEFAULT_TEMPERATURE,
+            top_p=s.top_p if s.HasField("top_p") else DEFAULT_TOP_P,
+            max_step_tokens=s.max_tokens or DEFAULT_STEP_TOKENS,
+            seed=s.seed if s.HasField("seed") else o.seed,
+        ),
+        limits=Limits(
+            max_steps=r.max_turns or NO_CAP,
+            max_tokens=r.max_trajectory_tokens or o.max_seq_len,
+            wall_clock_s=r.rollout_timeout.ToTimedelta().total_seconds() or NO_CAP,
+        ),
         concurrency=r.max_concurrent_rollouts or DEFAULT_CONCURRENCY,
-        outcome=(out.resolved_reward if out.HasField("resolved_reward") else 1.0,
-                 out.unresolved_reward if out.HasField("unresolved_reward") else rpr.UNRESOLVED_REWARD,
-                 out.truncated_reward if out.HasField("truncated_reward") else -1.0),
+        outcome=(
+            out.resolved_reward if out.HasField("resolved_reward") else 1.0,
+            out.unresolved_reward if out.HasField("unresolved_reward") else rpr.UNRESOLVED_REWARD,
+            out.truncated_reward if out.HasField("truncated_reward") else -1.0,
+        ),
         alpha=alpha,
         opd_coef=(d.kl_coef if d.HasField("kl_coef") else 1.0) if r.HasField("opd") else 0.0,
         opd_loss=OPD_LOSSES[d.loss_type],
         opd_lambda=d.js_mixture_weight if d.HasField("js_mixture_weight") else opd.JS_LAMBDA,
-        opd_only=d.opd_only, max_staleness=r.max_staleness)
+        opd_only=d.opd_only,
+        max_staleness=r.max_staleness,
+    )
 
 
 def step_prompts(pool: int, step: int, count: int, seed: int) -> list[int]:
@@ -258,8 +303,13 @@ def trajectory_row(traj: tpb.Trajectory, advantage: float = 0.0) -> Row:
         mask += t.mask if t.mask else [0] * len(t.token_ids)
         logprobs += t.logprobs if t.logprobs else [0.0] * len(t.token_ids)
     end = max((i + 1 for i, m in enumerate(mask) if m), default=0)
-    return Row(ids[:end], mask[:end], [lp if m else 0.0 for lp, m in zip(logprobs[:end], mask[:end], strict=True)],
-               min(prompt_len, end), advantage)
+    return Row(
+        ids[:end],
+        mask[:end],
+        [lp if m else 0.0 for lp, m in zip(logprobs[:end], mask[:end], strict=True)],
+        min(prompt_len, end),
+        advantage,
+    )
 
 
 @dataclass(frozen=True)
@@ -290,8 +340,10 @@ def batch_tensors(rows: list[Row], pad_id: int) -> dict[str, torch.Tensor]:
     """The rows right-padded into [B, L] tensors: ids, attention, mask (0 at position 0, which has no context),
     behaviour and teacher log-probs, teacher mask."""
     width = max(len(r.token_ids) for r in rows)
-    t = {"ids": torch.full((len(rows), width), pad_id, dtype=torch.long),
-         **{k: torch.zeros(len(rows), width) for k in ("attention", "mask", "old", "teacher", "teacher_mask")}}
+    t = {
+        "ids": torch.full((len(rows), width), pad_id, dtype=torch.long),
+        **{k: torch.zeros(len(rows), width) for k in ("attention", "mask", "old", "teacher", "teacher_mask")},
+    }
     for i, r in enumerate(rows):
         n = len(r.token_ids)
         t["ids"][i, :n] = torch.tensor(r.token_ids)
@@ -316,8 +368,9 @@ def sampled_logprobs(model: Any, ids: torch.Tensor, attention: torch.Tensor, mas
     return torch.zeros(mask.shape, dtype=logp.dtype).masked_scatter(sampled, logp)
 
 
-def update(model: Any, opt: torch.optim.Optimizer, rows: list[Row], s: Settings, o: optim.Optim, lr: float,
-           pad_id: int) -> dict[str, float]:
+def update(
+    model: Any, opt: torch.optim.Optimizer, rows: list[Row], s: Settings, o: optim.Optim, lr: float, pad_id: int
+) -> dict[str, float]:
     """One optimiser step on the rows (each with at least one sampled token after position 0), in micro-batches
     whose losses are weighted so the sum is the loss aggregated over all rows; returns its figures."""
     tokens = sum(sum(r.mask[1:]) for r in rows)
@@ -326,7 +379,7 @@ def update(model: Any, opt: torch.optim.Optimizer, rows: list[Row], s: Settings,
     for group in opt.param_groups:
         group["lr"] = lr
     for start in range(0, len(rows), o.micro_batch_size):
-        mb = rows[start:start + o.micro_batch_size]
+        mb = rows[start : start + o.micro_batch_size]
         t = batch_tensors(mb, pad_id)
         mask = t["mask"]
         logp = sampled_logprobs(model, t["ids"], t["attention"], mask)
@@ -338,8 +391,9 @@ def update(model: Any, opt: torch.optim.Optimizer, rows: list[Row], s: Settings,
         pg_sum += float(pg.detach()) * weight
         if s.opd_coef:
             both = mask * t["teacher_mask"]
-            term = opd.opd_loss(logp, t["teacher"], both, s.opd_loss, s.opd_lambda) * (float(both.sum()) /
-                                                                                      max(opd_tokens, 1))
+            term = opd.opd_loss(logp, t["teacher"], both, s.opd_loss, s.opd_lambda) * (
+                float(both.sum()) / max(opd_tokens, 1)
+            )
             loss = loss + s.opd_coef * term
             opd_sum += float(term.detach())
         loss.backward()
@@ -355,8 +409,15 @@ def update(model: Any, opt: torch.optim.Optimizer, rows: list[Row], s: Settings,
         opt.step()
     opt.zero_grad(set_to_none=True)
     n = max(tokens, 1)
-    figures = {"loss": loss_sum, "pg_loss": pg_sum, "clip_fraction": clipped / n, "mean_ratio": ratio / n,
-               "grad_norm": grad_norm, "trained_tokens": float(tokens), "sequence_tokens": seen}
+    figures = {
+        "loss": loss_sum,
+        "pg_loss": pg_sum,
+        "clip_fraction": clipped / n,
+        "mean_ratio": ratio / n,
+        "grad_norm": grad_norm,
+        "trained_tokens": float(tokens),
+        "sequence_tokens": seen,
+    }
     if tokens:  # nothing was compared without a trained token
         figures |= {"logprob_diff_mean": diff_sum / n, "logprob_diff_max": diff_max}
     return {**figures, "opd_loss": opd_sum} if s.opd_coef else figures
@@ -376,20 +437,26 @@ def train(ctx: JobContext, sink: EventSink | None) -> None:
     NATS, when it names one)."""
     config = ctx.config
     if ctx.dist.world_size > 1:
-        raise Unimplemented("RL jobs run in one process; set compute.cpu_processes to 1",
-                            field="config.compute.cpu_processes")
+        raise Unimplemented(
+            "RL jobs run in one process; set compute.cpu_processes to 1", field="config.compute.cpu_processes"
+        )
     o = optim.resolve(config.hyperparameters, pb.JOB_KIND_RL, opd_only=config.rl.opd.opd_only)
     resume = ctx.latest_checkpoint()
     state = optim.resume_state(resume.path) if resume is not None else {"step": 0, "optimizer": None, "extra": {}}
     o = dataclasses.replace(o, seed=state["extra"].get("seed", o.seed))  # an unset seed was drawn once, at step 0
     s = settings(config, o)
-    instances = task_pool(config.dataset.path, config.rl.harness)[:config.dataset.limit or None]
+    instances = task_pool(config.dataset.path, config.rl.harness)[: config.dataset.limit or None]
     for path in config.dataset.eval_task_files:
-        leaked = sorted({i.instance_id for i in task_pool(path, config.rl.harness)} & {i.instance_id for i in instances})
+        leaked = sorted(
+            {i.instance_id for i in task_pool(path, config.rl.harness)} & {i.instance_id for i in instances}
+        )
         if leaked:
-            raise FailedPrecondition(f"{len(leaked)} task(s) of the pool are in the evaluation set {path}: "
-                                     f"{leaked[:5]}; training on them would contaminate the evaluation. Drop them "
-                                     "from the pool or the file", field="config.dataset.eval_task_files")
+            raise FailedPrecondition(
+                f"{len(leaked)} task(s) of the pool are in the evaluation set {path}: "
+                f"{leaked[:5]}; training on them would contaminate the evaluation. Drop them "
+                "from the pool or the file",
+                field="config.dataset.eval_task_files",
+            )
     model, tokenizer = optim.load_model(resume.path if resume else optim.base_model_path(ctx))
     torch.manual_seed(o.seed)
     opt = optim.optimizer(model, o)
@@ -411,8 +478,18 @@ class RlRun:
     source: HarnessRolloutSource
     """Set by `run`, which owns the channels."""
 
-    def __init__(self, ctx: JobContext, s: Settings, o: optim.Optim, instances: list[TaskInstance], task_set: str,
-                 model: Any, tokenizer: Any, opt: torch.optim.Optimizer, sink: EventSink | None) -> None:
+    def __init__(
+        self,
+        ctx: JobContext,
+        s: Settings,
+        o: optim.Optim,
+        instances: list[TaskInstance],
+        task_set: str,
+        model: Any,
+        tokenizer: Any,
+        opt: torch.optim.Optimizer,
+        sink: EventSink | None,
+    ) -> None:
         self.ctx, self.s, self.o, self.instances, self.task_set = ctx, s, o, instances, task_set
         self.model, self.tokenizer, self.opt, self.sink = model, tokenizer, opt, sink
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -422,8 +499,10 @@ class RlRun:
 
     async def run(self, start: int, total: int, resume: CheckpointRecord | None) -> None:
         ctx, s = self.ctx, self.s
-        options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                   ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
+        options = [
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ]
         policy = InferenceModel(ctx.runtime.inference_address, self.policy_model, s.sampling)
         self.inference = clients.transport("inference", ctx.runtime.inference_address)
         self.reward = clients.transport("reward", ctx.runtime.reward_address, options=options)
@@ -433,8 +512,11 @@ class RlRun:
             try:
                 sink = self.sink
                 if sink is None:
-                    sink = (await events.enter_async_context(EventPublisher.connect(ctx.runtime.nats_url))
-                            if ctx.runtime.nats_url else NullSink())
+                    sink = (
+                        await events.enter_async_context(EventPublisher.connect(ctx.runtime.nats_url))
+                        if ctx.runtime.nats_url
+                        else NullSink()
+                    )
                 await policy.connect()
                 if resume is not None:  # the service may serve older weights (it restarted, or a push was lost)
                     await self.push(resume.path, resume.version)
@@ -444,15 +526,19 @@ class RlRun:
                 # and a resumed worker never reuses the ids of the one it replaces (even its unfinished rollouts).
                 per_step = s.bar.n_max if s.bar else s.group_size
                 self.source = HarnessRolloutSource(
-                    loop, client, harness_factory(self.ctx.config.rl.harness, client, self.task_set),
+                    loop,
+                    client,
+                    harness_factory(self.ctx.config.rl.harness, client, self.task_set),
                     concurrency=s.concurrency,
-                    first_sample=(ctx.attempt * total + start) * per_step)
+                    first_sample=(ctx.attempt * total + start) * per_step,
+                )
                 for step in range(start, total):
                     ctx.check_cancelled()
                     collected = await (pending or asyncio.create_task(self.collect(step)))
                     # Bounded staleness: the next step's rollouts run while this one trains.
-                    pending = (asyncio.create_task(self.collect(step + 1))
-                               if s.max_staleness and step + 1 < total else None)
+                    pending = (
+                        asyncio.create_task(self.collect(step + 1)) if s.max_staleness and step + 1 < total else None
+                    )
                     await self.step(step, total, collected)
             finally:
                 if pending is not None:
@@ -475,8 +561,9 @@ class RlRun:
             return bar.BarResult(group, bar.Mode.STRICT, 1, len(group))
 
         async with asyncio.TaskGroup() as tg:
-            tasks = [tg.create_task(bar.balanced_rollout(self.source, p, s.bar) if s.bar else fixed(p))
-                     for p in prompts]
+            tasks = [
+                tg.create_task(bar.balanced_rollout(self.source, p, s.bar) if s.bar else fixed(p)) for p in prompts
+            ]
         # Collections never overlap (the next starts after this one returned), so these are all this step's.
         generated, self.source.trajectories = self.source.trajectories, []
         return Collected(prompts, [t.result() for t in tasks], generated, time.perf_counter() - started)
@@ -484,15 +571,23 @@ class RlRun:
     async def score(self, collected: Collected) -> tuple[list[Scored], dict[str, float]]:
         """Every group member's training reward: the outcome value, plus alpha·J when there is a judge."""
         s = self.s
-        scored = [Scored(instance, list(result.group),
-                         [outcome_value(r.trajectory.rewards[-1], s.outcome) if r.trajectory else None
-                          for r in result.group])
-                  for instance, result in zip(collected.prompts, collected.results, strict=True)]
+        scored = [
+            Scored(
+                instance,
+                list(result.group),
+                [outcome_value(r.trajectory.rewards[-1], s.outcome) if r.trajectory else None for r in result.group],
+            )
+            for instance, result in zip(collected.prompts, collected.results, strict=True)
+        ]
         metrics: dict[str, float] = {}
         judged = [(g, i) for g in scored for i, r in enumerate(g.rewards) if r is not None]
         if s.alpha and judged:
-            scores = await self.judge([(g.instance, g.rollouts[i].trajectory, g.rewards[i])  # type: ignore[misc]
-                                       for g, i in judged])
+            scores = await self.judge(
+                [
+                    (g.instance, g.rollouts[i].trajectory, g.rewards[i])  # type: ignore[misc]
+                    for g, i in judged
+                ]
+            )
             for (g, i), j in zip(judged, scores, strict=True):
                 g.rewards[i] = rpr.mix(g.rewards[i], j, s.alpha)  # type: ignore[arg-type]
             given = [j for j in scores if j is not None]
@@ -500,8 +595,10 @@ class RlRun:
             if given:
                 metrics["judge_score_mean"] = statistics.fmean(given)
         for g in scored:
-            g.rollouts = [dataclasses.replace(r, reward=-1.0 if x is None else x)
-                          for r, x in zip(g.rollouts, g.rewards, strict=True)]
+            g.rollouts = [
+                dataclasses.replace(r, reward=-1.0 if x is None else x)
+                for r, x in zip(g.rollouts, g.rewards, strict=True)
+            ]
         return scored, metrics
 
     async def judge(self, items: list[tuple[TaskInstance, tpb.Trajectory, float]]) -> list[float | None]:
@@ -515,16 +612,30 @@ class RlRun:
             outcome = tpb.Reward()
             outcome.CopyFrom(traj.rewards[-1])
             outcome.value = r_bin
-            reference = rpb.JudgeReference(gold_patch=instance.patch, changed_files=patched_files(instance.patch),
-                                           test_files=patched_files(instance.test_patch),
-                                           fail_to_pass=instance.fail_to_pass)
-            requests.append(rpb.JudgeTrajectoryRequest(trajectory=traj, problem_statement=instance.problem_statement,
-                                                       outcome=outcome, reference=reference, config=config))
+            reference = rpb.JudgeReference(
+                gold_patch=instance.patch,
+                changed_files=patched_files(instance.patch),
+                test_files=patched_files(instance.test_patch),
+                fail_to_pass=instance.fail_to_pass,
+            )
+            requests.append(
+                rpb.JudgeTrajectoryRequest(
+                    trajectory=traj,
+                    problem_statement=instance.problem_statement,
+                    outcome=outcome,
+                    reference=reference,
+                    config=config,
+                )
+            )
         scores: list[float | None] = []
         try:
             for chunk in range(0, len(requests), REWARD_BATCH):
-                response = await self.reward.unary("BatchJudgeTrajectories", rpb.BatchJudgeTrajectoriesRequest(
-                    requests=requests[chunk:chunk + REWARD_BATCH]), idempotent=True, timeout=REWARD_TIMEOUT_S)
+                response = await self.reward.unary(
+                    "BatchJudgeTrajectories",
+                    rpb.BatchJudgeTrajectoriesRequest(requests=requests[chunk : chunk + REWARD_BATCH]),
+                    idempotent=True,
+                    timeout=REWARD_TIMEOUT_S,
+                )
                 scores += [None if r.judge.fell_back else r.judge.judge_score for r in response.rewards]
         except OrchardError as err:
             log.warning("the judge failed for %d rollouts; they keep their outcome reward: %s", len(requests), err)
@@ -535,20 +646,36 @@ class RlRun:
         """The rows with the OPD teacher's log-probs of their exact tokens (the prompt is context only), and the
         mean teacher-minus-student log-prob over sampled tokens."""
         d = self.ctx.config.rl.opd
-        requests = [rpb.ComputeTeacherLogprobsRequest(
-            teacher_model=d.teacher_model, prompt_token_ids=r.token_ids[:r.prompt_len],
-            response=tpb.TokenSpan(token_ids=r.token_ids[r.prompt_len:], logprobs=r.logprobs[r.prompt_len:],
-                                   mask=r.mask[r.prompt_len:]),
-            max_context_tokens=d.teacher_max_context_tokens) for r in rows]
+        requests = [
+            rpb.ComputeTeacherLogprobsRequest(
+                teacher_model=d.teacher_model,
+                prompt_token_ids=r.token_ids[: r.prompt_len],
+                response=tpb.TokenSpan(
+                    token_ids=r.token_ids[r.prompt_len :],
+                    logprobs=r.logprobs[r.prompt_len :],
+                    mask=r.mask[r.prompt_len :],
+                ),
+                max_context_tokens=d.teacher_max_context_tokens,
+            )
+            for r in rows
+        ]
         rewards: list[tpb.Reward] = []
         for chunk in range(0, len(requests), REWARD_BATCH):
             response = await self.reward.unary(
-                "BatchComputeTeacherLogprobs", rpb.BatchComputeTeacherLogprobsRequest(
-                    requests=requests[chunk:chunk + REWARD_BATCH]), idempotent=True, timeout=REWARD_TIMEOUT_S)
+                "BatchComputeTeacherLogprobs",
+                rpb.BatchComputeTeacherLogprobsRequest(requests=requests[chunk : chunk + REWARD_BATCH]),
+                idempotent=True,
+                timeout=REWARD_TIMEOUT_S,
+            )
             rewards += response.rewards
-        out = [dataclasses.replace(r, teacher=[0.0] * r.prompt_len + list(w.teacher.teacher_logprobs),
-                                   teacher_mask=[0] * r.prompt_len + list(w.teacher.mask))
-               for r, w in zip(rows, rewards, strict=True)]
+        out = [
+            dataclasses.replace(
+                r,
+                teacher=[0.0] * r.prompt_len + list(w.teacher.teacher_logprobs),
+                teacher_mask=[0] * r.prompt_len + list(w.teacher.mask),
+            )
+            for r, w in zip(rows, rewards, strict=True)
+        ]
         return out, statistics.fmean(w.value for w in rewards) if rewards else 0.0
 
     async def step(self, step: int, total: int, collected: Collected) -> None:
@@ -556,13 +683,21 @@ class RlRun:
         ctx, s, o = self.ctx, self.s, self.o
         scored, metrics = await self.score(collected)
         passed = [g for g in scored if bar.keep_group(g.rollouts, s.group_filter)]
-        kept = passed[:s.prompts_per_step]
-        members = [(k, r, x) for k, g in enumerate(kept) for r, x in zip(g.rollouts, g.rewards, strict=True)
-                   if x is not None and r.trajectory is not None]
-        advantages = rl.group_advantages(torch.tensor([x for _, _, x in members], dtype=torch.double),
-                                         [str(k) for k, _, _ in members])
-        rows = [row for (_, r, _), a in zip(members, advantages.tolist(), strict=True)
-                if any((row := trajectory_row(r.trajectory, a)).mask[1:])]  # type: ignore[arg-type]
+        kept = passed[: s.prompts_per_step]
+        members = [
+            (k, r, x)
+            for k, g in enumerate(kept)
+            for r, x in zip(g.rollouts, g.rewards, strict=True)
+            if x is not None and r.trajectory is not None
+        ]
+        advantages = rl.group_advantages(
+            torch.tensor([x for _, _, x in members], dtype=torch.double), [str(k) for k, _, _ in members]
+        )
+        rows = [
+            row
+            for (_, r, _), a in zip(members, advantages.tolist(), strict=True)
+            if any((row := trajectory_row(r.trajectory, a)).mask[1:])
+        ]  # type: ignore[arg-type]
         if s.opd_coef and rows:
             rows, metrics["teacher_logprob_gap"] = await self.teacher(rows)
         lr = optim.lr_at(o, step, total)
@@ -571,43 +706,67 @@ class RlRun:
         train_s = time.perf_counter() - started
         loss = figures.pop("loss")
         if not s.max_staleness and figures.get("logprob_diff_mean", 0.0) > DIFF_WARNING:
-            log.warning("the trainer's log-probs of the sampled tokens differ from the inference service's by %.3f "
-                        "on average: is %r serving base_model?", figures["logprob_diff_mean"],
-                        self.policy_model or "the default model")
+            log.warning(
+                "the trainer's log-probs of the sampled tokens differ from the inference service's by %.3f "
+                "on average: is %r serving base_model?",
+                figures["logprob_diff_mean"],
+                self.policy_model or "the default model",
+            )
         rewards = [x for g in scored for x in g.rewards if x is not None]
         generated = collected.generated
         turns = [turn for t in generated for turn in t.steps]
         sampled = sum(turn.completion_token_count for turn in turns)
         # Turns sampled with other weights than the ones just trained (known once the job has pushed its own).
         stale = sum(turn.weights_version != self.pushed for turn in turns) if self.pushed else 0
-        metrics.update({
-            "reward_mean": statistics.fmean(rewards) if rewards else 0.0,
-            "reward_std": statistics.pstdev(rewards) if rewards else 0.0,
-            "resolved_fraction": sum(t.rewards[-1].outcome.status == tpb.OUTCOME_STATUS_RESOLVED
-                                     for t in generated if t.rewards) / max(len(generated), 1),
-            "submitted_fraction": sum(t.stop_reason == tpb.STOP_REASON_SUBMITTED for t in generated)
-            / max(len(generated), 1),
-            "groups_kept_fraction": len(passed) / max(len(scored), 1), "groups_trained": float(len(kept)),
-            "nonzero_variance_groups": float(sum(len({x for x in g.rewards if x is not None}) > 1 for g in scored)),
-            "rollouts": float(len(generated)), "env_steps": float(len(turns)),
-            "stale_turn_fraction": stale / max(len(turns), 1),
-            "trained_trajectories": float(len(rows)), "learning_rate": lr,
-            "rollout_seconds": collected.seconds, "rollout_tokens_per_second": sampled / max(collected.seconds, 1e-9),
-            "train_seconds": train_s, "tokens_per_second": figures.pop("sequence_tokens") / max(train_s, 1e-9),
-            **figures})
+        metrics.update(
+            {
+                "reward_mean": statistics.fmean(rewards) if rewards else 0.0,
+                "reward_std": statistics.pstdev(rewards) if rewards else 0.0,
+                "resolved_fraction": sum(
+                    t.rewards[-1].outcome.status == tpb.OUTCOME_STATUS_RESOLVED for t in generated if t.rewards
+                )
+                / max(len(generated), 1),
+                "submitted_fraction": sum(t.stop_reason == tpb.STOP_REASON_SUBMITTED for t in generated)
+                / max(len(generated), 1),
+                "groups_kept_fraction": len(passed) / max(len(scored), 1),
+                "groups_trained": float(len(kept)),
+                "nonzero_variance_groups": float(sum(len({x for x in g.rewards if x is not None}) > 1 for g in scored)),
+                "rollouts": float(len(generated)),
+                "env_steps": float(len(turns)),
+                "stale_turn_fraction": stale / max(len(turns), 1),
+                "trained_trajectories": float(len(rows)),
+                "learning_rate": lr,
+                "rollout_seconds": collected.seconds,
+                "rollout_tokens_per_second": sampled / max(collected.seconds, 1e-9),
+                "train_seconds": train_s,
+                "tokens_per_second": figures.pop("sequence_tokens") / max(train_s, 1e-9),
+                **figures,
+            }
+        )
         final = step + 1 == total
-        path = await asyncio.to_thread(optim.save, ctx, self.model, self.tokenizer, self.opt, step + 1,
-                                       {"loss": loss, "reward_mean": metrics["reward_mean"]}, final,
-                                       {"seed": o.seed})
+        path = await asyncio.to_thread(
+            optim.save,
+            ctx,
+            self.model,
+            self.tokenizer,
+            self.opt,
+            step + 1,
+            {"loss": loss, "reward_mean": metrics["reward_mean"]},
+            final,
+            {"seed": o.seed},
+        )
         metrics["push_seconds"] = await self.push(path, ctx.version(step + 1))
         ctx.progress(step + 1, total, loss, **metrics)
 
     async def push(self, path: Path, version: str) -> float:
         """Load checkpoint `path` into the policy model of the inference service; the seconds it took."""
         started = time.perf_counter()
-        await self.inference.unary("UpdateWeights", ipb.UpdateWeightsRequest(
-            model=self.policy_model, checkpoint_path=str(path), weights_version=version), idempotent=True,
-            timeout=PUSH_TIMEOUT_S)
+        await self.inference.unary(
+            "UpdateWeights",
+            ipb.UpdateWeightsRequest(model=self.policy_model, checkpoint_path=str(path), weights_version=version),
+            idempotent=True,
+            timeout=PUSH_TIMEOUT_S,
+        )
         self.pushed = version
         log.info("inference now serves %s (%s)", version, path)
         return time.perf_counter() - started

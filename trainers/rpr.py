@@ -33,8 +33,9 @@ def outcome_reward(status: int, unresolved_reward: float = UNRESOLVED_REWARD) ->
         return unresolved_reward
     if status == tpb.OUTCOME_STATUS_TRUNCATED:
         return -1.0
-    raise ValueError(f"outcome status {tpb.OutcomeStatus.Name(status)} has no reward; mask the trajectory out "
-                     f"of training instead")
+    raise ValueError(
+        f"outcome status {tpb.OutcomeStatus.Name(status)} has no reward; mask the trajectory out of training instead"
+    )
 
 
 def mix(r_bin: float, judge_score: float | None, alpha: float = ALPHA) -> float:
@@ -46,14 +47,24 @@ def mix(r_bin: float, judge_score: float | None, alpha: float = ALPHA) -> float:
     return r_bin + alpha * min(1.0, max(0.0, judge_score))
 
 
-def group_rewards(statuses: Sequence[int], judge_scores: Sequence[float | None], alpha: float = ALPHA,
-                  unresolved_reward: float = UNRESOLVED_REWARD) -> torch.Tensor:
+def group_rewards(
+    statuses: Sequence[int],
+    judge_scores: Sequence[float | None],
+    alpha: float = ALPHA,
+    unresolved_reward: float = UNRESOLVED_REWARD,
+) -> torch.Tensor:
     """The mixed rewards R' of one group, [G]."""
-    return torch.tensor([mix(outcome_reward(s, unresolved_reward), j, alpha)
-                         for s, j in zip(statuses, judge_scores, strict=True)], dtype=torch.double)
+    return torch.tensor(
+        [mix(outcome_reward(s, unresolved_reward), j, alpha) for s, j in zip(statuses, judge_scores, strict=True)],
+        dtype=torch.double,
+    )
 
 
-def rpr_advantages(statuses: Sequence[int], judge_scores: Sequence[float | None], alpha: float = ALPHA,
-                   unresolved_reward: float = UNRESOLVED_REWARD) -> torch.Tensor:
+def rpr_advantages(
+    statuses: Sequence[int],
+    judge_scores: Sequence[float | None],
+    alpha: float = ALPHA,
+    unresolved_reward: float = UNRESOLVED_REWARD,
+) -> torch.Tensor:
     """GRPO advantages of one group over the mixed rewards, [G]."""
     return grpo_advantages(group_rewards(statuses, judge_scores, alpha, unresolved_reward))

@@ -96,8 +96,9 @@ def pack(samples: Sequence[Sample], seq_len: int, pad_id: int = 0) -> Packed:
     """Packs samples into as few rows as first-fit decreasing finds; each must already fit `seq_len`."""
     for i, s in enumerate(samples):
         if not 0 < len(s.token_ids) <= seq_len:
-            raise ValueError(f"sample {i} has {len(s.token_ids)} tokens; it must have 1 to {seq_len} "
-                             f"(truncate_left it first)")
+            raise ValueError(
+                f"sample {i} has {len(s.token_ids)} tokens; it must have 1 to {seq_len} (truncate_left it first)"
+            )
     rows: list[list[int]] = []  # sample indices per row
     room: list[int] = []
     for i in sorted(range(len(samples)), key=lambda k: -len(samples[k].token_ids)):
@@ -118,10 +119,10 @@ def pack(samples: Sequence[Sample], seq_len: int, pad_id: int = 0) -> Packed:
         at = 0
         for j, i in enumerate(members):
             s, n = samples[i], len(samples[i].token_ids)
-            input_ids[r, at:at + n] = torch.tensor(s.token_ids)
-            loss_mask[r, at:at + n] = torch.tensor([0, *s.loss_mask[1:]], dtype=torch.float)
-            position_ids[r, at:at + n] = torch.arange(n)
-            seq_ids[r, at:at + n] = j
+            input_ids[r, at : at + n] = torch.tensor(s.token_ids)
+            loss_mask[r, at : at + n] = torch.tensor([0, *s.loss_mask[1:]], dtype=torch.float)
+            position_ids[r, at : at + n] = torch.arange(n)
+            seq_ids[r, at : at + n] = j
             at += n
         position_ids[r, at:] = torch.arange(seq_len - at)
     return Packed(input_ids, loss_mask, position_ids, seq_ids)

@@ -40,8 +40,13 @@ def sft_config(config: pb.JobConfig) -> pb.SftConfig:
     return config.sft
 
 
-def make_samples(renderer: TemplateRenderer, data: Dataset, cfg: pb.SftConfig, max_seq_len: int,
-                 trained: dict[str, set[int] | None] | None = None) -> tuple[list[Sample], int]:
+def make_samples(
+    renderer: TemplateRenderer,
+    data: Dataset,
+    cfg: pb.SftConfig,
+    max_seq_len: int,
+    trained: dict[str, set[int] | None] | None = None,
+) -> tuple[list[Sample], int]:
     """Samples of every record (per trajectory or per turn), fitted to max_seq_len; also how many were dropped.
 
     `trained` maps a trajectory id to the steps CA-SFT trains (None: every step); trajectories absent from it are
@@ -52,7 +57,7 @@ def make_samples(renderer: TemplateRenderer, data: Dataset, cfg: pb.SftConfig, m
             continue
         steps = trained[traj.trajectory_id] if trained is not None else None
         if cfg.sample_mode == pb.SFT_SAMPLE_MODE_PER_TURN:
-            for turn in (steps if steps is not None else range(len(traj.steps))):
+            for turn in steps if steps is not None else range(len(traj.steps)):
                 samples.append(_cut(trajectory_sample(renderer, traj, {turn})))
         else:
             samples.append(_cut(trajectory_sample(renderer, traj, steps)))
@@ -116,8 +121,9 @@ def micro_batches(batch: list[Sample], size: int, ranks: int) -> list[list[Sampl
 def micro_loss(model: Any, batch: list[Sample], pad_id: int, denominator: float) -> tuple[torch.Tensor, int]:
     """The summed token loss of a packed micro-batch divided by `denominator`, and its token count."""
     packed = pack(batch, max(len(s.token_ids) for s in batch), pad_id)
-    logits = model(input_ids=packed.input_ids, position_ids=packed.position_ids,
-                   attention_mask=packed.attention_mask()).logits
+    logits = model(
+        input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=packed.attention_mask()
+    ).logits
     logp = token_logprobs(logits, packed.input_ids)
     return -(logp * packed.loss_mask).sum() / denominator, int((packed.seq_ids >= 0).sum())
 
@@ -138,14 +144,19 @@ def run(ctx: JobContext) -> None:
         trained, extra_metrics = asyncio.run(ca_trained_steps(ctx, data))
     samples, dropped = make_samples(renderer, data, cfg, o.max_seq_len, trained)
     if not samples:
-        raise FailedPrecondition(f"none of the {len(data)} records gives a trainable sample ({dropped} dropped: no "
-                                 "assistant token to train, or longer than max_seq_len with overflow DROP)")
+        raise FailedPrecondition(
+            f"none of the {len(data)} records gives a trainable sample ({dropped} dropped: no "
+            "assistant token to train, or longer than max_seq_len with overflow DROP)"
+        )
     if o.global_batch_size % ctx.dist.world_size:
-        raise InvalidArgument(f"global_batch_size {o.global_batch_size} must be a multiple of the "
-                              f"{ctx.dist.world_size} processes", field="config.hyperparameters.global_batch_size")
+        raise InvalidArgument(
+            f"global_batch_size {o.global_batch_size} must be a multiple of the {ctx.dist.world_size} processes",
+            field="config.hyperparameters.global_batch_size",
+        )
     # A dataset smaller than the batch gives smaller batches (never a sample twice in one step).
-    global_batch = max(ctx.dist.world_size, min(o.global_batch_size, len(samples)) // ctx.dist.world_size
-                       * ctx.dist.world_size)
+    global_batch = max(
+        ctx.dist.world_size, min(o.global_batch_size, len(samples)) // ctx.dist.world_size * ctx.dist.world_size
+    )
     steps_per_epoch = math.ceil(len(samples) / global_batch)
     total = steps_per_epoch * o.epochs
     if o.max_steps:
@@ -188,11 +199,16 @@ def run(ctx: JobContext) -> None:
         loss_value = distributed.global_sum(loss_sum, ctx.dist)
         seconds = time.perf_counter() - started
         all_tokens = distributed.global_sum(tokens, ctx.dist)
-        metrics = {"learning_rate": lr, "grad_norm": grad_norm, "tokens_per_second": all_tokens / seconds,
-                   "trained_tokens": float(trained_tokens), "samples": float(len(samples)),
-                   "samples_dropped": float(dropped), **extra_metrics}
+        metrics = {
+            "learning_rate": lr,
+            "grad_norm": grad_norm,
+            "tokens_per_second": all_tokens / seconds,
+            "trained_tokens": float(trained_tokens),
+            "samples": float(len(samples)),
+            "samples_dropped": float(dropped),
+            **extra_metrics,
+        }
         ctx.progress(step + 1, total, loss_value, epoch=(step + 1) / steps_per_epoch, **metrics)
         if o.save_every_steps and (step + 1) % o.save_every_steps == 0 and step + 1 < total:
             optim.save(ctx, model, tokenizer, opt, step + 1, {"loss": loss_value}, is_final=False)
     optim.save(ctx, model, tokenizer, opt, total, {"loss": loss_value, **metrics}, is_final=True)
-

@@ -81,8 +81,10 @@ def transition(w: World, action: int) -> World:
 
 # Every world, indexed, with its transitions: the sampler walks these lists and the exact evaluations push a
 # probability distribution through them.
-WORLDS = [World(*v) for v in itertools.product(range(len(FILES)), range(-1, len(FILES)), range(-1, len(FILES)),
-                                                *[(False, True)] * 3)]
+WORLDS = [
+    World(*v)
+    for v in itertools.product(range(len(FILES)), range(-1, len(FILES)), range(-1, len(FILES)), *[(False, True)] * 3)
+]
 _INDEX = {w: i for i, w in enumerate(WORLDS)}
 NEXT = [[_INDEX[transition(w, a)] for a in range(N_ACTIONS)] for w in WORLDS]
 STATE = [state_id(w) for w in WORLDS]
@@ -122,12 +124,13 @@ def play(task: Task, actions: Sequence[int]) -> Episode:
         states.append(STATE[w])
         if a == SUBMIT:
             good = WORLDS[w].fixed and not WORLDS[w].broken
-            return Episode(task, tuple(states), tuple(actions[:len(states)]), True, good)
+            return Episode(task, tuple(states), tuple(actions[: len(states)]), True, good)
         w = NEXT[w][a]
-    return Episode(task, tuple(states), tuple(actions[:len(states)]), False, False)
+    return Episode(task, tuple(states), tuple(actions[: len(states)]), False, False)
 
 
 # 2. The softmax-tabular policy: sampling and exact evaluation.
+
 
 class TabularPolicy:
     """Logits per (state, action), zero-initialised (uniform)."""
@@ -187,6 +190,7 @@ def localisation_accuracy(policy: TabularPolicy) -> float:
 
 # 3. GRPO with BAR or fixed-N groups (recipes §2.3, toy test 4).
 
+
 @dataclass(frozen=True)
 class ToyRollout(Rollout):
     """A BAR rollout that keeps its episode (the policy states and actions to train on)."""
@@ -214,8 +218,10 @@ class ToyRolloutSource:
         rng = random.Random(f"{self.seed}/{prompt.task_id}/{k}")
         episodes = [self.policy.rollout(prompt, self._cumulative, rng) for _ in range(n)]
         self.env_steps += sum(len(e.actions) for e in episodes)
-        return [ToyRollout(e.reward, Status.COMPLETED if e.submitted else Status.TRUNCATED, len(e.actions),
-                           episode=e) for e in episodes]
+        return [
+            ToyRollout(e.reward, Status.COMPLETED if e.submitted else Status.TRUNCATED, len(e.actions), episode=e)
+            for e in episodes
+        ]
 
 
 def grpo_step(policy: TabularPolicy, optimizer: torch.optim.Optimizer, groups: Sequence[Sequence[Rollout]]) -> None:
@@ -225,9 +231,9 @@ def grpo_step(policy: TabularPolicy, optimizer: torch.optim.Optimizer, groups: S
     episodes = [r.episode for g in groups for r in g]
     advantages = torch.cat([grpo_advantages(torch.tensor([r.reward for r in g])) for g in groups])
     pad = [STEP_BUDGET - len(e.actions) for e in episodes]
-    states = torch.tensor([[*e.states, *[0] * p] for e, p in zip(episodes, pad)])
-    actions = torch.tensor([[*e.actions, *[0] * p] for e, p in zip(episodes, pad)])
-    mask = torch.tensor([[1.0] * len(e.actions) + [0.0] * p for e, p in zip(episodes, pad)])
+    states = torch.tensor([[*e.states, *[0] * p] for e, p in zip(episodes, pad, strict=False)])
+    actions = torch.tensor([[*e.actions, *[0] * p] for e, p in zip(episodes, pad, strict=False)])
+    mask = torch.tensor([[1.0] * len(e.actions) + [0.0] * p for e, p in zip(episodes, pad, strict=False)])
     logprobs = policy.logprobs(states, actions)
     loss, _ = policy_loss(logprobs, logprobs.detach(), advantages, mask)
     optimizer.zero_grad()
@@ -277,8 +283,9 @@ PROMPTS_PER_STEP = 4
 SGD_LR, ADAM_LR = 3.0, 0.05
 
 
-async def train_grpo(seed: int, bar: bool, env_steps: int, adam: bool = False,
-                     until: float | None = None) -> LearningCurve:
+async def train_grpo(
+    seed: int, bar: bool, env_steps: int, adam: bool = False, until: float | None = None
+) -> LearningCurve:
     """GRPO on the tabular ToyRepair from a uniform policy until `env_steps` are spent (or the success rate
     reaches `until`), with BAR (the step's prompts through `collect_batch`, filtered groups) or fixed-N groups
     (all of them, as plain GRPO); SGD, or Adam (which rescales each update, so updates diluted by zero-advantage
@@ -346,8 +353,7 @@ OBSERVATION_TOKEN, PROMPT_TOKEN = N_ACTIONS, N_ACTIONS + 1
 
 def to_trajectory(episode: Episode) -> tpb.Trajectory:
     """The episode as token-level steps: the action's token (mask 1), then an observation token (mask 0)."""
-    traj = tpb.Trajectory(task_id=episode.task.task_id,
-                          prompt_tokens=tpb.TokenSpan(token_ids=[PROMPT_TOKEN], mask=[0]))
+    traj = tpb.Trajectory(task_id=episode.task.task_id, prompt_tokens=tpb.TokenSpan(token_ids=[PROMPT_TOKEN], mask=[0]))
     for i, a in enumerate(episode.actions):
         traj.steps.add(index=i, tokens=tpb.TokenSpan(token_ids=[a, OBSERVATION_TOKEN], mask=[1, 0]))
     return traj
@@ -356,15 +362,18 @@ def to_trajectory(episode: Episode) -> tpb.Trajectory:
 def trained_pairs(episode: Episode) -> list[tuple[int, int]] | None:
     """The (state, action) pairs CA-SFT trains on from one episode, through the real sample builder: every
     action of a resolved episode, the rise-segment actions of an unresolved one; None when there are none."""
-    segments = [] if episode.resolved else extract_rise_segments(
-        interpolate(oracle_key_steps(episode), len(episode.actions) + 1))
+    segments = (
+        []
+        if episode.resolved
+        else extract_rise_segments(interpolate(oracle_key_steps(episode), len(episode.actions) + 1))
+    )
     sample = ca_sample(to_trajectory(episode), episode.resolved, segments)
     if sample is None:
         return None
     actions = [t for t in sample.token_ids if t < N_ACTIONS]
-    trained = [m for t, m in zip(sample.token_ids, sample.loss_mask) if t < N_ACTIONS]
+    trained = [m for t, m in zip(sample.token_ids, sample.loss_mask, strict=False) if t < N_ACTIONS]
     replay = play(episode.task, actions)
-    return [(s, a) for s, a, m in zip(replay.states, actions, trained) if m]
+    return [(s, a) for s, a, m in zip(replay.states, actions, trained, strict=False) if m]
 
 
 def sft_dataset(seed: int, n_samples: int, with_rise: bool) -> list[list[tuple[int, int]]]:
@@ -382,7 +391,7 @@ def sft_dataset(seed: int, n_samples: int, with_rise: bool) -> list[list[tuple[i
         pairs = trained_pairs(episode)
         if pairs is not None:
             (resolved if episode.resolved else rise).append(pairs)
-    return resolved[:n_resolved] + rise[:n_samples - n_resolved]
+    return resolved[:n_resolved] + rise[: n_samples - n_resolved]
 
 
 def train_sft(dataset: Sequence[Sequence[tuple[int, int]]], steps: int = 200, lr: float = 0.1) -> TabularPolicy:
@@ -401,14 +410,20 @@ def train_sft(dataset: Sequence[Sequence[tuple[int, int]]], steps: int = 200, lr
 
 # 5. Rubric-mixed rewards in all-failed groups (recipes §2.5).
 
+
 def judge(episode: Episode) -> float:
     """A rule-based stand-in for the rubric judge: the share of five process checks the episode passes."""
     acts, buggy = episode.actions, episode.task.buggy
     edits = [t for t, a in enumerate(acts) if a == EDIT]
     tests = [t for t, a in enumerate(acts) if a == RUN_TESTS]
     opened = [t for t, a in enumerate(acts) if a == CAT + buggy]
-    checks = [bool(tests), bool(opened), bool(edits) and bool(opened) and opened[0] < edits[0],
-              bool(edits) and bool(tests) and tests[-1] > edits[-1], episode.submitted]
+    checks = [
+        bool(tests),
+        bool(opened),
+        bool(edits) and bool(opened) and opened[0] < edits[0],
+        bool(edits) and bool(tests) and tests[-1] > edits[-1],
+        episode.submitted,
+    ]
     return sum(checks) / len(checks)
 
 
@@ -436,20 +451,32 @@ def rpr_spreads(seed: int, n_groups: int, group_size: int = 8) -> list[GroupSpre
         task = Task(f"r{i}", rng.randrange(len(FILES)))
         episodes = [policy.rollout(task, cumulative, rng) for _ in range(group_size)]
         statuses = [_outcome(e) for e in episodes]
-        spreads.append(GroupSpread(not any(e.resolved for e in episodes),
-                                   bool(rpr_advantages(statuses, [None] * group_size).var() > 0),
-                                   bool(rpr_advantages(statuses, [judge(e) for e in episodes]).var() > 0)))
+        spreads.append(
+            GroupSpread(
+                not any(e.resolved for e in episodes),
+                bool(rpr_advantages(statuses, [None] * group_size).var() > 0),
+                bool(rpr_advantages(statuses, [judge(e) for e in episodes]).var() > 0),
+            )
+        )
     return spreads
 
 
 # 6. OPD towards a bigram teacher (recipes §2.4, toy test 2).
 
+
 def tiny_student(vocab: int, seed: int, hidden: int = 32, layers: int = 2) -> LlamaForCausalLM:
     """A small random-init Llama (no download)."""
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
-                         num_hidden_layers=layers, num_attention_heads=2, num_key_value_heads=2,
-                         max_position_embeddings=128, attn_implementation="sdpa")
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        attn_implementation="sdpa",
+    )
     return LlamaForCausalLM(config)
 
 
@@ -460,8 +487,9 @@ def kl_to_teacher(model: torch.nn.Module, teacher: torch.Tensor, prefixes: torch
     return float((log_s.exp() * (log_s - teacher[prefixes])).sum(-1).mean())
 
 
-def distill_bigram(seed: int = 0, steps: int = 200, kind: OpdLoss = OpdLoss.JS_SKEW, vocab: int = 16,
-                   seq: int = 8, batch: int = 16) -> tuple[float, float]:
+def distill_bigram(
+    seed: int = 0, steps: int = 200, kind: OpdLoss = OpdLoss.JS_SKEW, vocab: int = 16, seq: int = 8, batch: int = 16
+) -> tuple[float, float]:
     """OPD of a random-init student towards a fixed random bigram teacher on the student's own samples:
     the exact KL on held-out prefixes (before, after)."""
     gen = torch.Generator().manual_seed(seed)

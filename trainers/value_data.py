@@ -89,8 +89,9 @@ def build(trajectories: Sequence[tpb.Trajectory], *, eval_fraction: float, seed:
         if not graded(traj):
             ungraded += 1
             continue
-        example = Example(traj.task_id, traj.run_id, traj.trajectory_id, render_candidate(traj), resolved(traj),
-                          traj.final_patch)
+        example = Example(
+            traj.task_id, traj.run_id, traj.trajectory_id, render_candidate(traj), resolved(traj), traj.final_patch
+        )
         every.append(example)
         key = (traj.task_id, patch_key(traj))
         first = distinct.get(key)
@@ -108,19 +109,26 @@ def build(trajectories: Sequence[tpb.Trajectory], *, eval_fraction: float, seed:
             f"no task of the dataset has both a resolved and an unresolved candidate ({len(examples)} distinct "
             f"graded candidates over {len(tasks)} tasks, outcomes: {', '.join(outcomes)}; {ungraded} ungraded, "
             f"{duplicates} duplicate patches left out): a value model learns to rank from tasks with both outcomes; "
-            "add runs of policies that solve some tasks")
+            "add runs of policies that solve some tasks"
+        )
     held: set[str] = set()
     if eval_fraction > 0 and len(mixed) >= 2:
         count = min(len(mixed) - 1, max(1, round(eval_fraction * len(mixed))))
         held = set(random.Random(seed).sample(mixed, count))
     train = [e for e in examples if e.task_id not in held]
     held_out = [e for e in every if e.task_id in held]
-    stats = {"candidates": float(len(examples)), "tasks": float(len(tasks)), "tasks_mixed": float(len(mixed)),
-             "tasks_held_out": float(len(held)), "train_candidates": float(len(train)),
-             "held_out_candidates": float(len(held_out)), "ungraded_left_out": float(ungraded),
-             "duplicates_left_out": float(duplicates),
-             "runs": float(len({e.run_id for e in examples})),
-             "positive_fraction": sum(e.resolved for e in examples) / len(examples)}
+    stats = {
+        "candidates": float(len(examples)),
+        "tasks": float(len(tasks)),
+        "tasks_mixed": float(len(mixed)),
+        "tasks_held_out": float(len(held)),
+        "train_candidates": float(len(train)),
+        "held_out_candidates": float(len(held_out)),
+        "ungraded_left_out": float(ungraded),
+        "duplicates_left_out": float(duplicates),
+        "runs": float(len({e.run_id for e in examples})),
+        "positive_fraction": sum(e.resolved for e in examples) / len(examples),
+    }
     return ValueData(train, held_out, stats)
 
 
@@ -144,7 +152,7 @@ def epoch_sample(data: ValueData, epoch: int, seed: int) -> list[list[Example]]:
     outcomes, at most SINGLE_OUTCOME_PER_EPOCH from the others."""
     rng = random.Random(seed * 1009 + epoch)
     groups = []
-    for task_id, group in sorted(data.train_tasks().items()):
+    for _, group in sorted(data.train_tasks().items()):
         pos = [e for e in group if e.resolved]
         neg = [e for e in group if not e.resolved]
         if pos and neg:

@@ -28,11 +28,12 @@ from typing import Any
 
 import torch
 
+from orchard.checkpoints import STATE_FILE
 from orchard.errors import FailedPrecondition
 from orchard.trainer.v1 import trainer_pb2 as pb
 from orchard.trainers import optim, value_data
 from orchard.trainers.data import load_dataset
-from orchard.trainers.job import STATE_FILE, JobContext
+from orchard.trainers.job import JobContext
 from orchard.trainers.value_loss import value_loss
 from orchard.value import metrics as vm
 from orchard.value.model import ValueModel, resolve_backbone
@@ -56,21 +57,27 @@ REPORT_FILE = "best_of_n.json"
 
 def settings(cfg: pb.ValueConfig) -> tuple[float, float, tuple[int, ...], float]:
     """(pairwise weight, eval fraction, best@N sizes, the curve's tie margin) with defaults filled in."""
-    return (cfg.pairwise_weight if cfg.HasField("pairwise_weight") else DEFAULT_PAIRWISE_WEIGHT,
-            cfg.eval_fraction if cfg.HasField("eval_fraction") else DEFAULT_EVAL_FRACTION,
-            tuple(sorted(set(cfg.best_at_n))) or DEFAULT_BEST_AT_N,
-            cfg.tie_margin if cfg.HasField("tie_margin") else vm.TIE_MARGIN)
+    return (
+        cfg.pairwise_weight if cfg.HasField("pairwise_weight") else DEFAULT_PAIRWISE_WEIGHT,
+        cfg.eval_fraction if cfg.HasField("eval_fraction") else DEFAULT_EVAL_FRACTION,
+        tuple(sorted(set(cfg.best_at_n))) or DEFAULT_BEST_AT_N,
+        cfg.tie_margin if cfg.HasField("tie_margin") else vm.TIE_MARGIN,
+    )
 
 
-def held_out_report(model: ValueModel, examples: Sequence[value_data.Example], ns: Sequence[int],
-                    seed: int, tie_margin: float = vm.TIE_MARGIN) -> dict[str, Any]:
+def held_out_report(
+    model: ValueModel,
+    examples: Sequence[value_data.Example],
+    ns: Sequence[int],
+    seed: int,
+    tie_margin: float = vm.TIE_MARGIN,
+) -> dict[str, Any]:
     """AUC, ECE and the best@N curve of the model on held-out candidates (each task's in a seeded order), the
     curve ranked with `tie_margin`."""
     if not examples:
         return {}
     probabilities = [vm.sigmoid(x) for x in model.score([e.text for e in examples])]
-    candidates = [vm.Candidate(e.task_id, p, e.resolved, e.patch) for e, p in zip(examples, probabilities,
-                                                                                 strict=True)]
+    candidates = [vm.Candidate(e.task_id, p, e.resolved, e.patch) for e, p in zip(examples, probabilities, strict=True)]
     random.Random(seed).shuffle(candidates)
     return vm.best_of_n_report(candidates, ns, tie_margin=tie_margin)
 
@@ -85,15 +92,19 @@ def report_metrics(report: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def training_plan(vd: value_data.ValueData, o: optim.Optim, *, epochs_given: bool
-                  ) -> tuple[list[list[value_data.Example]], int]:
+def training_plan(
+    vd: value_data.ValueData, o: optim.Optim, *, epochs_given: bool
+) -> tuple[list[list[value_data.Example]], int]:
     """Every step's batch, and the epochs they cover: without `epochs_given`, enough of them for MIN_STEPS steps."""
     epochs = o.epochs
     if not epochs_given:
         per_epoch = len(value_data.batches(value_data.epoch_sample(vd, 0, o.seed), o.global_batch_size))
         epochs = max(o.epochs, math.ceil(MIN_STEPS / max(per_epoch, 1)))
-    plan = [b for epoch in range(epochs)
-            for b in value_data.batches(value_data.epoch_sample(vd, epoch, o.seed), o.global_batch_size)]
+    plan = [
+        b
+        for epoch in range(epochs)
+        for b in value_data.batches(value_data.epoch_sample(vd, epoch, o.seed), o.global_batch_size)
+    ]
     return plan, epochs
 
 
@@ -101,15 +112,24 @@ def make_optimizer(model: ValueModel, o: optim.Optim) -> torch.optim.Optimizer:
     """AdamW with the head's learning rate HEAD_LR_SCALE times the backbone's and the lexical part's
     LEXICAL_LR_SCALE times ("scale" of each group; the lexical part has no weight decay: most of its buckets
     are absent from a batch)."""
-    groups = [{"params": list(model.backbone.parameters()), "scale": 1.0},
-              {"params": list(model.head.parameters()), "scale": HEAD_LR_SCALE}]
+    groups = [
+        {"params": list(model.backbone.parameters()), "scale": 1.0},
+        {"params": list(model.head.parameters()), "scale": HEAD_LR_SCALE},
+    ]
     if model.lexical_parameters():
         groups.append({"params": model.lexical_parameters(), "scale": LEXICAL_LR_SCALE, "weight_decay": 0.0})
     return torch.optim.AdamW(groups, lr=o.learning_rate, betas=o.betas, weight_decay=o.weight_decay, foreach=False)
 
 
-def fit_lexical(lexical: torch.nn.Module, vd: value_data.ValueData, *, seed: int, batch_size: int,
-                pairwise_weight: float, steps: int = LEXICAL_STEPS) -> float:
+def fit_lexical(
+    lexical: torch.nn.Module,
+    vd: value_data.ValueData,
+    *,
+    seed: int,
+    batch_size: int,
+    pairwise_weight: float,
+    steps: int = LEXICAL_STEPS,
+) -> float:
     """The lexical part fitted alone on `steps` batches of the job's balanced epochs; its last loss."""
     plan: list[list[value_data.Example]] = []
     epoch = 0
@@ -119,16 +139,23 @@ def fit_lexical(lexical: torch.nn.Module, vd: value_data.ValueData, *, seed: int
     opt = torch.optim.Adam(lexical.parameters(), lr=LEXICAL_LR)
     loss = torch.zeros(())
     for batch in plan[:steps]:
-        loss, _ = value_loss(lexical([e.text for e in batch]), [e.resolved for e in batch],
-                             [e.task_id for e in batch], pairwise_weight)
+        loss, _ = value_loss(
+            lexical([e.text for e in batch]), [e.resolved for e in batch], [e.task_id for e in batch], pairwise_weight
+        )
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
     return float(loss.detach())
 
 
-def train_step(model: ValueModel, opt: torch.optim.Optimizer, batch: Sequence[value_data.Example], lr: float,
-               max_grad_norm: float, pairwise_weight: float) -> tuple[float, dict[str, float]]:
+def train_step(
+    model: ValueModel,
+    opt: torch.optim.Optimizer,
+    batch: Sequence[value_data.Example],
+    lr: float,
+    max_grad_norm: float,
+    pairwise_weight: float,
+) -> tuple[float, dict[str, float]]:
     """One optimiser step on `batch`: (loss, figures)."""
     for group in opt.param_groups:
         group["lr"] = lr * group["scale"]
@@ -139,19 +166,29 @@ def train_step(model: ValueModel, opt: torch.optim.Optimizer, batch: Sequence[va
     grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm))
     opt.step()
     opt.zero_grad(set_to_none=True)
-    return float(loss.detach()), {"learning_rate": lr, "grad_norm": grad_norm, **parts,
-                                  "candidates_per_second": len(batch) / (time.perf_counter() - started)}
+    return float(loss.detach()), {
+        "learning_rate": lr,
+        "grad_norm": grad_norm,
+        **parts,
+        "candidates_per_second": len(batch) / (time.perf_counter() - started),
+    }
 
 
-def _save(ctx: JobContext, model: ValueModel, opt: torch.optim.Optimizer | None, step: int,
-          metrics: dict[str, float], is_final: bool, report: dict[str, Any] | None = None) -> None:
+def _save(
+    ctx: JobContext,
+    model: ValueModel,
+    opt: torch.optim.Optimizer | None,
+    step: int,
+    metrics: dict[str, float],
+    is_final: bool,
+    report: dict[str, Any] | None = None,
+) -> None:
     staging = ctx.staging_dir(step)
     model.config.version = ctx.version(step)
     model.config.job = f"jobs/{ctx.job_id}"
     model.config.metrics = dict(metrics)
     model.save(staging)
-    torch.save({"step": step, "optimizer": None if is_final or opt is None else opt.state_dict()},
-               staging / STATE_FILE)
+    torch.save({"step": step, "optimizer": None if is_final or opt is None else opt.state_dict()}, staging / STATE_FILE)
     if report:
         (staging / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n")
     ctx.commit_checkpoint(step, staging, metrics, is_final)
@@ -164,25 +201,35 @@ def run(ctx: JobContext) -> None:
     o = optim.resolve(config.hyperparameters, config.kind)
     data = asyncio.run(load_dataset(config.dataset, ctx.runtime.experience_address))
     if data.openai_samples:
-        raise FailedPrecondition(f"the dataset holds {len(data.openai_samples)} OpenAI-format samples; the value "
-                                 "recipe trains on graded trajectories (an experience-store filter, or a JSONL of "
-                                 "trajectories with outcome rewards)")
+        raise FailedPrecondition(
+            f"the dataset holds {len(data.openai_samples)} OpenAI-format samples; the value "
+            "recipe trains on graded trajectories (an experience-store filter, or a JSONL of "
+            "trajectories with outcome rewards)"
+        )
     vd = value_data.build(data.trajectories, eval_fraction=eval_fraction, seed=o.seed)
     log.info("value data: %s", vd.stats)
     resume = ctx.latest_checkpoint()
     backbone, name = resolve_backbone(config.base_model)
-    model = ValueModel.load(resume.path if resume else backbone, base_model=name,
-                            max_context_tokens=config.value.max_context_tokens or o.max_seq_len)
+    model = ValueModel.load(
+        resume.path if resume else backbone,
+        base_model=name,
+        max_context_tokens=config.value.max_context_tokens or o.max_seq_len,
+    )
     torch.manual_seed(o.seed)
     plan, epochs = training_plan(vd, o, epochs_given=bool(config.hyperparameters.epochs))
     total = min(len(plan), o.max_steps) if o.max_steps else len(plan)
     lexical_loss = None
     if resume is None and model.lexical is not None:
         started = time.perf_counter()
-        lexical_loss = fit_lexical(model.lexical, vd, seed=o.seed, batch_size=o.global_batch_size,
-                                   pairwise_weight=pairwise_weight)
-        log.info("lexical part fitted: %d steps in %.1fs, loss %.4f", LEXICAL_STEPS, time.perf_counter() - started,
-                 lexical_loss)
+        lexical_loss = fit_lexical(
+            model.lexical, vd, seed=o.seed, batch_size=o.global_batch_size, pairwise_weight=pairwise_weight
+        )
+        log.info(
+            "lexical part fitted: %d steps in %.1fs, loss %.4f",
+            LEXICAL_STEPS,
+            time.perf_counter() - started,
+            lexical_loss,
+        )
     opt = make_optimizer(model, o)
     start = 0
     if resume is not None:

@@ -8,8 +8,9 @@ from collections.abc import Sequence
 import torch
 
 
-def value_loss(logits: torch.Tensor, resolved: Sequence[bool], task_ids: Sequence[str],
-               pairwise_weight: float = 1.0) -> tuple[torch.Tensor, dict[str, float]]:
+def value_loss(
+    logits: torch.Tensor, resolved: Sequence[bool], task_ids: Sequence[str], pairwise_weight: float = 1.0
+) -> tuple[torch.Tensor, dict[str, float]]:
     """(loss, parts): mean BCE plus pairwise_weight x the mean of log(1 + exp(-(s+ - s-))) over the batch's
     within-task pairs (no pair term when the batch has none)."""
     labels = torch.tensor([float(y) for y in resolved], dtype=logits.dtype)

@@ -35,6 +35,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
+
 from orchard.errors import FailedPrecondition
 from orchard.trainers import toy
 from orchard.trainers.value_loss import value_loss
@@ -53,6 +54,7 @@ FEATURES = 4096
 
 
 # 1. Policies and the experience store.
+
 
 def competent_action(state: int) -> int:
     """The action a careful agent takes in a policy state (decoded as in `toy.state_id`)."""
@@ -146,8 +148,11 @@ def sample_run(run_id: str, skill: float, tasks: int, samples: int, rng: random.
 def history(seed: int, experiments: int = len(SKILLS), tasks: int = 24, samples: int = 8) -> list[Record]:
     """The store after the first `experiments` experiments (one run each). An experiment's rollouts depend only
     on (seed, experiment), so a smaller store is a prefix of a larger one."""
-    return [r for e in range(experiments)
-            for r in sample_run(f"s{seed}/exp{e}", SKILLS[e], tasks, samples, random.Random(f"history/{seed}/{e}"))]
+    return [
+        r
+        for e in range(experiments)
+        for r in sample_run(f"s{seed}/exp{e}", SKILLS[e], tasks, samples, random.Random(f"history/{seed}/{e}"))
+    ]
 
 
 def eval_candidates(seed: int, tasks: int = 64, n: int = N_CANDIDATES) -> list[Record]:
@@ -162,17 +167,19 @@ def check_decontaminated(train_task_ids: Sequence[str], eval_task_ids: Sequence[
     if leaked:
         raise FailedPrecondition(
             f"{len(leaked)} task(s) of the training history are evaluation tasks: {leaked[:5]}; a value model "
-            "trained on them would be scored on tasks it has seen. Drop those records from the history.")
+            "trained on them would be scored on tasks it has seen. Drop those records from the history."
+        )
 
 
 # 2. The value model: features, training, scoring.
+
 
 def featurise(texts: Sequence[str]) -> torch.Tensor:
     """A (len(texts), FEATURES) 0/1 matrix: the hashed words and ordered line pairs of each text."""
     x = torch.zeros(len(texts), FEATURES)
     for row, text in enumerate(texts):
         lines = text.splitlines()
-        tokens = [*text.split(), *(f"{a}\n{b}" for i, a in enumerate(lines) for b in lines[i + 1:])]
+        tokens = [*text.split(), *(f"{a}\n{b}" for i, a in enumerate(lines) for b in lines[i + 1 :])]
         x[row, [zlib.crc32(t.encode()) % FEATURES for t in tokens]] = 1.0
     return x
 
@@ -183,8 +190,14 @@ def new_model(seed: int) -> torch.nn.Linear:
     return torch.nn.Linear(FEATURES, 1)
 
 
-def train(records: Sequence[Record], seed: int, epochs: int = 30, tasks_per_batch: int = 8, lr: float = 0.05,
-          pairwise_weight: float = 1.0) -> torch.nn.Linear:
+def train(
+    records: Sequence[Record],
+    seed: int,
+    epochs: int = 30,
+    tasks_per_batch: int = 8,
+    lr: float = 0.05,
+    pairwise_weight: float = 1.0,
+) -> torch.nn.Linear:
     """A logistic regression trained on the store with value_loss, in batches of whole tasks."""
     model, rng = new_model(seed), random.Random(f"train/{seed}")
     x = featurise([r.text for r in records])
@@ -196,9 +209,13 @@ def train(records: Sequence[Record], seed: int, epochs: int = 30, tasks_per_batc
     for _ in range(epochs):
         rng.shuffle(tasks)
         for start in range(0, len(tasks), tasks_per_batch):
-            rows = [i for t in tasks[start:start + tasks_per_batch] for i in by_task[t]]
-            loss, _ = value_loss(model(x[rows]).squeeze(-1), [records[i].resolved for i in rows],
-                                 [records[i].task_id for i in rows], pairwise_weight)
+            rows = [i for t in tasks[start : start + tasks_per_batch] for i in by_task[t]]
+            loss, _ = value_loss(
+                model(x[rows]).squeeze(-1),
+                [records[i].resolved for i in rows],
+                [records[i].task_id for i in rows],
+                pairwise_weight,
+            )
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
@@ -217,8 +234,15 @@ def score(model: torch.nn.Linear | None, records: Sequence[Record]) -> list[Cand
 
 # 3. The proof: train on the store, rerank held-out candidates.
 
-def proof(seed: int, experiments: int = len(SKILLS), tasks: int = 24, eval_tasks: int = 128, epochs: int = 30,
-          pairwise_weight: float = 1.0) -> dict[str, object]:
+
+def proof(
+    seed: int,
+    experiments: int = len(SKILLS),
+    tasks: int = 24,
+    eval_tasks: int = 128,
+    epochs: int = 30,
+    pairwise_weight: float = 1.0,
+) -> dict[str, object]:
     """The best-of-N report (metrics.best_of_n_report) of a value model trained on the store after `experiments`
     experiments, on fresh candidates of held-out tasks; the store is checked for contamination first."""
     store, candidates = history(seed, experiments, tasks), eval_candidates(seed, eval_tasks)
@@ -229,8 +253,15 @@ def proof(seed: int, experiments: int = len(SKILLS), tasks: int = 24, eval_tasks
 def figures(report: dict[str, Any], n: int = N_CANDIDATES) -> dict[str, float | None]:
     """The headline figures of a best-of-N report: pass@1, random@n, best@n, pass@n, AUC and ECE."""
     row = next(r for r in report["curve"] if r["n"] == n)
-    return {"pass@1": report["pass@1"], f"random@{n}": row["random"], f"best@{n}": row["best"],
-            f"pass@{n}": row["pass"], f"vote@{n}": row["vote"], "auc": report["auc"], "ece": report["ece"]}
+    return {
+        "pass@1": report["pass@1"],
+        f"random@{n}": row["random"],
+        f"best@{n}": row["best"],
+        f"pass@{n}": row["pass"],
+        f"vote@{n}": row["vote"],
+        "auc": report["auc"],
+        "ece": report["ece"],
+    }
 
 
 def untrained(init: int, seed: int, eval_tasks: int = 128, tie_margin: float = TIE_MARGIN) -> dict[str, object]:

@@ -28,9 +28,13 @@ def read_manifest(path: Path) -> CheckpointRecord | None:
         data = json.loads((path / MANIFEST_FILE).read_text())
     except (OSError, ValueError):
         return None
-    return CheckpointRecord(step=int(data["step"]), path=path, version=str(data["version"]),
-                            metrics={k: float(v) for k, v in data.get("metrics", {}).items()},
-                            is_final=bool(data.get("is_final", False)))
+    return CheckpointRecord(
+        step=int(data["step"]),
+        path=path,
+        version=str(data["version"]),
+        metrics={k: float(v) for k, v in data.get("metrics", {}).items()},
+        is_final=bool(data.get("is_final", False)),
+    )
 
 
 def latest_checkpoint(checkpoints_dir: Path) -> CheckpointRecord | None:

@@ -44,17 +44,31 @@ def _stub_class(service: str) -> Callable[[grpc.aio.Channel], Any]:
     return getattr(importlib.import_module(module), name)  # type: ignore[no-any-return]
 
 
-def transport(service: str, address: str, *, token: str | None = None, timeout: float = DEFAULT_TIMEOUT_S,
-              connect_timeout: float = CONNECT_TIMEOUT_S, options: list[tuple[str, Any]] | None = None,
-              flag: str = "") -> Transport:
+def transport(
+    service: str,
+    address: str,
+    *,
+    token: str | None = None,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    connect_timeout: float = CONNECT_TIMEOUT_S,
+    options: list[tuple[str, Any]] | None = None,
+    flag: str = "",
+) -> Transport:
     """A transport to `service` at `address` ("host:port", or "https://host:port" for TLS); not yet connected.
     `flag` names the option that sets the address, for the message when the service cannot be reached."""
     if not address:
         raise ValueError(f"the {service} service needs an address")
     config = load_config(address, token)
     hint = f"start the stack with `orchard up` (or `{STUBS[service][2]}`), or pass {flag or 'its address'}"
-    return Transport(config, timeout=timeout, connect_timeout=connect_timeout, service=service,
-                     stub=_stub_class(service), hint=hint, options=UNLIMITED if options is None else options)
+    return Transport(
+        config,
+        timeout=timeout,
+        connect_timeout=connect_timeout,
+        service=service,
+        stub=_stub_class(service),
+        hint=hint,
+        options=UNLIMITED if options is None else options,
+    )
 
 
 @contextlib.asynccontextmanager

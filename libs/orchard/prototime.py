@@ -38,6 +38,7 @@ def span_of(d: Duration, field: str) -> float:
     if d.seconds < 0 or d.nanos < 0:
         raise InvalidArgument(f"{field} must not be negative (got {d.seconds}s {d.nanos}ns)", field=field)
     if d.nanos >= _NANOS:
-        raise InvalidArgument(f"{field} is not a valid Duration: nanos must be below 1,000,000,000 (got "
-                              f"{d.nanos})", field=field)
+        raise InvalidArgument(
+            f"{field} is not a valid Duration: nanos must be below 1,000,000,000 (got {d.nanos})", field=field
+        )
     return d.seconds + d.nanos / _NANOS

@@ -57,8 +57,10 @@ class ExecEvent:
 def terminal_size(rows: int, cols: int) -> tuple[int, int]:
     """(rows, cols) when both are within 1..1000, else InvalidArgument."""
     if not (1 <= rows <= MAX_TERMINAL_SIZE and 1 <= cols <= MAX_TERMINAL_SIZE):
-        raise InvalidArgument(f"terminal size {rows}x{cols} is out of range: rows and cols must be between 1 and "
-                              f"{MAX_TERMINAL_SIZE}", field="rows")
+        raise InvalidArgument(
+            f"terminal size {rows}x{cols} is out of range: rows and cols must be between 1 and {MAX_TERMINAL_SIZE}",
+            field="rows",
+        )
     return rows, cols
 
 
@@ -66,8 +68,9 @@ class PtySession:
     """A program on a pseudo-terminal in a sandbox. Iterate it (one task) for its output events, then its exit
     event; send input and resize from any task; close() when done with it."""
 
-    def __init__(self, client: AgentClient, rid: int,
-                 queue: asyncio.Queue[tuple[dict[str, Any], bytes] | None]) -> None:
+    def __init__(
+        self, client: AgentClient, rid: int, queue: asyncio.Queue[tuple[dict[str, Any], bytes] | None]
+    ) -> None:
         self._client = client
         self._rid = rid
         self._queue = queue
@@ -255,8 +258,15 @@ class AgentClient:
         if on_id is not None:
             on_id(rid)
         try:
-            header = {"id": rid, "op": "exec", "argv": argv, "cwd": cwd, "env": env,
-                      "timeout": timeout, "max_output": max_output}
+            header = {
+                "id": rid,
+                "op": "exec",
+                "argv": argv,
+                "cwd": cwd,
+                "env": env,
+                "timeout": timeout,
+                "max_output": max_output,
+            }
             await self._send(header, stdin)
             while True:
                 frame = await queue.get()
@@ -267,8 +277,13 @@ class AgentClient:
                 if ev == "out":
                     yield ExecEvent("out", fd=head["fd"], data=data)
                 elif ev == "exit":
-                    yield ExecEvent("exit", exit_code=head["code"], totals=tuple(head["totals"]),
-                                    reason=head.get("reason"), error=head.get("error"))
+                    yield ExecEvent(
+                        "exit",
+                        exit_code=head["code"],
+                        totals=tuple(head["totals"]),
+                        reason=head.get("reason"),
+                        error=head.get("error"),
+                    )
                     return
                 elif ev == "error":
                     raise self._error(head)
@@ -281,8 +296,7 @@ class AgentClient:
         queue: asyncio.Queue[tuple[dict[str, Any], bytes] | None] = asyncio.Queue()
         self._waiters[rid] = queue
         try:
-            await self._send({"id": rid, "op": "pty", "argv": argv, "cwd": cwd, "env": env, "rows": rows,
-                              "cols": cols})
+            await self._send({"id": rid, "op": "pty", "argv": argv, "cwd": cwd, "env": env, "rows": rows, "cols": cols})
         except BaseException:
             del self._waiters[rid]
             raise
@@ -321,8 +335,9 @@ async def connect_tcp(host: str, port: int, token: str, *, label: str, timeout: 
                 except ConnectionRefusedError:
                     await asyncio.sleep(0.02)
     except (TimeoutError, OSError) as err:
-        raise Unavailable(f"agent of {label} at {host}:{port} is not reachable within {timeout:.0f}s: "
-                          f"{err or 'connection refused'}") from None
+        raise Unavailable(
+            f"agent of {label} at {host}:{port} is not reachable within {timeout:.0f}s: {err or 'connection refused'}"
+        ) from None
     writer.write(encode({"op": "hello", "token": token}))
     client = AgentClient(reader, writer, label=label)
     try:

@@ -13,6 +13,16 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from playwright.async_api import (
+    Browser,
+    BrowserContext,
+    Page,
+    Playwright,
+    async_playwright,
+)
+from playwright.async_api import Error as PlaywrightError
+from playwright.async_api import TimeoutError as PlaywrightTimeoutError
+
 from orchard.errors import (
     DeadlineExceeded,
     FailedPrecondition,
@@ -25,24 +35,24 @@ from orchard.services.env.browser_actions import Action, ActionKind, png_size
 from orchard.services.env.browser_policy import admits, needs_addresses, url_target
 from orchard.services.env.browser_proxy import EgressProxy, blocked_message
 from orchard.services.env.settings import EnvSettings
-from playwright.async_api import (
-    Browser,
-    BrowserContext,
-    Page,
-    Playwright,
-    async_playwright,
-)
-from playwright.async_api import Error as PlaywrightError
-from playwright.async_api import TimeoutError as PlaywrightTimeoutError
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
 CHROMIUM_ARGS = [
-    "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-    "--disable-sync", "--no-first-run", "--disable-quic", "--disable-breakpad", "--disable-domain-reliability",
-    "--disable-client-side-phishing-detection", "--no-pings", "--dns-prefetch-disable",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+    "--disable-breakpad",
+    "--disable-domain-reliability",
+    "--disable-client-side-phishing-detection",
+    "--no-pings",
+    "--dns-prefetch-disable",
     # Containers give /dev/shm 64 MiB; renderers then run out of it. /tmp holds their shared memory instead.
     "--disable-dev-shm-usage",
     # Egress goes through each context's proxy; these keep Chromium from reaching out any other way.
@@ -50,12 +60,16 @@ CHROMIUM_ARGS = [
     "--force-webrtc-ip-handling-policy=disable_non_proxied_udp",
     "--webrtc-ip-handling-policy=disable_non_proxied_udp",
 ]
-BROWSER_EXITED = "the browser process exited unexpectedly (crashed or was killed); delete this sandbox and create " \
-                 "a new one"
+BROWSER_EXITED = (
+    "the browser process exited unexpectedly (crashed or was killed); delete this sandbox and create a new one"
+)
 PAGE_CRASHED = "the page crashed, likely out of memory; delete this sandbox and create a new one"
 CLOSE_TIMEOUT_S = 10.0
-SELECTOR_SYNTAX = re.compile(r"while parsing|not a valid (selector|XPath)|Unknown engine|Unexpected token|"
-                             r"SyntaxError", re.IGNORECASE)
+SELECTOR_SYNTAX = re.compile(
+    r"while parsing|not a valid (selector|XPath)|Unknown engine|Unexpected token|"
+    r"SyntaxError",
+    re.IGNORECASE,
+)
 SETTLE_JS = "() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))"
 TEXT_JS = "() => document.body ? document.body.innerText : ''"
 
@@ -96,8 +110,9 @@ class BrowserSession:
         """(png, width, height, url, title) of the viewport, or of the whole page."""
         async with self.order:
             timeout_s = self.settings.browser_action_timeout_s
-            png = await self._run(self.page.screenshot(full_page=full_page, timeout=timeout_s * 1000), "screenshot",
-                                  timeout_s)
+            png = await self._run(
+                self.page.screenshot(full_page=full_page, timeout=timeout_s * 1000), "screenshot", timeout_s
+            )
             width, height = png_size(png)
             return png, width, height, self.page.url, await self._run(self.page.title(), "screenshot", timeout_s)
 
@@ -107,16 +122,18 @@ class BrowserSession:
             await self._run(self._perform(action), action.describe(), action.timeout_s, action)
             png = b""
             if action.screenshot:
-                png = await self._run(self.page.screenshot(timeout=action.timeout_s * 1000), "screenshot",
-                                      action.timeout_s)
+                png = await self._run(
+                    self.page.screenshot(timeout=action.timeout_s * 1000), "screenshot", action.timeout_s
+                )
             return self.page.url, await self._run(self.page.title(), "title", action.timeout_s), png
 
     async def content(self) -> tuple[str, str, str, str]:
         """(url, title, accessibility tree as indented text, visible text)."""
         async with self.order:
             timeout_s = self.settings.browser_action_timeout_s
-            tree = await self._run(self.page.locator("body").aria_snapshot(timeout=timeout_s * 1000),
-                                   "reading the page", timeout_s)
+            tree = await self._run(
+                self.page.locator("body").aria_snapshot(timeout=timeout_s * 1000), "reading the page", timeout_s
+            )
             text = await self._run(self.page.evaluate(TEXT_JS), "reading the page", timeout_s)
             return self.page.url, await self._run(self.page.title(), "title", timeout_s), tree, str(text)
 
@@ -167,15 +184,16 @@ class BrowserSession:
                 raise
             blocked = self.proxy.blocked_since(started)
             if blocked is not None:  # e.g. a redirect to a destination the policy does not admit
-                raise FailedPrecondition(blocked_message(self.sandbox_id, blocked), field="url",
-                                         reason="EGRESS_DENIED") from None
-            raise FailedPrecondition(f"could not load {url!r}: {_first_line(err)}", field="url",
-                                     reason="NAVIGATION_FAILED") from None
+                raise FailedPrecondition(
+                    blocked_message(self.sandbox_id, blocked), field="url", reason="EGRESS_DENIED"
+                ) from None
+            raise FailedPrecondition(
+                f"could not load {url!r}: {_first_line(err)}", field="url", reason="NAVIGATION_FAILED"
+            ) from None
         if response is not None and response.status == 403:
             blocked = self.proxy.blocked_since(started)
             if blocked is not None and blocked == url_target(response.url):  # the proxy refused the page itself
-                raise FailedPrecondition(blocked_message(self.sandbox_id, blocked), field="url",
-                                         reason="EGRESS_DENIED")
+                raise FailedPrecondition(blocked_message(self.sandbox_id, blocked), field="url", reason="EGRESS_DENIED")
 
     async def _run(self, work: Awaitable[T], what: str, timeout_s: float, action: Action | None = None) -> T:
         """Await work, but give up at once if the sandbox fails meanwhile (never hang on a dead browser), and
@@ -187,8 +205,10 @@ class BrowserSession:
             async with asyncio.timeout(timeout_s + 15.0):
                 await asyncio.wait({task, failed}, return_when=asyncio.FIRST_COMPLETED)
         except TimeoutError:
-            raise DeadlineExceeded(f"{what} did not finish within {timeout_s:g} s: the browser stopped answering; "
-                                   "delete this sandbox and create a new one") from None
+            raise DeadlineExceeded(
+                f"{what} did not finish within {timeout_s:g} s: the browser stopped answering; "
+                "delete this sandbox and create a new one"
+            ) from None
         finally:
             failed.cancel()
             if not task.done():
@@ -203,11 +223,11 @@ class BrowserSession:
         raise err
 
     def _failure(self) -> FailedPrecondition:
-        return FailedPrecondition(f"sandbox {self.sandbox_id!r} is failed: {self.failure_reason}",
-                                  reason="BROWSER_FAILED")
+        return FailedPrecondition(
+            f"sandbox {self.sandbox_id!r} is failed: {self.failure_reason}", reason="BROWSER_FAILED"
+        )
 
-    async def _translate(self, err: PlaywrightError, what: str, timeout_s: float,
-                         action: Action | None) -> Exception:
+    async def _translate(self, err: PlaywrightError, what: str, timeout_s: float, action: Action | None) -> Exception:
         if self.failed.is_set():
             return self._failure()
         if self.page.is_closed() or not self.process.browser.is_connected():
@@ -222,19 +242,27 @@ class BrowserSession:
         if isinstance(err, PlaywrightTimeoutError):
             if selector:
                 if await self._count(selector) == 0:
-                    return DeadlineExceeded(f"{what}: no element matches selector {selector!r} within "
-                                            f"{timeout_s:.1f} s", field="selector")
-                return DeadlineExceeded(f"{what}: an element matches selector {selector!r}, but it was not "
-                                        f"visible, enabled and stable within {timeout_s:.1f} s", field="selector")
+                    return DeadlineExceeded(
+                        f"{what}: no element matches selector {selector!r} within {timeout_s:.1f} s", field="selector"
+                    )
+                return DeadlineExceeded(
+                    f"{what}: an element matches selector {selector!r}, but it was not "
+                    f"visible, enabled and stable within {timeout_s:.1f} s",
+                    field="selector",
+                )
             return DeadlineExceeded(f"{what} did not finish within {timeout_s:.1f} s ({message})", field="timeout")
         if selector and SELECTOR_SYNTAX.search(message):
             return InvalidArgument(f"selector {selector!r} is not a valid selector: {message}", field="selector")
         if "strict mode violation" in message:
-            return InvalidArgument(f"selector {selector!r} matches more than one element; make it match one "
-                                   f"(e.g. append ' >> nth=0'): {message}", field="selector")
+            return InvalidArgument(
+                f"selector {selector!r} matches more than one element; make it match one "
+                f"(e.g. append ' >> nth=0'): {message}",
+                field="selector",
+            )
         if "Unknown key" in message:
-            return InvalidArgument(f"{message}; use a key name such as 'Enter', 'ArrowDown', 'a' or 'Control+A'",
-                                   field="key")
+            return InvalidArgument(
+                f"{message}; use a key name such as 'Enter', 'ArrowDown', 'a' or 'Control+A'", field="key"
+            )
         return FailedPrecondition(f"{what} failed: {message}")
 
     async def _count(self, selector: str) -> int:
@@ -287,13 +315,17 @@ class BrowserPool:
         if self._closing:
             raise Unavailable("the env service is stopping; browser sandboxes cannot be created now")
         if len(self._sessions) + self._opening >= s.max_browser_sandboxes:
-            raise ResourceExhausted(f"the service already runs {s.max_browser_sandboxes} browser sandboxes (its "
-                                    "limit, max_browser_sandboxes); delete some or retry later", retry_after=5.0)
+            raise ResourceExhausted(
+                f"the service already runs {s.max_browser_sandboxes} browser sandboxes (its "
+                "limit, max_browser_sandboxes); delete some or retry later",
+                retry_after=5.0,
+            )
         self._opening += 1
         try:
             async with self._launching:
-                process = next((p for p in self._processes
-                                if len(p.sessions) + p.reserved < s.browser_contexts_per_process), None)
+                process = next(
+                    (p for p in self._processes if len(p.sessions) + p.reserved < s.browser_contexts_per_process), None
+                )
                 if process is None:
                     process = await self._launch()
                 process.reserved += 1
@@ -308,8 +340,9 @@ class BrowserPool:
         session.page.on("crash", lambda _: self._fail(session, PAGE_CRASHED))
         return session
 
-    async def _new_session(self, sandbox_id: str, process: BrowserProcess,
-                           rules: Callable[[], tuple[EgressRule, ...]]) -> BrowserSession:
+    async def _new_session(
+        self, sandbox_id: str, process: BrowserProcess, rules: Callable[[], tuple[EgressRule, ...]]
+    ) -> BrowserSession:
         s = self.settings
         proxy = EgressProxy(sandbox_id, rules)
         port = await proxy.start()
@@ -319,7 +352,9 @@ class BrowserPool:
             context = await process.browser.new_context(
                 viewport={"width": s.browser_viewport_width, "height": s.browser_viewport_height},
                 proxy={"server": f"http://127.0.0.1:{port}", "bypass": "<-loopback>"},
-                service_workers="block", accept_downloads=False)
+                service_workers="block",
+                accept_downloads=False,
+            )
             context.set_default_timeout(s.browser_action_timeout_s * 1000)
             page = await context.new_page()
         except BaseException as err:
@@ -327,8 +362,9 @@ class BrowserPool:
                 await _close_context(context)
             await proxy.close()
             if isinstance(err, PlaywrightError):
-                raise Unavailable(f"the browser could not open a page for sandbox {sandbox_id!r} ({_first_line(err)}); "
-                                  "retry") from None
+                raise Unavailable(
+                    f"the browser could not open a page for sandbox {sandbox_id!r} ({_first_line(err)}); retry"
+                ) from None
             raise
         return BrowserSession(sandbox_id, process, context, page, proxy, s)
 
@@ -338,11 +374,16 @@ class BrowserPool:
             if self._playwright is None:
                 self._playwright = await async_playwright().start()
             browser = await self._playwright.chromium.launch(
-                executable_path=s.browser_path, args=CHROMIUM_ARGS, headless=True,
-                timeout=s.browser_launch_timeout_s * 1000)
+                executable_path=s.browser_path,
+                args=CHROMIUM_ARGS,
+                headless=True,
+                timeout=s.browser_launch_timeout_s * 1000,
+            )
         except PlaywrightError as err:
-            raise FailedPrecondition(f"cannot start the browser {s.browser_path!r} ({_first_line(err)}); install "
-                                     "Chromium (apt-get install chromium) or set ORCHARD_ENV_BROWSER_PATH") from None
+            raise FailedPrecondition(
+                f"cannot start the browser {s.browser_path!r} ({_first_line(err)}); install "
+                "Chromium (apt-get install chromium) or set ORCHARD_ENV_BROWSER_PATH"
+            ) from None
         process = BrowserProcess(browser)
         self._processes.append(process)
         browser.on("disconnected", lambda _: self._process_gone(process))
@@ -372,8 +413,7 @@ class BrowserPool:
         process = session.process
         process.sessions.discard(session)
         await session.close()
-        if not process.sessions and not process.reserved and process in self._processes and \
-                len(self._processes) > 1:
+        if not process.sessions and not process.reserved and process in self._processes and len(self._processes) > 1:
             self._processes.remove(process)
             await _close_browser(process.browser)
 

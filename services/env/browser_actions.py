@@ -64,26 +64,28 @@ def check_action(action: Action, default_timeout_s: float, max_timeout_s: float)
     naming the field at fault."""
     kind = action.kind
     if kind is None:
-        raise InvalidArgument("action is required: one of " + ", ".join(k.value for k in ActionKind),
-                              field="action")
+        raise InvalidArgument("action is required: one of " + ", ".join(k.value for k in ActionKind), field="action")
     for name in ("x", "y", "delta_x", "delta_y"):
         if not math.isfinite(getattr(action, name)):
             raise InvalidArgument(f"{name} must be a finite number", field=name)
     if action.x < 0 or action.y < 0:
-        raise InvalidArgument("x and y must not be negative (CSS pixels from the viewport's top left)",
-                              field="x" if action.x < 0 else "y")
+        raise InvalidArgument(
+            "x and y must not be negative (CSS pixels from the viewport's top left)", field="x" if action.x < 0 else "y"
+        )
     if "\x00" in action.selector + action.text + action.key + action.url:
         raise InvalidArgument("selector, text, key and url must not contain a NUL byte", field="text")
     if kind in (ActionKind.CLICK, ActionKind.DOUBLE_CLICK) and not (action.selector or action.has_point):
-        raise InvalidArgument(f"{kind.value} needs a selector or coordinates x, y (x = y = 0 counts as none)",
-                              field="selector")
+        raise InvalidArgument(
+            f"{kind.value} needs a selector or coordinates x, y (x = y = 0 counts as none)", field="selector"
+        )
     if kind is ActionKind.TYPE and not action.text:
         raise InvalidArgument("type needs text", field="text")
     if kind is ActionKind.KEY_PRESS and not action.key:
         raise InvalidArgument("key_press needs a key, e.g. 'Enter' or 'Control+A'", field="key")
     if kind is ActionKind.SCROLL and action.delta_x == 0 and action.delta_y == 0:
-        raise InvalidArgument("scroll needs a non-zero delta_x or delta_y (pixels; positive scrolls down/right)",
-                              field="delta_y")
+        raise InvalidArgument(
+            "scroll needs a non-zero delta_x or delta_y (pixels; positive scrolls down/right)", field="delta_y"
+        )
     if kind is ActionKind.NAVIGATE:
         check_url(action.url)
     if kind is ActionKind.WAIT and not action.selector and action.timeout_s <= 0:

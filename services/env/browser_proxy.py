@@ -33,8 +33,10 @@ HOP_HEADERS = (b"proxy-connection:", b"proxy-authorization:", b"connection:", b"
 
 
 def blocked_message(sandbox_id: str, target: Target) -> str:
-    return (f"the network policy of sandbox {sandbox_id!r} does not admit {target}; allow it when creating the "
-            "sandbox (e.g. create_browser(allow=[...])) or with SetNetworkPolicy")
+    return (
+        f"the network policy of sandbox {sandbox_id!r} does not admit {target}; allow it when creating the "
+        "sandbox (e.g. create_browser(allow=[...])) or with SetNetworkPolicy"
+    )
 
 
 class EgressProxy:
@@ -91,8 +93,10 @@ class EgressProxy:
                 self.blocked.append((time.monotonic(), target))
                 log.info("browser egress refused", extra={"sandbox_id": self.sandbox_id, "target": str(target)})
                 body = blocked_message(self.sandbox_id, target).encode()
-                writer.write(b"HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain; charset=utf-8\r\n"
-                             b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body))
+                writer.write(
+                    b"HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain; charset=utf-8\r\n"
+                    b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body)
+                )
                 await writer.drain()
                 return
             try:
@@ -139,8 +143,12 @@ class EgressProxy:
         return addresses[0] if addresses else None
 
 
-async def _splice(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, up_reader: asyncio.StreamReader,
-                  up_writer: asyncio.StreamWriter) -> None:
+async def _splice(
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    up_reader: asyncio.StreamReader,
+    up_writer: asyncio.StreamWriter,
+) -> None:
     """Copy bytes both ways until either side closes, then close both."""
 
     async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:

@@ -53,7 +53,6 @@ class ExecRequest:
     max_output: int = 0
 
 
-
 class Commands:
     """Every exec and terminal session of one env service."""
 
@@ -106,16 +105,20 @@ class Commands:
         self._ended_spooled += ex.out.spooled_bytes
         while self._ended_spooled > self.settings.max_retained_output_bytes and len(self._ended) > 1:
             oldest = self.execs[next(iter(self._ended))]
-            log.info("forgot a finished command early: finished output on disk is over max_retained_output_bytes",
-                     extra={"exec_id": oldest.exec_id, "spooled_bytes": oldest.out.spooled_bytes})
+            log.info(
+                "forgot a finished command early: finished output on disk is over max_retained_output_bytes",
+                extra={"exec_id": oldest.exec_id, "spooled_bytes": oldest.out.spooled_bytes},
+            )
             self._forget(oldest)
 
     def get_exec(self, exec_id: str) -> Exec:
         ex = self.execs.get(exec_id)
         if ex is None or not tenancy.may_access(ex.tenant):
-            raise NotFound(f"exec {exec_id!r} not found (finished commands are kept "
-                           f"{self.settings.exec_retention_s:g}s, or until their output passes "
-                           f"{self.settings.max_retained_output_bytes >> 20} MiB on disk)")
+            raise NotFound(
+                f"exec {exec_id!r} not found (finished commands are kept "
+                f"{self.settings.exec_retention_s:g}s, or until their output passes "
+                f"{self.settings.max_retained_output_bytes >> 20} MiB on disk)"
+            )
         return ex
 
     def start_exec(self, req: ExecRequest) -> Exec:
@@ -134,22 +137,32 @@ class Commands:
             raise InvalidArgument("the command contains a NUL byte", field="command")
         for key, value in (req.env or {}).items():
             if not key or "=" in key or "\x00" in key or "\x00" in value:
-                raise InvalidArgument(f"invalid env variable {key!r}: names must be non-empty without '=' and "
-                                      "neither names nor values may contain a NUL byte", field="env")
+                raise InvalidArgument(
+                    f"invalid env variable {key!r}: names must be non-empty without '=' and "
+                    "neither names nor values may contain a NUL byte",
+                    field="env",
+                )
         if req.timeout_s < 0 or req.timeout_s > s.max_exec_timeout_s:
             raise InvalidArgument(f"timeout must be between 0 and {s.max_exec_timeout_s:g}s", field="timeout")
         if req.max_output < 0 or req.max_output > s.max_output_bytes:
-            raise InvalidArgument(f"max_output_bytes must be between 0 and {s.max_output_bytes}",
-                                  field="max_output_bytes")
+            raise InvalidArgument(
+                f"max_output_bytes must be between 0 and {s.max_output_bytes}", field="max_output_bytes"
+            )
         if self._queued >= s.max_queued_execs:
             raise ResourceExhausted(f"{self._queued} commands are already waiting; retry later", retry_after=1.0)
         exec_id = f"ex-{uuid.uuid4().hex[:16]}"
         ex = Exec(
-            exec_id=exec_id, sandbox_id=sandbox.sandbox_id, command=command,
+            exec_id=exec_id,
+            sandbox_id=sandbox.sandbox_id,
+            command=command,
             argv=["bash", "-lc" if req.login_shell else "-c", command],
-            cwd=resolve_path(sandbox.workdir, req.cwd), env=dict(req.env or {}), stdin=req.stdin,
-            timeout_s=req.timeout_s or s.default_exec_timeout_s, max_output=req.max_output or s.default_output_bytes,
-            out=ExecOutput(self._spool / exec_id, s.exec_output_memory_bytes), tenant=sandbox.tenant,
+            cwd=resolve_path(sandbox.workdir, req.cwd),
+            env=dict(req.env or {}),
+            stdin=req.stdin,
+            timeout_s=req.timeout_s or s.default_exec_timeout_s,
+            max_output=req.max_output or s.default_output_bytes,
+            out=ExecOutput(self._spool / exec_id, s.exec_output_memory_bytes),
+            tenant=sandbox.tenant,
             sandbox_key=sandbox.key,
         )
         self.execs[ex.exec_id] = ex
@@ -167,8 +180,13 @@ class Commands:
             oom_kills = await self.backend.oom_kills(sandbox.key)
             try:
                 async for event in sandbox.client.exec(
-                    ex.argv, cwd=ex.cwd, env=ex.env, stdin=ex.stdin, timeout=ex.timeout_s,
-                    max_output=ex.max_output, on_id=lambda rid: setattr(ex, "agent_id", rid),
+                    ex.argv,
+                    cwd=ex.cwd,
+                    env=ex.env,
+                    stdin=ex.stdin,
+                    timeout=ex.timeout_s,
+                    max_output=ex.max_output,
+                    on_id=lambda rid: setattr(ex, "agent_id", rid),
                 ):
                     if event.kind == "out":
                         ex.out.append(event.fd, event.data)
@@ -176,16 +194,17 @@ class Commands:
                     elif event.kind == "exit":
                         ex.totals = event.totals
                         ex.exit_code = event.exit_code
-                        ex.oom_killed = ex.exit_code != 0 and \
-                            await self.backend.oom_kills(sandbox.key) > oom_kills
+                        ex.oom_killed = ex.exit_code != 0 and await self.backend.oom_kills(sandbox.key) > oom_kills
                         state, error = self._outcome(ex, event.reason, event.error, sandbox.resources.memory_bytes)
                         await self._finish(ex, state, error=error)
             except OrchardError as err:
                 if isinstance(err, Unavailable) and sandbox.state is SandboxState.READY:
                     reason = err.message
                     if await self.backend.oom_kills(sandbox.key) > oom_kills:
-                        reason = (f"the sandbox ran out of memory (limit {sandbox.resources.memory_bytes >> 20} MiB) "
-                                  "and the kernel killed its agent")
+                        reason = (
+                            f"the sandbox ran out of memory (limit {sandbox.resources.memory_bytes >> 20} MiB) "
+                            "and the kernel killed its agent"
+                        )
                     self._manager.mark_failed(sandbox, reason)
                 await self._finish(ex, ExecState.FAILED, error=err.message)
             except asyncio.CancelledError:
@@ -201,8 +220,10 @@ class Commands:
             return ExecState.CANCELLED, f"command {reason}; its whole process tree was killed"
         if ex.oom_killed:
             limit = f"limit {memory_bytes / (1 << 20):g} MiB" if memory_bytes else "no limit: the machine ran out"
-            return ExecState.FAILED, (f"command ran out of memory ({limit}) and the kernel killed it; use less memory "
-                                      "or create the sandbox with a larger resources.memory_bytes")
+            return ExecState.FAILED, (
+                f"command ran out of memory ({limit}) and the kernel killed it; use less memory "
+                "or create the sandbox with a larger resources.memory_bytes"
+            )
         return (ExecState.SUCCEEDED if ex.exit_code == 0 else ExecState.FAILED), ""
 
     async def _finish(self, ex: Exec, state: ExecState, *, error: str = "") -> None:
@@ -236,7 +257,7 @@ class Commands:
         at = StreamPosition()
         while True:
             async with ex.changed:
-                await ex.changed.wait_for(lambda: ex.out.has_more(at) or ex.state.done)
+                await ex.changed.wait_for(lambda at=at: ex.out.has_more(at) or ex.state.done)  # type: ignore[misc]
             while ex.out.has_more(at):
                 chunks, at = await ex.out.read_stream(at)
                 for chunk in chunks:
@@ -275,13 +296,22 @@ class Commands:
                 async with asyncio.timeout(10):
                     await ex.ended.wait()
             except TimeoutError:
-                raise Unavailable(f"exec {exec_id!r} did not confirm its cancellation within 10s; its sandbox "
-                                  "may be unhealthy: check it with GetSandbox, or delete it") from None
+                raise Unavailable(
+                    f"exec {exec_id!r} did not confirm its cancellation within 10s; its sandbox "
+                    "may be unhealthy: check it with GetSandbox, or delete it"
+                ) from None
         return ex
 
     @contextlib.asynccontextmanager
-    async def open_pty(self, sandbox_id: str, argv: Sequence[str] = (), rows: int = 0, cols: int = 0, cwd: str = "",
-                       env: Mapping[str, str] | None = None) -> AsyncIterator[PtySession]:
+    async def open_pty(
+        self,
+        sandbox_id: str,
+        argv: Sequence[str] = (),
+        rows: int = 0,
+        cols: int = 0,
+        cwd: str = "",
+        env: Mapping[str, str] | None = None,
+    ) -> AsyncIterator[PtySession]:
         """Run argv (an interactive bash when empty) on a terminal of rows x cols (0: 24 x 80) for as long as
         the caller stays in the block; leaving it kills the program's whole process tree.
 
@@ -295,15 +325,21 @@ class Commands:
             raise InvalidArgument("argv contains a NUL byte", field="argv")
         for key, value in (env or {}).items():
             if not key or "=" in key or "\x00" in key or "\x00" in value:
-                raise InvalidArgument(f"invalid env variable {key!r}: names must be non-empty without '=' and "
-                                      "neither names nor values may contain a NUL byte", field="env")
+                raise InvalidArgument(
+                    f"invalid env variable {key!r}: names must be non-empty without '=' and "
+                    "neither names nor values may contain a NUL byte",
+                    field="env",
+                )
         rows, cols = terminal_size(rows or 24, cols or 80)
         if self._ptys >= self.settings.max_pty_sessions:
-            raise ResourceExhausted(f"{self._ptys} terminal sessions are already open (the service's limit); close "
-                                    "some or retry later", retry_after=5.0)
+            raise ResourceExhausted(
+                f"{self._ptys} terminal sessions are already open (the service's limit); close some or retry later",
+                retry_after=5.0,
+            )
         assert sandbox.client is not None
-        session = await sandbox.client.open_pty(argv, cwd=resolve_path(sandbox.workdir, cwd), env=dict(env or {}),
-                                                rows=rows, cols=cols)
+        session = await sandbox.client.open_pty(
+            argv, cwd=resolve_path(sandbox.workdir, cwd), env=dict(env or {}), rows=rows, cols=cols
+        )
         self._ptys += 1
         try:
             yield session
@@ -311,11 +347,11 @@ class Commands:
             self._ptys -= 1
             await asyncio.shield(session.close())  # a second cancellation must not leave the program running
 
-    async def run_to_end(self, sandbox_id: str, argv: list[str], *, stdin: bytes, cwd: str,
-                         timeout_s: float) -> Exec:
+    async def run_to_end(self, sandbox_id: str, argv: list[str], *, stdin: bytes, cwd: str, timeout_s: float) -> Exec:
         """Run an internal command in the sandbox's order and wait for it (patches use this)."""
-        ex = self.start_exec(ExecRequest(sandbox_id=sandbox_id, shell=shlex.join(argv), stdin=stdin, cwd=cwd,
-                                         timeout_s=timeout_s))
+        ex = self.start_exec(
+            ExecRequest(sandbox_id=sandbox_id, shell=shlex.join(argv), stdin=stdin, cwd=cwd, timeout_s=timeout_s)
+        )
         await ex.ended.wait()
         return ex
 
@@ -323,14 +359,22 @@ class Commands:
         """Apply a unified diff with `git apply` (all or nothing); returns the files and git's output."""
         if not patch.strip():
             raise InvalidArgument("patch is empty", field="patch")
-        ex = await self.run_to_end(sandbox_id, ["git", "apply", "--verbose", "--numstat", "--apply", "-"],
-                                   stdin=patch.encode(), cwd=cwd, timeout_s=timeout_s or PATCH_TIMEOUT_S)
+        ex = await self.run_to_end(
+            sandbox_id,
+            ["git", "apply", "--verbose", "--numstat", "--apply", "-"],
+            stdin=patch.encode(),
+            cwd=cwd,
+            timeout_s=timeout_s or PATCH_TIMEOUT_S,
+        )
         output = (await ex.output(2)).decode(errors="replace").strip()
         if ex.state is not ExecState.SUCCEEDED:
             detail = output or ex.error or f"git apply exited with {ex.exit_code}"
             if ex.exit_code == 127:
                 detail = "git is not installed in this sandbox's image"
             raise FailedPrecondition(f"patch does not apply; no file was changed: {detail}", field="patch")
-        files = [line.split("\t", 2)[2] for line in (await ex.output(1)).decode(errors="replace").splitlines()
-                 if line.count("\t") >= 2]
+        files = [
+            line.split("\t", 2)[2]
+            for line in (await ex.output(1)).decode(errors="replace").splitlines()
+            if line.count("\t") >= 2
+        ]
         return files, output

@@ -62,7 +62,7 @@ class ExecOutput:
         self.kept[fd - 1] += len(data)
         last = self._segments[-1] if self._segments else None
         if self._head_left:
-            part, data = data[:self._head_left], data[self._head_left:]
+            part, data = data[: self._head_left], data[self._head_left :]
             self._head_left -= len(part)
             if last is not None and last.fd == fd and last.data is not None:
                 last.data += part
@@ -110,7 +110,7 @@ class ExecOutput:
             lo, hi = max(offset, position), min(end, position + seg.length)
             if lo < hi:
                 if seg.data is not None:
-                    pieces.append(bytes(seg.data[lo - position:hi - position]))
+                    pieces.append(bytes(seg.data[lo - position : hi - position]))
                 else:
                     pieces.append((seg.offset + lo - position, hi - lo))
             position += seg.length
@@ -158,7 +158,7 @@ class ExecOutput:
             seg = self._segments[segment]
             if consumed < seg.length:
                 if seg.data is not None:
-                    chunks.append((seg.fd, bytes(seg.data[consumed:seg.length])))
+                    chunks.append((seg.fd, bytes(seg.data[consumed : seg.length])))
                     consumed = seg.length
                 else:
                     length = min(seg.length - consumed, READ_CHUNK)

@@ -45,16 +45,21 @@ def resolve_path(workdir: str, path: str) -> str:
         raise InvalidArgument(f"path is {size} bytes long; at most {MAX_PATH_BYTES} are allowed", field="path")
     parts = resolved.strip("/").split("/")
     if len(parts) > MAX_DEPTH:
-        raise InvalidArgument(f"path is {len(parts)} directories deep; at most {MAX_DEPTH} are allowed",
-                              field="path")
+        raise InvalidArgument(f"path is {len(parts)} directories deep; at most {MAX_DEPTH} are allowed", field="path")
     if any(len(part.encode(errors="surrogateescape")) > MAX_NAME_BYTES for part in parts):
         raise InvalidArgument(f"a name in the path is longer than {MAX_NAME_BYTES} bytes", field="path")
     return resolved
 
 
 def _info(raw: dict[str, Any]) -> FileInfo:
-    return FileInfo(name=raw["name"], path=raw["path"], type=raw["type"], size=int(raw["size"]),
-                    mode=int(raw["mode"]), mtime=float(raw["mtime"]))
+    return FileInfo(
+        name=raw["name"],
+        path=raw["path"],
+        type=raw["type"],
+        size=int(raw["size"]),
+        mode=int(raw["mode"]),
+        mtime=float(raw["mtime"]),
+    )
 
 
 class FileOps:
@@ -84,12 +89,18 @@ class FileOps:
             async for chunk in chunks:
                 pending += chunk
                 while len(pending) >= CHUNK:
-                    await client.call("write", pending[:CHUNK], path=target, upload=token, offset=offset,
-                                      mode=mode or 0o644, last=False)
+                    await client.call(
+                        "write",
+                        pending[:CHUNK],
+                        path=target,
+                        upload=token,
+                        offset=offset,
+                        mode=mode or 0o644,
+                        last=False,
+                    )
                     offset += CHUNK
                     pending = pending[CHUNK:]
-            await client.call("write", pending, path=target, upload=token, offset=offset, mode=mode or 0o644,
-                              last=True)
+            await client.call("write", pending, path=target, upload=token, offset=offset, mode=mode or 0o644, last=True)
         except BaseException:  # a bad stream, a client gone, a full disk: no partial file may stay behind
             with contextlib.suppress(OrchardError):
                 await asyncio.shield(client.call("write", path=target, upload=token, abort=True))
@@ -104,19 +115,21 @@ class FileOps:
         if info.type == "directory":
             raise FailedPrecondition(f"{target} is a directory; list it with ListFiles", field="path")
         if info.type == "other":
-            raise FailedPrecondition(f"{target} is not a regular file (a device, FIFO or socket); only files "
-                                     "can be downloaded", field="path")
+            raise FailedPrecondition(
+                f"{target} is not a regular file (a device, FIFO or socket); only files can be downloaded", field="path"
+            )
         try:  # a symlink's target is checked by its first read: the agent refuses what is not a regular file
             first, data = await client.call("read", path=target, offset=0, length=CHUNK)
         except FailedPrecondition as err:
-            raise FailedPrecondition(f"{target} is not a regular file ({err.message}); only files can be "
-                                     "downloaded", field="path") from None
+            raise FailedPrecondition(
+                f"{target} is not a regular file ({err.message}); only files can be downloaded", field="path"
+            ) from None
         size = int(first["size"])  # what the file held when the download began: a growing file ends there
 
         async def content() -> AsyncIterator[bytes]:
             chunk, offset = data, 0
             while chunk:
-                chunk = chunk[:size - offset]
+                chunk = chunk[: size - offset]
                 offset += len(chunk)
                 if chunk:
                     yield chunk

@@ -18,24 +18,37 @@ from orchard.services.env.images import BuildProgressView, ImageStore, Recipe, d
 
 def parser() -> argparse.ArgumentParser:
     image = argparse.ArgumentParser(prog="orchard image", description="build, import and list local sandbox images")
-    image.add_argument("--images-dir", default=None, help="default: ORCHARD_ENV_IMAGES_DIR's default, "
-                       "~/.cache/orchard/images")
+    image.add_argument(
+        "--images-dir", default=None, help="default: ORCHARD_ENV_IMAGES_DIR's default, ~/.cache/orchard/images"
+    )
     isub = image.add_subparsers(dest="action", required=True)
     p = isub.add_parser("build", help="build an image from Debian packages (cached)")
     p.add_argument("name")
     p.add_argument("--force", action="store_true", help="rebuild even if built")
-    p.add_argument("--recipe", default=None, metavar="FILE", help="a new image's recipe: a JSON file with suite "
-                   "(bullseye, bookworm, trixie), packages (Debian; python3 and git required), optionally pip and "
-                   "description; kept with the images, so later builds need only the name")
+    p.add_argument(
+        "--recipe",
+        default=None,
+        metavar="FILE",
+        help="a new image's recipe: a JSON file with suite "
+        "(bullseye, bookworm, trixie), packages (Debian; python3 and git required), optionally pip and "
+        "description; kept with the images, so later builds need only the name",
+    )
     p.set_defaults(func=build)
     p = isub.add_parser("ls", help="list images")
     p.set_defaults(func=ls)
-    p = isub.add_parser("import", help="make a sandbox image of a container image archive (docker/podman save, or "
-                        "an OCI layout tar), or of an image in the local podman store (--from-podman REF)")
+    p = isub.add_parser(
+        "import",
+        help="make a sandbox image of a container image archive (docker/podman save, or "
+        "an OCI layout tar), or of an image in the local podman store (--from-podman REF)",
+    )
     p.add_argument("name", help="the sandbox image name to give it")
     p.add_argument("archive", nargs="?", default=None, help="the archive file")
-    p.add_argument("--from-podman", default=None, metavar="REF", help="save this image of the local podman store "
-                   "first (e.g. localhost/myrepo:latest)")
+    p.add_argument(
+        "--from-podman",
+        default=None,
+        metavar="REF",
+        help="save this image of the local podman store first (e.g. localhost/myrepo:latest)",
+    )
     p.set_defaults(func=import_)
     return image
 
@@ -49,9 +62,13 @@ def build(args: argparse.Namespace) -> int:
     if args.recipe:
         try:
             data = json.loads(Path(args.recipe).read_text())
-            recipe = Recipe(suite=data["suite"], variant=data.get("variant", "minbase"),
-                            packages=tuple(data["packages"]), pip=tuple(data.get("pip", ())),
-                            description=data.get("description", f"{args.name} ({data['suite']})"))
+            recipe = Recipe(
+                suite=data["suite"],
+                variant=data.get("variant", "minbase"),
+                packages=tuple(data["packages"]),
+                pip=tuple(data.get("pip", ())),
+                description=data.get("description", f"{args.name} ({data['suite']})"),
+            )
         except (OSError, ValueError, KeyError, TypeError) as err:
             raise InvalidArgument(f"{args.recipe} is not an image recipe (suite, packages ...): {err}") from None
         store.add_recipe(args.name, recipe)
@@ -66,8 +83,12 @@ def import_(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         archive = Path(args.archive) if args.archive else Path(tmp) / "image.tar"
         if args.from_podman:
-            saved = subprocess.run(["podman", "image", "save", "--format", "docker-archive", "-o", str(archive),
-                                    args.from_podman], capture_output=True, text=True, check=False)
+            saved = subprocess.run(
+                ["podman", "image", "save", "--format", "docker-archive", "-o", str(archive), args.from_podman],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
             if saved.returncode != 0:
                 raise FailedPrecondition(f"podman image save {args.from_podman} failed: {saved.stderr.strip()}")
         image = asyncio.run(_images(args).import_archive(args.name, archive, progress=BuildProgressView()))
@@ -86,8 +107,6 @@ def ls(args: argparse.Namespace) -> int:
         description = image.description if image else store.list_recipes()[name].description
         print(f"{name:<20} {status:<10} {size:>8}  {description}")
     return 0
-
-
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -51,8 +51,15 @@ class Recipe:
     dependencies, for what Debian does not package. The wheels are downloaded on the build machine."""
 
 
-PYTHON_PACKAGES = ("python3", "python-is-python3", "python3-pip", "python3-venv", "python3-pytest", "git",
-                   "ca-certificates")
+PYTHON_PACKAGES = (
+    "python3",
+    "python-is-python3",
+    "python3-pip",
+    "python3-venv",
+    "python3-pytest",
+    "git",
+    "ca-certificates",
+)
 """python:3.11-slim's packages. python3 and git are required in every image: the sandbox agent is a python3
 script and patches are applied with `git apply`."""
 
@@ -61,11 +68,15 @@ PYTHON_SUITES = {"3.9": "bullseye", "3.11": "bookworm", "3.13": "trixie"}
 
 RECIPES: dict[str, Recipe] = {
     "python:3.9-slim": Recipe(
-        suite="bullseye", variant="minbase", packages=PYTHON_PACKAGES,
+        suite="bullseye",
+        variant="minbase",
+        packages=PYTHON_PACKAGES,
         description="Debian 11 (bullseye) minbase with Python 3.9 (also as `python`), pip, venv, pytest and git",
     ),
     "python:3.13-slim": Recipe(
-        suite="trixie", variant="minbase", packages=PYTHON_PACKAGES,
+        suite="trixie",
+        variant="minbase",
+        packages=PYTHON_PACKAGES,
         description="Debian 13 (trixie) minbase with Python 3.13 (also as `python`), pip, venv, pytest and git",
     ),
     "python:3.11-slim": Recipe(
@@ -81,21 +92,25 @@ RECIPES: dict[str, Recipe] = {
         variant="minbase",
         packages=(*PYTHON_PACKAGES, "python3-radicale", "python3-aiosmtpd"),
         description="python:3.11-slim plus radicale (CalDAV), aiosmtpd (SMTP) and pymap (IMAP) for the Claw "
-                    "assistant environment",
+        "assistant environment",
         pip=("pymap==0.36.7",),
     ),
 }
+
 
 def python_of(recipe: Recipe) -> str:
     """The Python version of a recipe's suite ("3.11" for bookworm); wheels for `Recipe.pip` are chosen for it."""
     for version, suite in PYTHON_SUITES.items():
         if suite == recipe.suite:
             return version
-    raise InvalidArgument(f"suite {recipe.suite!r} is not one of {', '.join(PYTHON_SUITES.values())}",
-                          field="suite")
+    raise InvalidArgument(f"suite {recipe.suite!r} is not one of {', '.join(PYTHON_SUITES.values())}", field="suite")
 
-CHROOT_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root",
-              "LANG": "C.UTF-8"}
+
+CHROOT_ENV = {
+    "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "HOME": "/root",
+    "LANG": "C.UTF-8",
+}
 """The environment of commands run in a rootfs being built (none of the host's variables leak in)."""
 
 
@@ -125,8 +140,14 @@ class BuildProgress:
     message: str
 
 
-HOST = Image(name=HOST_IMAGE, rootfs=Path("/"), is_host=True, size_bytes=0, build_time=None,
-             description="the machine's own root filesystem, read-only")
+HOST = Image(
+    name=HOST_IMAGE,
+    rootfs=Path("/"),
+    is_host=True,
+    size_bytes=0,
+    build_time=None,
+    description="the machine's own root filesystem, read-only",
+)
 
 
 def default_images_dir() -> Path:
@@ -184,9 +205,15 @@ class ProgressParser:
 
     # "Retrieving git 1:2.39.5-0+deb12u3", "Unpacking libc6:amd64..." (but not "Unpacking the base system...")
     _PACKAGE = re.compile(
-        r"I: (?:(Retrieving|Validating) (\S+) \S+|(Extracting|Unpacking|Configuring) (\S+?)(?::\w+)?\.\.\.)$")
-    _STAGES = {"Retrieving": "download", "Validating": "download", "Extracting": "extract",
-               "Unpacking": "unpack", "Configuring": "configure"}
+        r"I: (?:(Retrieving|Validating) (\S+) \S+|(Extracting|Unpacking|Configuring) (\S+?)(?::\w+)?\.\.\.)$"
+    )
+    _STAGES = {
+        "Retrieving": "download",
+        "Validating": "download",
+        "Extracting": "extract",
+        "Unpacking": "unpack",
+        "Configuring": "configure",
+    }
 
     def __init__(self) -> None:
         self.stage = "resolve"
@@ -282,15 +309,20 @@ class ImageStore:
             raise FailedPrecondition(
                 f"image '{name}' is not built on this machine (or was built from an older recipe); "
                 f"build it with `orchard image build {name}`",
-                field="image", reason="IMAGE_NOT_BUILT")
+                field="image",
+                reason="IMAGE_NOT_BUILT",
+            )
         return image
 
     def list(self) -> list[Image]:
         """The host image, every built image and every imported one."""
         folders = sorted(self.root.iterdir()) if self.root.is_dir() else []
         imported = [image for folder in folders if (image := self._imported_from(folder)) is not None]
-        return [HOST, *(image for name, recipe in self.list_recipes().items()
-                        if (image := self._built(name, recipe))), *imported]
+        return [
+            HOST,
+            *(image for name, recipe in self.list_recipes().items() if (image := self._built(name, recipe))),
+            *imported,
+        ]
 
     def _imported(self, name: str) -> Image | None:
         image = self._imported_from(self.root / image_dirname(name))
@@ -303,12 +335,18 @@ class ImageStore:
             return None
         if "imported_from" not in meta:
             return None
-        return Image(name=meta["name"], rootfs=folder / "rootfs", is_host=False, size_bytes=meta["size_bytes"],
-                     build_time=datetime.fromisoformat(meta["build_time"]),
-                     description=f"imported from {meta['imported_from']}")
+        return Image(
+            name=meta["name"],
+            rootfs=folder / "rootfs",
+            is_host=False,
+            size_bytes=meta["size_bytes"],
+            build_time=datetime.fromisoformat(meta["build_time"]),
+            description=f"imported from {meta['imported_from']}",
+        )
 
-    async def import_archive(self, name: str, archive: Path,
-                             progress: Callable[[BuildProgress], None] | None = None) -> Image:
+    async def import_archive(
+        self, name: str, archive: Path, progress: Callable[[BuildProgress], None] | None = None
+    ) -> Image:
         """Make image `name` from a container image archive (`docker save`, `podman save`, an OCI layout tar):
         its layers unpacked into a root filesystem sandboxes run on, as built images are. The image needs
         /usr/bin/python3 for the local backend's agent and git for patches (the docker backend injects its own
@@ -318,8 +356,9 @@ class ImageStore:
         if name == HOST_IMAGE or self.recipe(name, missing_ok=True) is not None:
             raise AlreadyExists(f"image {name!r} is built from a recipe; import under another name", field="name")
         if not IMAGE_NAME.match(name):
-            raise InvalidArgument(f"image name {name!r} must be 1-128 lowercase letters, digits, '.', '_', ':' or '-'",
-                                  field="name")
+            raise InvalidArgument(
+                f"image name {name!r} must be 1-128 lowercase letters, digits, '.', '_', ':' or '-'", field="name"
+            )
         if not archive.is_file():
             raise NotFound(f"image archive {archive} not found")
         report = progress or (lambda p: None)
@@ -335,9 +374,14 @@ class ImageStore:
                 report(BuildProgress("finalize", 0, None, "writing image metadata"))
                 await asyncio.to_thread(_finish_rootfs, tmp / "rootfs")
                 size = await asyncio.to_thread(_disk_usage, tmp / "rootfs")
-                meta = {"name": name, "imported_from": str(archive), "build_time": datetime.now(UTC).isoformat(),
-                        "build_seconds": round(time.monotonic() - started, 1), "size_bytes": size,
-                        "config": {k: config.get(k) for k in ("Env", "WorkingDir", "Cmd", "Entrypoint")}}
+                meta = {
+                    "name": name,
+                    "imported_from": str(archive),
+                    "build_time": datetime.now(UTC).isoformat(),
+                    "build_seconds": round(time.monotonic() - started, 1),
+                    "size_bytes": size,
+                    "config": {k: config.get(k) for k in ("Env", "WorkingDir", "Cmd", "Entrypoint")},
+                }
                 (tmp / "image.json").write_text(json.dumps(meta, indent=2) + "\n")
                 final = self.root / dirname
                 if final.exists():
@@ -353,8 +397,14 @@ class ImageStore:
                 raise
         image = self._imported(name)
         assert image is not None
-        report(BuildProgress("done", 1, 1, f"imported {name} in {meta['build_seconds']:.0f} s "
-                                           f"({size / 1e6:.0f} MB) at {image.rootfs}"))
+        report(
+            BuildProgress(
+                "done",
+                1,
+                1,
+                f"imported {name} in {meta['build_seconds']:.0f} s ({size / 1e6:.0f} MB) at {image.rootfs}",
+            )
+        )
         return image
 
     def list_recipes(self) -> dict[str, Recipe]:
@@ -367,16 +417,18 @@ class ImageStore:
                     added[name] = recipe
         return {**RECIPES, **added}
 
-    async def build(self, name: str, *, force: bool = False,
-                    progress: Callable[[BuildProgress], None] | None = None) -> Image:
+    async def build(
+        self, name: str, *, force: bool = False, progress: Callable[[BuildProgress], None] | None = None
+    ) -> Image:
         """Build `name` with debootstrap (returns at once when already built, unless `force`).
 
         Builds of one image are serialized across processes with a lock file. A forced rebuild
         replaces the old rootfs: sandboxes still running on it must be stopped first.
         """
         if name == HOST_IMAGE:
-            raise InvalidArgument("image 'host' is the machine's own root filesystem; there is nothing to build",
-                                  field="image")
+            raise InvalidArgument(
+                "image 'host' is the machine's own root filesystem; there is nothing to build", field="image"
+            )
         recipe = self.recipe(name)
         assert recipe is not None
         if not force and (image := self._built(name, recipe)):
@@ -396,8 +448,14 @@ class ImageStore:
             return None
         if meta.get("recipe") != recipe_key(recipe):
             return None  # built from an older recipe: rebuilt by the next `build`
-        return Image(name=name, rootfs=folder / "rootfs", is_host=False, size_bytes=meta["size_bytes"],
-                     build_time=datetime.fromisoformat(meta["build_time"]), description=recipe.description)
+        return Image(
+            name=name,
+            rootfs=folder / "rootfs",
+            is_host=False,
+            size_bytes=meta["size_bytes"],
+            build_time=datetime.fromisoformat(meta["build_time"]),
+            description=recipe.description,
+        )
 
     @contextlib.asynccontextmanager
     async def _locked(self, name: str, report: Callable[[BuildProgress], None]) -> AsyncIterator[int]:
@@ -419,15 +477,20 @@ class ImageStore:
         finally:
             os.close(fd)  # releases the lock, unless a debootstrap that outlived us still holds it
 
-    async def _build_locked(self, name: str, recipe: Recipe, lock_fd: int,
-                            report: Callable[[BuildProgress], None]) -> Image:
+    async def _build_locked(
+        self, name: str, recipe: Recipe, lock_fd: int, report: Callable[[BuildProgress], None]
+    ) -> Image:
         dirname = image_dirname(name)
         if os.geteuid() != 0:
-            raise FailedPrecondition(f"building image '{name}' needs root (debootstrap); run "
-                                     f"`sudo orchard image build {name}`", reason="IMAGE_BUILD_NEEDS_ROOT")
+            raise FailedPrecondition(
+                f"building image '{name}' needs root (debootstrap); run `sudo orchard image build {name}`",
+                reason="IMAGE_BUILD_NEEDS_ROOT",
+            )
         if shutil.which("debootstrap") is None:
-            raise FailedPrecondition("debootstrap is not installed; run scripts/install.sh or "
-                                     "`apt-get install debootstrap`", reason="DEBOOTSTRAP_MISSING")
+            raise FailedPrecondition(
+                "debootstrap is not installed; run scripts/install.sh or `apt-get install debootstrap`",
+                reason="DEBOOTSTRAP_MISSING",
+            )
         # 1. A crashed build leaves only hidden siblings; nobody else builds this image while we hold the lock.
         report(BuildProgress("prepare", 0, None, f"preparing to build {name}"))
         for leftover in [*self.root.glob(f".{dirname}.tmp-*"), *self.root.glob(f".{dirname}.old-*")]:
@@ -446,10 +509,16 @@ class ImageStore:
             report(BuildProgress("finalize", 0, None, "removing package caches, writing image metadata"))
             await asyncio.to_thread(_finish_rootfs, tmp / "rootfs")
             size = await asyncio.to_thread(_disk_usage, tmp / "rootfs")
-            meta = {"name": name, "recipe": recipe_key(recipe), "build_time": datetime.now(UTC).isoformat(),
-                    "build_seconds": round(time.monotonic() - started, 1), "size_bytes": size,
-                    "debootstrap_version": await _debootstrap_version(), "mirror": mirror,
-                    "build_log": str(log_path)}
+            meta = {
+                "name": name,
+                "recipe": recipe_key(recipe),
+                "build_time": datetime.now(UTC).isoformat(),
+                "build_seconds": round(time.monotonic() - started, 1),
+                "size_bytes": size,
+                "debootstrap_version": await _debootstrap_version(),
+                "mirror": mirror,
+                "build_log": str(log_path),
+            }
             (tmp / "image.json").write_text(json.dumps(meta, indent=2) + "\n")
             # 4. Swap it in with renames, so the image folder is always either absent or complete.
             final = self.root / dirname
@@ -466,8 +535,11 @@ class ImageStore:
             raise
         image = self._built(name, recipe)
         assert image is not None
-        report(BuildProgress("done", 1, 1, f"built {name} in {meta['build_seconds']:.0f} s "
-                                           f"({size / 1e6:.0f} MB) at {image.rootfs}"))
+        report(
+            BuildProgress(
+                "done", 1, 1, f"built {name} in {meta['build_seconds']:.0f} s ({size / 1e6:.0f} MB) at {image.rootfs}"
+            )
+        )
         return image
 
 
@@ -484,16 +556,44 @@ def recipe_key(recipe: Recipe) -> dict[str, object]:
 
 def pip_download_args(recipe: Recipe, dest: Path) -> list[str]:
     """The host-side `pip download` of the recipe's wheels (and their dependencies) for the image's python3."""
-    return [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--no-cache-dir",
-            "--only-binary=:all:", "--python-version", python_of(recipe), "--implementation", "cp",
-            "--platform", f"manylinux2014_{platform.machine()}", "-d", str(dest), *recipe.pip]
+    return [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--disable-pip-version-check",
+        "--no-cache-dir",
+        "--only-binary=:all:",
+        "--python-version",
+        python_of(recipe),
+        "--implementation",
+        "cp",
+        "--platform",
+        f"manylinux2014_{platform.machine()}",
+        "-d",
+        str(dest),
+        *recipe.pip,
+    ]
 
 
 def pip_install_args(recipe: Recipe, rootfs: Path, wheels_in_rootfs: str) -> list[str]:
     """The in-chroot `pip install` from the downloaded wheels only (the chroot needs no network)."""
-    return ["chroot", str(rootfs), "python3", "-m", "pip", "install", "--disable-pip-version-check", "--no-cache-dir",
-            "--break-system-packages", "--root-user-action=ignore", "--no-index", "--find-links", wheels_in_rootfs,
-            *recipe.pip]
+    return [
+        "chroot",
+        str(rootfs),
+        "python3",
+        "-m",
+        "pip",
+        "install",
+        "--disable-pip-version-check",
+        "--no-cache-dir",
+        "--break-system-packages",
+        "--root-user-action=ignore",
+        "--no-index",
+        "--find-links",
+        wheels_in_rootfs,
+        *recipe.pip,
+    ]
 
 
 IMAGE_NAME = re.compile(r"^[a-z0-9][a-z0-9._:-]{0,127}$")
@@ -504,8 +604,9 @@ def check_recipe(name: str, recipe: Recipe) -> None:
     """InvalidArgument naming the field unless the recipe can be built: a plain name, a known suite, package
     names Debian allows (they reach debootstrap's command line)."""
     if not IMAGE_NAME.match(name) or name == HOST_IMAGE:
-        raise InvalidArgument(f"image name {name!r} must be 1-128 lowercase letters, digits, '.', '_', ':' or '-'",
-                              field="name")
+        raise InvalidArgument(
+            f"image name {name!r} must be 1-128 lowercase letters, digits, '.', '_', ':' or '-'", field="name"
+        )
     python_of(recipe)
     if recipe.variant not in ("minbase", "buildd"):
         raise InvalidArgument(f"variant {recipe.variant!r} must be minbase or buildd", field="variant")
@@ -513,26 +614,45 @@ def check_recipe(name: str, recipe: Recipe) -> None:
         if not DEBIAN_PACKAGE.match(package):
             raise InvalidArgument(f"{package!r} is not a Debian package name", field="packages")
     if not {"python3", "git"} <= set(recipe.packages):
-        raise InvalidArgument("an image needs the packages python3 and git (the sandbox agent and patches use "
-                              "them)", field="packages")
+        raise InvalidArgument(
+            "an image needs the packages python3 and git (the sandbox agent and patches use them)", field="packages"
+        )
 
 
-async def _debootstrap(name: str, recipe: Recipe, rootfs: Path, mirror: str, log_path: Path, lock_fd: int,
-                       report: Callable[[BuildProgress], None]) -> None:
+async def _debootstrap(
+    name: str,
+    recipe: Recipe,
+    rootfs: Path,
+    mirror: str,
+    log_path: Path,
+    lock_fd: int,
+    report: Callable[[BuildProgress], None],
+) -> None:
     """Run debootstrap, streaming its output to `log_path` and `report`; raise with the log's tail on failure.
 
     debootstrap inherits the lock: if this process dies, the next build waits for the orphaned
     debootstrap to finish instead of deleting the folder it is still writing.
     """
-    args = ["debootstrap", f"--variant={recipe.variant}", f"--include={','.join(recipe.packages)}",
-            recipe.suite, str(rootfs), mirror]
+    args = [
+        "debootstrap",
+        f"--variant={recipe.variant}",
+        f"--include={','.join(recipe.packages)}",
+        recipe.suite,
+        str(rootfs),
+        mirror,
+    ]
     parser = ProgressParser()
     tail: deque[str] = deque(maxlen=20)
     with log_path.open("w") as log:
         log.write(f"$ {' '.join(args)}\n")
         proc = await asyncio.create_subprocess_exec(
-            *args, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT, start_new_session=True, pass_fds=(lock_fd,))
+            *args,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,
+            pass_fds=(lock_fd,),
+        )
         assert proc.stdout is not None
         try:
             async for raw in proc.stdout:
@@ -556,14 +676,17 @@ async def _debootstrap(name: str, recipe: Recipe, rootfs: Path, mirror: str, log
     hint = f"check that the mirror {mirror} is reachable" if unreachable else "fix the cause"
     report(BuildProgress("failed", 0, None, f"debootstrap exited with status {returncode}"))
     last_lines = "\n".join(tail)
-    raise error(f"building image '{name}' failed: debootstrap exited with status {returncode} (mirror {mirror}); "
-                f"{hint} and run `orchard image build {name}` again. Full log: {log_path}\n"
-                f"Last lines:\n{last_lines}",
-                reason="MIRROR_UNREACHABLE" if unreachable else "IMAGE_BUILD_FAILED")
+    raise error(
+        f"building image '{name}' failed: debootstrap exited with status {returncode} (mirror {mirror}); "
+        f"{hint} and run `orchard image build {name}` again. Full log: {log_path}\n"
+        f"Last lines:\n{last_lines}",
+        reason="MIRROR_UNREACHABLE" if unreachable else "IMAGE_BUILD_FAILED",
+    )
 
 
-async def _install_wheels(name: str, recipe: Recipe, rootfs: Path, log_path: Path,
-                          report: Callable[[BuildProgress], None]) -> None:
+async def _install_wheels(
+    name: str, recipe: Recipe, rootfs: Path, log_path: Path, report: Callable[[BuildProgress], None]
+) -> None:
     """Download the recipe's wheels on this machine into the rootfs, pip-install them in a chroot, delete them."""
     wheels = "/tmp/orchard-wheels"
     host_dir = rootfs / wheels.lstrip("/")
@@ -583,8 +706,14 @@ async def _run_logged(name: str, args: list[str], log_path: Path, *, env: dict[s
     with log_path.open("a") as log:
         log.write(f"\n$ {' '.join(args)}\n")
         log.flush()
-        proc = await asyncio.create_subprocess_exec(*args, stdin=asyncio.subprocess.DEVNULL, stdout=log,
-                                                    stderr=asyncio.subprocess.STDOUT, start_new_session=True, env=env)
+        proc = await asyncio.create_subprocess_exec(
+            *args,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=log,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,
+            env=env,
+        )
         try:
             returncode = await proc.wait()
         except BaseException:
@@ -592,9 +721,12 @@ async def _run_logged(name: str, args: list[str], log_path: Path, *, env: dict[s
             raise
     if returncode != 0:
         last_lines = "\n".join(log_path.read_text(errors="replace").splitlines()[-20:])
-        raise FailedPrecondition(f"building image '{name}' failed: `{' '.join(args[:5])} ...` exited with status "
-                                 f"{returncode}; fix the cause and run `orchard image build {name}` again. "
-                                 f"Full log: {log_path}\nLast lines:\n{last_lines}", reason="IMAGE_BUILD_FAILED")
+        raise FailedPrecondition(
+            f"building image '{name}' failed: `{' '.join(args[:5])} ...` exited with status "
+            f"{returncode}; fix the cause and run `orchard image build {name}` again. "
+            f"Full log: {log_path}\nLast lines:\n{last_lines}",
+            reason="IMAGE_BUILD_FAILED",
+        )
 
 
 async def _stop(proc: asyncio.subprocess.Process) -> None:
@@ -613,8 +745,9 @@ async def _stop(proc: asyncio.subprocess.Process) -> None:
 
 
 async def _debootstrap_version() -> str:
-    proc = await asyncio.create_subprocess_exec("debootstrap", "--version", stdout=asyncio.subprocess.PIPE,
-                                                stderr=asyncio.subprocess.DEVNULL)
+    proc = await asyncio.create_subprocess_exec(
+        "debootstrap", "--version", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL
+    )
     out, _ = await proc.communicate()
     return out.decode().split()[-1] if out.strip() else "unknown"
 
@@ -633,9 +766,11 @@ def _finish_rootfs(rootfs: Path) -> None:
     workspace.chmod(0o755)
     # debootstrap copies the host's files; replace them (unlink first: never write through a symlink
     # that could point out of the rootfs).
-    _replace(rootfs / "etc/resolv.conf",
-             "# Orchard sandbox placeholder: sandboxes have no network unless their policy allows it;\n"
-             "# the backend binds a real resolv.conf over this file when it gives a sandbox DNS.\n")
+    _replace(
+        rootfs / "etc/resolv.conf",
+        "# Orchard sandbox placeholder: sandboxes have no network unless their policy allows it;\n"
+        "# the backend binds a real resolv.conf over this file when it gives a sandbox DNS.\n",
+    )
     _replace(rootfs / "etc/hosts", "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n")
     _replace(rootfs / "etc/hostname", "sandbox\n")
 

@@ -22,11 +22,19 @@ def check_labels(labels: Mapping[str, str], field: str = "labels") -> None:
         raise InvalidArgument(f"{len(labels)} labels; at most {MAX_LABELS} are allowed", field=field)
     for key, value in labels.items():
         if not KEY.match(key):
-            raise InvalidArgument(f"label key {key[:80]!r} is not 1-63 letters, digits, '.', '_', '/' or '-' "
-                                  "starting and ending with a letter or digit", field=field)
+            raise InvalidArgument(
+                f"label key {key[:80]!r} is not 1-63 letters, digits, '.', '_', '/' or '-' "
+                "starting and ending with a letter or digit",
+                field=field,
+            )
         if len(value) > MAX_VALUE_CHARS:
-            raise InvalidArgument(f"label {key!r} has a value of {len(value)} characters; at most "
-                                  f"{MAX_VALUE_CHARS} are allowed", field=field)
+            raise InvalidArgument(
+                f"label {key!r} has a value of {len(value)} characters; at most {MAX_VALUE_CHARS} are allowed",
+                field=field,
+            )
         if not value.isprintable():
-            raise InvalidArgument(f"label {key!r} has a value with control, format or bidi characters "
-                                  f"({value[:80]!r}); use printable text", field=field)
+            raise InvalidArgument(
+                f"label {key!r} has a value with control, format or bidi characters "
+                f"({value[:80]!r}); use printable text",
+                field=field,
+            )

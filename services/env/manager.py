@@ -74,8 +74,11 @@ class CreateRequest:
 def check_egress(rules: tuple[EgressRule, ...]) -> None:
     """Raise InvalidArgument unless every rule names exactly one of a CIDR and a host name, and a port 0..65535."""
     if len(rules) > MAX_EGRESS_RULES:
-        raise InvalidArgument(f"network_policy has {len(rules)} rules; at most {MAX_EGRESS_RULES} are allowed "
-                              "(join neighbouring addresses into one cidr)", field="network_policy")
+        raise InvalidArgument(
+            f"network_policy has {len(rules)} rules; at most {MAX_EGRESS_RULES} are allowed "
+            "(join neighbouring addresses into one cidr)",
+            field="network_policy",
+        )
     for i, rule in enumerate(rules):
         if bool(rule.cidr) == bool(rule.host):
             raise InvalidArgument(f"network_policy rule {i}: set exactly one of cidr and host", field="network_policy")
@@ -83,15 +86,19 @@ def check_egress(rules: tuple[EgressRule, ...]) -> None:
             try:
                 ipaddress.ip_network(rule.cidr, strict=False)
             except ValueError:
-                raise InvalidArgument(f"network_policy rule {i}: cidr {rule.cidr!r} is not an IP network like "
-                                      "'169.254.0.0/16' or an address like '169.254.1.2'",
-                                      field="network_policy") from None
+                raise InvalidArgument(
+                    f"network_policy rule {i}: cidr {rule.cidr!r} is not an IP network like "
+                    "'169.254.0.0/16' or an address like '169.254.1.2'",
+                    field="network_policy",
+                ) from None
         elif not HOST_NAME.match(rule.host):
-            raise InvalidArgument(f"network_policy rule {i}: host {rule.host!r} is not a valid host name",
-                                  field="network_policy")
+            raise InvalidArgument(
+                f"network_policy rule {i}: host {rule.host!r} is not a valid host name", field="network_policy"
+            )
         if not 0 <= rule.port <= 65535:
-            raise InvalidArgument(f"network_policy rule {i}: port {rule.port} is not in 0..65535 (0 = any port)",
-                                  field="network_policy")
+            raise InvalidArgument(
+                f"network_policy rule {i}: port {rule.port} is not in 0..65535 (0 = any port)", field="network_policy"
+            )
 
 
 def _page_cursor(page_token: str) -> str:
@@ -101,8 +108,11 @@ def _page_cursor(page_token: str) -> str:
     except ValueError:
         after = ""
     if not SANDBOX_ID.match(after):
-        raise InvalidArgument("page_token is not one this service issued; pass the next_page_token of the "
-                              "previous page, or none for the first", field="page_token")
+        raise InvalidArgument(
+            "page_token is not one this service issued; pass the next_page_token of the "
+            "previous page, or none for the first",
+            field="page_token",
+        )
     return after
 
 
@@ -137,9 +147,13 @@ class SandboxManager:
         now = time.time()
         taken: dict[str, AgentClient] = {}
         if isinstance(self.backend, RecoverableBackend):
-            taken = await self.backend.recover({sb.key: self._spec(sb) for sb in left
-                                                if sb.create_time + sb.ttl_s > now
-                                                and sb.kind is SandboxKind.CONTAINER})
+            taken = await self.backend.recover(
+                {
+                    sb.key: self._spec(sb)
+                    for sb in left
+                    if sb.create_time + sb.ttl_s > now and sb.kind is SandboxKind.CONTAINER
+                }
+            )
         for sandbox in left:
             if sandbox.key in taken:
                 self._adopt(sandbox, taken[sandbox.key])
@@ -171,8 +185,10 @@ class SandboxManager:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        await asyncio.gather(*(self.delete_sandbox(sid, reason="the env service stopped")
-                               for sid in list(self.sandboxes)), return_exceptions=True)
+        await asyncio.gather(
+            *(self.delete_sandbox(sid, reason="the env service stopped") for sid in list(self.sandboxes)),
+            return_exceptions=True,
+        )
         await self.browsers.close()
         await self.snapshots.close()
         await self.backend.close()
@@ -185,8 +201,9 @@ class SandboxManager:
 
     # ---- images ----
 
-    async def build_image(self, name: str, recipe: Recipe | None, force: bool,
-                          progress: Callable[[BuildProgress], None]) -> Image:
+    async def build_image(
+        self, name: str, recipe: Recipe | None, force: bool, progress: Callable[[BuildProgress], None]
+    ) -> Image:
         """Build image `name` in the service's images dir (adding `recipe` under that name first, if given)."""
         store = ImageStore(self.settings.images_dir)
         if recipe is not None:
@@ -212,18 +229,22 @@ class SandboxManager:
         """A ready container sandbox (for commands, files, patches, snapshots, terminals and its policy)."""
         sandbox = self.get_sandbox(sandbox_id)
         if sandbox.kind is SandboxKind.BROWSER:
-            raise FailedPrecondition(f"sandbox {sandbox_id!r} is a browser sandbox (drive it with Screenshot, Act "
-                                     "and GetPageContent); commands, files, patches, snapshots and terminals need "
-                                     "a container sandbox")
+            raise FailedPrecondition(
+                f"sandbox {sandbox_id!r} is a browser sandbox (drive it with Screenshot, Act "
+                "and GetPageContent); commands, files, patches, snapshots and terminals need "
+                "a container sandbox"
+            )
         return self._ready(sandbox)
 
     def ready_browser(self, sandbox_id: str) -> Sandbox:
         """A ready browser sandbox (for Screenshot, Act and GetPageContent)."""
         sandbox = self.get_sandbox(sandbox_id)
         if sandbox.kind is not SandboxKind.BROWSER:
-            raise FailedPrecondition(f"sandbox {sandbox_id!r} is a container sandbox; Screenshot, Act and "
-                                     "GetPageContent need a browser sandbox (CreateSandbox with kind "
-                                     "SANDBOX_KIND_BROWSER)")
+            raise FailedPrecondition(
+                f"sandbox {sandbox_id!r} is a container sandbox; Screenshot, Act and "
+                "GetPageContent need a browser sandbox (CreateSandbox with kind "
+                "SANDBOX_KIND_BROWSER)"
+            )
         return self._ready(sandbox)
 
     def _ready(self, sandbox: Sandbox) -> Sandbox:
@@ -243,21 +264,32 @@ class SandboxManager:
         s = self.settings
         browser = req.kind is SandboxKind.BROWSER
         if browser:
-            for name, value in (("image", req.image), ("from_snapshot", req.from_snapshot), ("env", req.env),
-                                ("workdir", req.workdir)):
+            for name, value in (
+                ("image", req.image),
+                ("from_snapshot", req.from_snapshot),
+                ("env", req.env),
+                ("workdir", req.workdir),
+            ):
                 if value:
-                    raise InvalidArgument(f"{name} is for container sandboxes; a browser sandbox takes none "
-                                          "(leave it empty)", field=name)
+                    raise InvalidArgument(
+                        f"{name} is for container sandboxes; a browser sandbox takes none (leave it empty)", field=name
+                    )
         snapshot = self.snapshots.get(req.from_snapshot, field="from_snapshot") if req.from_snapshot else None
         image = req.image or (snapshot.image if snapshot else "")
         if not image and not browser:
             raise InvalidArgument("image is required, e.g. 'python:3.11-slim' or 'host'", field="image")
         if snapshot is not None and image != snapshot.image:
-            raise InvalidArgument(f"image {image!r} is not the image of snapshot {snapshot.snapshot_id!r} "
-                                  f"({snapshot.image!r}); leave image empty to use the snapshot's", field="image")
+            raise InvalidArgument(
+                f"image {image!r} is not the image of snapshot {snapshot.snapshot_id!r} "
+                f"({snapshot.image!r}); leave image empty to use the snapshot's",
+                field="image",
+            )
         if req.sandbox_id and not SANDBOX_ID.match(req.sandbox_id):
-            raise InvalidArgument(f"sandbox_id {req.sandbox_id!r} must be 1-63 lowercase letters, digits or '-', "
-                                  "starting and ending with a letter or digit", field="sandbox_id")
+            raise InvalidArgument(
+                f"sandbox_id {req.sandbox_id!r} must be 1-63 lowercase letters, digits or '-', "
+                "starting and ending with a letter or digit",
+                field="sandbox_id",
+            )
         if req.sandbox_id and sandbox_key(tenant, req.sandbox_id) in self.sandboxes:
             # Only the tenant's own ids can collide: another tenant's same id is another key.
             raise AlreadyExists(f"sandbox {req.sandbox_id!r} already exists", field="sandbox_id")
@@ -277,18 +309,36 @@ class SandboxManager:
         if not workdir.startswith("/"):
             raise InvalidArgument(f"workdir {workdir!r} must be an absolute path", field="workdir")
         if len(self.sandboxes) >= s.max_sandboxes:
-            raise ResourceExhausted(f"the service already holds {s.max_sandboxes} sandboxes (its limit); "
-                                    "delete some or retry later", retry_after=5.0)
+            raise ResourceExhausted(
+                f"the service already holds {s.max_sandboxes} sandboxes (its limit); delete some or retry later",
+                retry_after=5.0,
+            )
         r = req.resources
-        resources = Resources() if browser else Resources(
-            r.cpu_millis or s.default_cpu_millis, r.memory_bytes or s.default_memory_bytes,
-            r.pids or s.default_pids, r.disk_bytes or s.default_disk_bytes)
+        resources = (
+            Resources()
+            if browser
+            else Resources(
+                r.cpu_millis or s.default_cpu_millis,
+                r.memory_bytes or s.default_memory_bytes,
+                r.pids or s.default_pids,
+                r.disk_bytes or s.default_disk_bytes,
+            )
+        )
         sandbox = Sandbox(
             sandbox_id=req.sandbox_id or f"sb-{uuid.uuid4().hex[:12]}",
-            image=image, workdir=posixpath.normpath(workdir), env=dict(req.env), labels=dict(req.labels),
-            resources=resources, egress=req.egress, ttl_s=req.ttl_s or s.default_ttl_s,
-            heartbeat_timeout_s=req.heartbeat_timeout_s, request_id=req.request_id, tenant=tenant,
-            from_snapshot=req.from_snapshot, layers=snapshot.layers if snapshot else (), kind=req.kind,
+            image=image,
+            workdir=posixpath.normpath(workdir),
+            env=dict(req.env),
+            labels=dict(req.labels),
+            resources=resources,
+            egress=req.egress,
+            ttl_s=req.ttl_s or s.default_ttl_s,
+            heartbeat_timeout_s=req.heartbeat_timeout_s,
+            request_id=req.request_id,
+            tenant=tenant,
+            from_snapshot=req.from_snapshot,
+            layers=snapshot.layers if snapshot else (),
+            kind=req.kind,
             isolation="" if browser else req.isolation or s.default_isolation,
         )
         self.sandboxes[sandbox.key] = sandbox
@@ -313,27 +363,42 @@ class SandboxManager:
         metrics.SANDBOXES_CREATED.inc()
         # A record on disk, so that after a crash the next run can say what became of this sandbox (or take it back).
         records.save(self._records, sandbox)
-        log.info("sandbox created", extra={"sandbox_id": sandbox.sandbox_id, "image": sandbox.image,
-                                           "kind": sandbox.kind.name.lower()})
+        log.info(
+            "sandbox created",
+            extra={"sandbox_id": sandbox.sandbox_id, "image": sandbox.image, "kind": sandbox.kind.name.lower()},
+        )
         return sandbox
 
     @staticmethod
     def _spec(sandbox: Sandbox) -> SandboxSpec:
-        return SandboxSpec(sandbox_id=sandbox.key, image=sandbox.image, workdir=sandbox.workdir,
-                           env=sandbox.env, resources=sandbox.resources, egress=sandbox.egress,
-                           layers=sandbox.layers, tenant=sandbox.tenant, isolation=sandbox.isolation,
-                           expire_time=sandbox.create_time + sandbox.ttl_s)
+        return SandboxSpec(
+            sandbox_id=sandbox.key,
+            image=sandbox.image,
+            workdir=sandbox.workdir,
+            env=sandbox.env,
+            resources=sandbox.resources,
+            egress=sandbox.egress,
+            layers=sandbox.layers,
+            tenant=sandbox.tenant,
+            isolation=sandbox.isolation,
+            expire_time=sandbox.create_time + sandbox.ttl_s,
+        )
 
-    def list_sandboxes(self, label_selector: Mapping[str, str], page_size: int,
-                       page_token: str) -> tuple[list[Sandbox], str]:
+    def list_sandboxes(
+        self, label_selector: Mapping[str, str], page_size: int, page_token: str
+    ) -> tuple[list[Sandbox], str]:
         if page_size < 0:
             raise InvalidArgument("page_size must not be negative", field="page_size")
         size = min(page_size or 100, 1000)
         after = _page_cursor(page_token) if page_token else ""
         matching = sorted(
-            (sb for sb in self.sandboxes.values()
-             if sb.sandbox_id > after and tenancy.may_access(sb.tenant)
-             and all(sb.labels.get(k) == v for k, v in label_selector.items())),
+            (
+                sb
+                for sb in self.sandboxes.values()
+                if sb.sandbox_id > after
+                and tenancy.may_access(sb.tenant)
+                and all(sb.labels.get(k) == v for k, v in label_selector.items())
+            ),
             key=lambda sb: sb.sandbox_id,
         )
         page = matching[:size]
@@ -422,8 +487,12 @@ class SandboxManager:
     async def sweep(self) -> None:
         """Delete expired sandboxes and forget finished commands past their retention."""
         now = time.time()
-        expired = [sb for sb in self.sandboxes.values()
-                   if sb.expire_time <= now and sb.state in (SandboxState.READY, SandboxState.FAILED)]
-        await asyncio.gather(*(self.delete_sandbox(sb.key, reason=sb.expiry_reason()) for sb in expired),
-                             return_exceptions=True)
+        expired = [
+            sb
+            for sb in self.sandboxes.values()
+            if sb.expire_time <= now and sb.state in (SandboxState.READY, SandboxState.FAILED)
+        ]
+        await asyncio.gather(
+            *(self.delete_sandbox(sb.key, reason=sb.expiry_reason()) for sb in expired), return_exceptions=True
+        )
         self.commands.forget_ended_before(now - self.settings.exec_retention_s)

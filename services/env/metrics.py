@@ -6,10 +6,11 @@ from collections import Counter as Tally
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from orchard.services.env.models import Exec, SandboxState
 from prometheus_client import REGISTRY, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from orchard.services.env.models import Exec, SandboxState
 
 if TYPE_CHECKING:
     from orchard.services.env.manager import SandboxManager
@@ -18,12 +19,14 @@ SANDBOXES_CREATED = Counter("orchard_env_sandboxes_created", "Sandboxes created 
 SANDBOXES_ENDED = Counter("orchard_env_sandboxes_ended", "Sandboxes deleted, by reason kind.", ["reason"])
 EXECS = Counter("orchard_env_execs", "Commands ended, by final state.", ["state"])
 EXEC_SECONDS = Histogram(
-    "orchard_env_exec_duration_seconds", "Time from a command's start to its end.",
+    "orchard_env_exec_duration_seconds",
+    "Time from a command's start to its end.",
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800),
 )
 OOM_KILLS = Counter("orchard_env_oom_kills", "Commands killed for running out of memory.")
-BROWSER_FAILURES = Counter("orchard_env_browser_failures",
-                           "Browser sandboxes failed by a crash, by what crashed (page or process).", ["what"])
+BROWSER_FAILURES = Counter(
+    "orchard_env_browser_failures", "Browser sandboxes failed by a crash, by what crashed (page or process).", ["what"]
+)
 
 
 def observe_exec(ex: Exec) -> None:
@@ -56,10 +59,16 @@ class ManagerCollector(Collector):
             if state is not SandboxState.DELETED:
                 alive.add_metric([state.name.lower()], states.get(state, 0))
         yield alive
-        yield GaugeMetricFamily("orchard_env_execs_queued", "Commands waiting for their sandbox or a slot.",
-                                value=self._manager.commands.queued)
-        yield GaugeMetricFamily("orchard_env_browser_processes", "Chromium processes running browser sandboxes.",
-                                value=self._manager.browsers.processes)
+        yield GaugeMetricFamily(
+            "orchard_env_execs_queued",
+            "Commands waiting for their sandbox or a slot.",
+            value=self._manager.commands.queued,
+        )
+        yield GaugeMetricFamily(
+            "orchard_env_browser_processes",
+            "Chromium processes running browser sandboxes.",
+            value=self._manager.browsers.processes,
+        )
 
 
 def register(manager: SandboxManager) -> ManagerCollector:

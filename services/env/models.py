@@ -105,8 +105,10 @@ class Sandbox:
         return expiry
 
     def expiry_reason(self) -> str:
-        if self.heartbeat_timeout_s > 0 and self.last_heartbeat_time + self.heartbeat_timeout_s < \
-                self.create_time + self.ttl_s:
+        if (
+            self.heartbeat_timeout_s > 0
+            and self.last_heartbeat_time + self.heartbeat_timeout_s < self.create_time + self.ttl_s
+        ):
             return f"no heartbeat for {self.heartbeat_timeout_s:g}s"
         return f"expired after ttl {self.ttl_s:g}s"
 

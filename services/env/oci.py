@@ -36,8 +36,10 @@ def layers_of(archive: tarfile.TarFile) -> list[str]:
         if "layers" not in manifest:  # an index of indexes (multi-platform): take the first platform
             manifest = json.load(_member(archive, _blob(manifest["manifests"][0]["digest"])))
         return [_blob(layer["digest"]) for layer in manifest["layers"]]
-    raise InvalidArgument("not a container image archive: it has neither manifest.json (docker/podman save) nor "
-                          "index.json (an OCI layout)")
+    raise InvalidArgument(
+        "not a container image archive: it has neither manifest.json (docker/podman save) nor "
+        "index.json (an OCI layout)"
+    )
 
 
 def image_config(archive: tarfile.TarFile) -> dict[str, object]:
@@ -109,7 +111,7 @@ def _resolve(root: Path, parts: list[str], depth: int = 0) -> Path:
     if depth > 40:
         raise InvalidArgument("an image layer holds a symlink loop")
     current: list[str] = []
-    for n, part in enumerate(parts):
+    for part in parts:
         candidate = root.joinpath(*current, part)
         if candidate.is_symlink():
             link = PurePosixPath(os.readlink(candidate))
@@ -145,7 +147,7 @@ def _apply(layer: tarfile.TarFile, root: Path) -> None:
                 _remove(child)
             continue
         if base.startswith(WHITEOUT):
-            _remove(target.with_name(base[len(WHITEOUT):]))
+            _remove(target.with_name(base[len(WHITEOUT) :]))
             continue
         if target.exists() or target.is_symlink():
             if not (member.isdir() and target.is_dir() and not target.is_symlink()):

@@ -18,12 +18,23 @@ log = logging.getLogger(__name__)
 def save(folder: Path, sandbox: Sandbox) -> None:
     """Write (or replace) the sandbox's record in one step; only the service may read it (env may hold secrets)."""
     data: dict[str, Any] = {
-        "sandbox_id": sandbox.sandbox_id, "tenant": sandbox.tenant, "create_time": sandbox.create_time,
-        "image": sandbox.image, "workdir": sandbox.workdir, "env": sandbox.env, "labels": sandbox.labels,
-        "resources": vars(sandbox.resources), "egress": [vars(rule) for rule in sandbox.egress],
-        "ttl_s": sandbox.ttl_s, "heartbeat_timeout_s": sandbox.heartbeat_timeout_s,
-        "request_id": sandbox.request_id, "from_snapshot": sandbox.from_snapshot, "layers": list(sandbox.layers),
-        "kind": sandbox.kind.name.lower(), "key": sandbox.key, "isolation": sandbox.isolation,
+        "sandbox_id": sandbox.sandbox_id,
+        "tenant": sandbox.tenant,
+        "create_time": sandbox.create_time,
+        "image": sandbox.image,
+        "workdir": sandbox.workdir,
+        "env": sandbox.env,
+        "labels": sandbox.labels,
+        "resources": vars(sandbox.resources),
+        "egress": [vars(rule) for rule in sandbox.egress],
+        "ttl_s": sandbox.ttl_s,
+        "heartbeat_timeout_s": sandbox.heartbeat_timeout_s,
+        "request_id": sandbox.request_id,
+        "from_snapshot": sandbox.from_snapshot,
+        "layers": list(sandbox.layers),
+        "kind": sandbox.kind.name.lower(),
+        "key": sandbox.key,
+        "isolation": sandbox.isolation,
     }
     tmp = folder / f".{sandbox.key}.json.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -54,12 +65,21 @@ def _sandbox(data: dict[str, Any]) -> Sandbox:
     # Records of older versions hold only id, tenant and create time: enough to say the sandbox ended (with
     # the restart as the reason, never an expiry).
     return Sandbox(
-        sandbox_id=data["sandbox_id"], tenant=data["tenant"], create_time=float(data["create_time"]),
-        image=data.get("image", ""), workdir=data.get("workdir", "/"), env=dict(data.get("env", {})),
-        labels=dict(data.get("labels", {})), resources=Resources(**data.get("resources", {})),
-        egress=tuple(EgressRule(**rule) for rule in data.get("egress", [])), ttl_s=float(data.get("ttl_s", "inf")),
-        heartbeat_timeout_s=float(data.get("heartbeat_timeout_s", 0.0)), request_id=data.get("request_id", ""),
-        from_snapshot=data.get("from_snapshot", ""), layers=tuple(data.get("layers", [])),
-        kind=SandboxKind[data.get("kind", "container").upper()], key=data.get("key", ""),
+        sandbox_id=data["sandbox_id"],
+        tenant=data["tenant"],
+        create_time=float(data["create_time"]),
+        image=data.get("image", ""),
+        workdir=data.get("workdir", "/"),
+        env=dict(data.get("env", {})),
+        labels=dict(data.get("labels", {})),
+        resources=Resources(**data.get("resources", {})),
+        egress=tuple(EgressRule(**rule) for rule in data.get("egress", [])),
+        ttl_s=float(data.get("ttl_s", "inf")),
+        heartbeat_timeout_s=float(data.get("heartbeat_timeout_s", 0.0)),
+        request_id=data.get("request_id", ""),
+        from_snapshot=data.get("from_snapshot", ""),
+        layers=tuple(data.get("layers", [])),
+        kind=SandboxKind[data.get("kind", "container").upper()],
+        key=data.get("key", ""),
         isolation=data.get("isolation", "container"),
     )

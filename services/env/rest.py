@@ -21,6 +21,7 @@ from importlib.metadata import version
 
 import grpc
 from aiohttp import web
+
 from orchard.errors import (
     DeadlineExceeded,
     FailedPrecondition,
@@ -55,19 +56,38 @@ OPEN_EGRESS = (EgressRule(cidr="0.0.0.0/0"),)  # block_network=false: all of IPv
 HEARTBEAT_TIMEOUT_S = 180.0  # upstream: once a sandbox got a heartbeat, 180 s without one reaps it
 EXEC_WAIT_SLACK_S = 30.0  # upstream: exec with wait=true blocks up to the command's timeout + 30 s
 
-SANDBOX_STATUS = {SandboxState.PENDING: "pending", SandboxState.READY: "ready", SandboxState.FAILED: "failed",
-                  SandboxState.DELETING: "deleting", SandboxState.DELETED: "deleted"}
-JOB_STATUS = {ExecState.QUEUED: "queued", ExecState.RUNNING: "running", ExecState.SUCCEEDED: "succeeded",
-              ExecState.FAILED: "failed", ExecState.TIMED_OUT: "failed", ExecState.CANCELLED: "failed"}
+SANDBOX_STATUS = {
+    SandboxState.PENDING: "pending",
+    SandboxState.READY: "ready",
+    SandboxState.FAILED: "failed",
+    SandboxState.DELETING: "deleting",
+    SandboxState.DELETED: "deleted",
+}
+JOB_STATUS = {
+    ExecState.QUEUED: "queued",
+    ExecState.RUNNING: "running",
+    ExecState.SUCCEEDED: "succeeded",
+    ExecState.FAILED: "failed",
+    ExecState.TIMED_OUT: "failed",
+    ExecState.CANCELLED: "failed",
+}
 
 # The REST twin of the gRPC error interceptor. FAILED_PRECONDITION is 400 as in google.rpc.Code's HTTP mapping
 # (and upstream's "sandbox not ready"); RESOURCE_EXHAUSTED is 503 because upstream clients retry 503 only.
 _HTTP_STATUS = {
-    grpc.StatusCode.INVALID_ARGUMENT: 400, grpc.StatusCode.FAILED_PRECONDITION: 400,
-    grpc.StatusCode.OUT_OF_RANGE: 400, grpc.StatusCode.UNAUTHENTICATED: 401, grpc.StatusCode.PERMISSION_DENIED: 403,
-    grpc.StatusCode.NOT_FOUND: 404, grpc.StatusCode.DEADLINE_EXCEEDED: 408, grpc.StatusCode.ALREADY_EXISTS: 409,
-    grpc.StatusCode.ABORTED: 409, grpc.StatusCode.CANCELLED: 499, grpc.StatusCode.UNIMPLEMENTED: 501,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: 503, grpc.StatusCode.UNAVAILABLE: 503,
+    grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.FAILED_PRECONDITION: 400,
+    grpc.StatusCode.OUT_OF_RANGE: 400,
+    grpc.StatusCode.UNAUTHENTICATED: 401,
+    grpc.StatusCode.PERMISSION_DENIED: 403,
+    grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 408,
+    grpc.StatusCode.ALREADY_EXISTS: 409,
+    grpc.StatusCode.ABORTED: 409,
+    grpc.StatusCode.CANCELLED: 499,
+    grpc.StatusCode.UNIMPLEMENTED: 501,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 503,
+    grpc.StatusCode.UNAVAILABLE: 503,
 }
 
 
@@ -99,7 +119,7 @@ def _ws_key(request: web.Request) -> str | None:
         return request.query["api_key"]
     for proto in request.headers.get("Sec-WebSocket-Protocol", "").split(","):
         if proto.strip().startswith("api_key."):
-            return proto.strip()[len("api_key."):]
+            return proto.strip()[len("api_key.") :]
     return None
 
 
@@ -139,10 +159,15 @@ class HttpGateway:
         r.add_get("/sandboxes/{sandbox_id}/files/list", self.list_files)
         r.add_get("/jobs/{job_id}", self.get_job)
         r.add_get("/jobs/{job_id}/wait", self.wait_job)
-        port = await self._site.start(app, self.settings.host, self.settings.http_port or 0,
-                                      self.settings.grace_period_s)
-        log.info("env REST gateway listening on http://%s:%d", self.settings.host, port,
-                 extra={"service": "env", "http_port": port, "auth": self.settings.auth_enabled})
+        port = await self._site.start(
+            app, self.settings.host, self.settings.http_port or 0, self.settings.grace_period_s
+        )
+        log.info(
+            "env REST gateway listening on http://%s:%d",
+            self.settings.host,
+            port,
+            extra={"service": "env", "http_port": port, "auth": self.settings.auth_enabled},
+        )
         return port
 
     async def stop(self) -> None:
@@ -172,16 +197,26 @@ class HttpGateway:
             response = error_response(http_status(err), err.message, err.retry_after)
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
-            log.error("unexpected error in %s %s (request id %s)", request.method, request.path, request_id,
-                      exc_info=exc, extra={"request_id": request_id})
+            log.error(
+                "unexpected error in %s %s (request id %s)",
+                request.method,
+                request.path,
+                request_id,
+                exc_info=exc,
+                extra={"request_id": request_id},
+            )
             response = error_response(500, f"internal error (request id {request_id})")
         if not response.prepared:
             response.headers[REQUEST_ID_HEADER] = request_id
         resource = request.match_info.route.resource
         route = resource.canonical if resource is not None else request.path
-        fields: dict[str, object] = {"method": request.method, "route": route, "status": response.status,
-                                     "duration_ms": round((time.monotonic() - started) * 1000, 2),
-                                     "request_id": request_id}
+        fields: dict[str, object] = {
+            "method": request.method,
+            "route": route,
+            "status": response.status,
+            "duration_ms": round((time.monotonic() - started) * 1000, 2),
+            "request_id": request_id,
+        }
         if error is not None:
             fields["error"] = error
         level = logging.DEBUG if route == "/health" else logging.INFO
@@ -218,25 +253,34 @@ class HttpGateway:
         requested_cpu = sum(sb.resources.cpu_millis for sb in sandboxes) / 1000
         requested_memory = sum(sb.resources.memory_bytes for sb in sandboxes)
         capacity = {"cpu": cpu, "memory_bytes": memory}
-        return web.json_response({
-            "status": "ok", "backend": self.manager.backend.name,
-            "nodes": [{"name": socket.gethostname(), "capacity": capacity, "allocatable": capacity}],
-            "total_capacity": capacity, "total_allocatable": capacity,
-            "total_requested": {"cpu": requested_cpu, "memory_bytes": requested_memory},
-            "available": {"cpu": max(cpu - requested_cpu, 0.0), "memory_bytes": max(memory - requested_memory, 0)},
-            "sandbox_pods": [{"name": sb.sandbox_id, "status": SANDBOX_STATUS[sb.state]}
-                             for sb in sandboxes],
-            "max_sandboxes": self.settings.max_sandboxes,
-            "max_concurrent_execs": self.settings.max_concurrent_execs,
-        })
+        return web.json_response(
+            {
+                "status": "ok",
+                "backend": self.manager.backend.name,
+                "nodes": [{"name": socket.gethostname(), "capacity": capacity, "allocatable": capacity}],
+                "total_capacity": capacity,
+                "total_allocatable": capacity,
+                "total_requested": {"cpu": requested_cpu, "memory_bytes": requested_memory},
+                "available": {"cpu": max(cpu - requested_cpu, 0.0), "memory_bytes": max(memory - requested_memory, 0)},
+                "sandbox_pods": [{"name": sb.sandbox_id, "status": SANDBOX_STATUS[sb.state]} for sb in sandboxes],
+                "max_sandboxes": self.settings.max_sandboxes,
+                "max_concurrent_execs": self.settings.max_concurrent_execs,
+            }
+        )
 
     # ---- sandboxes ----
 
     def _sandbox(self, sb: Sandbox) -> m.SandboxResponse:
         return m.SandboxResponse(
-            sandbox_id=sb.sandbox_id, namespace=self.manager.backend.name, image=sb.image,
-            block_network=not sb.egress, cpu=sb.labels.get(CPU_LABEL, ""), memory=sb.labels.get(MEMORY_LABEL, ""),
-            created_at=sb.create_time, ready=sb.state is SandboxState.READY, status=SANDBOX_STATUS[sb.state],
+            sandbox_id=sb.sandbox_id,
+            namespace=self.manager.backend.name,
+            image=sb.image,
+            block_network=not sb.egress,
+            cpu=sb.labels.get(CPU_LABEL, ""),
+            memory=sb.labels.get(MEMORY_LABEL, ""),
+            created_at=sb.create_time,
+            ready=sb.state is SandboxState.READY,
+            status=SANDBOX_STATUS[sb.state],
             status_message=sb.failure_reason,
         )
 
@@ -245,20 +289,35 @@ class HttpGateway:
         body = await m.parse_body(request, m.CreateSandboxBody)
         cpu, memory = body.cpu or DEFAULT_CPU, body.memory or DEFAULT_MEMORY
         try:
-            sandbox = await self.manager.create_sandbox(CreateRequest(
-                image=body.image, env={}, labels={CPU_LABEL: cpu, MEMORY_LABEL: memory},
-                egress=() if body.block_network else OPEN_EGRESS, sandbox_id=body.sandbox_id or "",
-            ))
+            sandbox = await self.manager.create_sandbox(
+                CreateRequest(
+                    image=body.image,
+                    env={},
+                    labels={CPU_LABEL: cpu, MEMORY_LABEL: memory},
+                    egress=() if body.block_network else OPEN_EGRESS,
+                    sandbox_id=body.sandbox_id or "",
+                )
+            )
         except FailedPrecondition as err:
             if body.block_network:
                 raise
-            raise FailedPrecondition(f"{err.message} (this request had block_network=false; send "
-                                     "block_network=true for a sandbox without network)", field=err.field) from err
-        return m.respond(m.CreateSandboxResponse(
-            sandbox_id=sandbox.sandbox_id, namespace=self.manager.backend.name, image=sandbox.image,
-            block_network=not sandbox.egress, cpu=cpu, memory=memory,
-            timeout=body.timeout or DEFAULT_READY_TIMEOUT_S, status=SANDBOX_STATUS[sandbox.state],
-        ))
+            raise FailedPrecondition(
+                f"{err.message} (this request had block_network=false; send "
+                "block_network=true for a sandbox without network)",
+                field=err.field,
+            ) from err
+        return m.respond(
+            m.CreateSandboxResponse(
+                sandbox_id=sandbox.sandbox_id,
+                namespace=self.manager.backend.name,
+                image=sandbox.image,
+                block_network=not sandbox.egress,
+                cpu=cpu,
+                memory=memory,
+                timeout=body.timeout or DEFAULT_READY_TIMEOUT_S,
+                status=SANDBOX_STATUS[sandbox.state],
+            )
+        )
 
     async def get_sandbox(self, request: web.Request) -> web.Response:
         return m.respond(self._sandbox(self.manager.get_sandbox(request.match_info["sandbox_id"])))
@@ -270,8 +329,10 @@ class HttpGateway:
             async with asyncio.timeout(query.timeout):
                 await sandbox.ready.wait()
         except TimeoutError:
-            raise DeadlineExceeded(f"sandbox {sandbox.sandbox_id!r} is still {SANDBOX_STATUS[sandbox.state]} after "
-                                   f"{query.timeout:g}s; wait again") from None
+            raise DeadlineExceeded(
+                f"sandbox {sandbox.sandbox_id!r} is still {SANDBOX_STATUS[sandbox.state]} after "
+                f"{query.timeout:g}s; wait again"
+            ) from None
         return m.respond(self._sandbox(sandbox))
 
     async def delete_sandbox(self, request: web.Request) -> web.Response:
@@ -293,11 +354,19 @@ class HttpGateway:
         if ex.state is ExecState.CANCELLED and "cancel" not in ex.error:
             error = f"cancelled: {ex.error}"
         return m.JobResponse(
-            job_id=ex.exec_id, sandbox_id=ex.sandbox_id, command=ex.command, status=JOB_STATUS[ex.state],
-            stdout=(await ex.output(1)).decode(errors="replace"), stderr=(await ex.output(2)).decode(errors="replace"),
+            job_id=ex.exec_id,
+            sandbox_id=ex.sandbox_id,
+            command=ex.command,
+            status=JOB_STATUS[ex.state],
+            stdout=(await ex.output(1)).decode(errors="replace"),
+            stderr=(await ex.output(2)).decode(errors="replace"),
             exit_code=ex.exit_code if ex.state.done and ex.exit_code != -1 else None,
-            created_at=ex.create_time, started_at=ex.start_time, completed_at=ex.end_time, error=error,
-            stdout_truncated=ex.truncated(1), stderr_truncated=ex.truncated(2),
+            created_at=ex.create_time,
+            started_at=ex.start_time,
+            completed_at=ex.end_time,
+            error=error,
+            stdout_truncated=ex.truncated(1),
+            stderr_truncated=ex.truncated(2),
         )
 
     async def _wait(self, exec_id: str, seconds: float) -> Exec:
@@ -311,11 +380,17 @@ class HttpGateway:
     async def exec(self, request: web.Request) -> web.Response:
         body = await m.parse_body(request, m.ExecBody)
         argv = body.command if isinstance(body.command, list) else None
-        ex = self.manager.commands.start_exec(ExecRequest(
-            sandbox_id=request.match_info["sandbox_id"], argv=argv, shell=None if argv is not None else body.command,
-            cwd=body.cwd or "", env=body.env or {}, timeout_s=body.timeout_seconds or 0.0,
-            login_shell=body.login_shell,
-        ))
+        ex = self.manager.commands.start_exec(
+            ExecRequest(
+                sandbox_id=request.match_info["sandbox_id"],
+                argv=argv,
+                shell=None if argv is not None else body.command,
+                cwd=body.cwd or "",
+                env=body.env or {},
+                timeout_s=body.timeout_seconds or 0.0,
+                login_shell=body.login_shell,
+            )
+        )
         if not body.wait:
             return m.respond(m.ExecResponse(job_id=ex.exec_id, status=JOB_STATUS[ex.state]))
         # Not done in time: the job as it stands ("queued"/"running"); upstream clients then poll it.
@@ -328,8 +403,10 @@ class HttpGateway:
         query = m.parse_query(request, m.WaitQuery)
         ex = await self._wait(request.match_info["job_id"], query.timeout)
         if not ex.state.done:
-            raise DeadlineExceeded(f"job {ex.exec_id!r} is still {JOB_STATUS[ex.state]} after {query.timeout:g}s; "
-                                   f"wait again or poll GET /jobs/{ex.exec_id}")
+            raise DeadlineExceeded(
+                f"job {ex.exec_id!r} is still {JOB_STATUS[ex.state]} after {query.timeout:g}s; "
+                f"wait again or poll GET /jobs/{ex.exec_id}"
+            )
         return m.respond(await self._job(ex))
 
     async def pty(self, request: web.Request) -> web.WebSocketResponse:
@@ -340,8 +417,9 @@ class HttpGateway:
     async def apply_patch(self, request: web.Request) -> web.Response:
         body = await m.parse_body(request, m.ApplyPatchBody)
         try:
-            _, output = await self.manager.commands.apply_patch(request.match_info["sandbox_id"], body.patch, "",
-                                                       body.timeout_seconds)
+            _, output = await self.manager.commands.apply_patch(
+                request.match_info["sandbox_id"], body.patch, "", body.timeout_seconds
+            )
         except FailedPrecondition as err:
             if err.field != "patch":
                 raise
@@ -358,7 +436,7 @@ class HttpGateway:
 
         async def chunks() -> AsyncIterator[bytes]:
             for start in range(0, len(data), CHUNK):
-                yield data[start:start + CHUNK]
+                yield data[start : start + CHUNK]
 
         path, size = await self.manager.files.upload(request.match_info["sandbox_id"], body.path, 0, chunks())
         return m.respond(m.UploadFileResponse(success=True, path=path, size=size))
@@ -373,16 +451,31 @@ class HttpGateway:
                 if len(data) > self._max_download:
                     break
         if len(data) > self._max_download or info.size > self._max_download:
-            raise FailedPrecondition(f"{info.path} is {max(info.size, len(data))} bytes; downloads through the REST "
-                                     f"gateway stop at {self._max_download} (use the gRPC DownloadFile stream)",
-                                     field="path")
-        return await asyncio.to_thread(lambda: m.respond(m.DownloadFileResponse(
-            path=info.path, content=base64.b64encode(data).decode(), size=len(data))))
+            raise FailedPrecondition(
+                f"{info.path} is {max(info.size, len(data))} bytes; downloads through the REST "
+                f"gateway stop at {self._max_download} (use the gRPC DownloadFile stream)",
+                field="path",
+            )
+        return await asyncio.to_thread(
+            lambda: m.respond(
+                m.DownloadFileResponse(path=info.path, content=base64.b64encode(data).decode(), size=len(data))
+            )
+        )
 
     async def list_files(self, request: web.Request) -> web.Response:
         query = m.parse_query(request, m.PathQuery)
         path, files = await self.manager.files.list(request.match_info["sandbox_id"], query.path)
-        return m.respond(m.ListFilesResponse(path=path, files=[
-            m.FileEntry(name=f.name, type="directory" if f.type == "directory" else "file", size=f.size,
-                        modified=_iso(f.mtime)) for f in files
-        ]))
+        return m.respond(
+            m.ListFilesResponse(
+                path=path,
+                files=[
+                    m.FileEntry(
+                        name=f.name,
+                        type="directory" if f.type == "directory" else "file",
+                        size=f.size,
+                        modified=_iso(f.mtime),
+                    )
+                    for f in files
+                ],
+            )
+        )

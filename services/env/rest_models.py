@@ -23,8 +23,10 @@ class Unprocessable(Exception):
 
     def __init__(self, err: ValidationError, where: str) -> None:
         # No "input": it could echo a whole base64 upload back (and bytes that are not UTF-8 do not serialize).
-        self.errors = [{"type": e["type"], "loc": [where, *e["loc"]], "msg": e["msg"]}
-                       for e in err.errors(include_url=False, include_input=False, include_context=False)]
+        self.errors = [
+            {"type": e["type"], "loc": [where, *e["loc"]], "msg": e["msg"]}
+            for e in err.errors(include_url=False, include_input=False, include_context=False)
+        ]
         super().__init__("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in self.errors))
 
 
@@ -103,8 +105,9 @@ class ExecBody(_Request):
 
     command: str | list[str]
     """A bash line (run under `bash -c`), or an argv that the service shell-quotes."""
-    timeout_seconds: float | None = Field(default=None, ge=0, validation_alias=AliasChoices("timeout_seconds",
-                                                                                        "timeout"))
+    timeout_seconds: float | None = Field(
+        default=None, ge=0, validation_alias=AliasChoices("timeout_seconds", "timeout")
+    )
     """Command timeout; unset means the service default (300 s). `timeout` is taken as the same field (the
     create body's name for its timeout), so a bad value there is refused rather than ignored."""
     cwd: str | None = None

@@ -17,10 +17,11 @@ import shlex
 from collections.abc import Callable
 
 from aiohttp import WSMsgType, web
+from pydantic import BaseModel, ConfigDict, ValidationError
+
 from orchard.errors import InvalidArgument, OrchardError
 from orchard.services.env.agent_client import PtySession
 from orchard.services.env.manager import SandboxManager
-from pydantic import BaseModel, ConfigDict, ValidationError
 
 INIT_TIMEOUT_S = 30.0
 HEARTBEAT_S = 30.0  # pings find clients that vanished without closing
@@ -42,8 +43,9 @@ class PtyInit(BaseModel):
     """Run cmd under `bash -lc` (a login shell's environment)."""
 
 
-async def serve_pty(request: web.Request, manager: SandboxManager, http_status: Callable[[OrchardError], int]
-                    ) -> web.WebSocketResponse:
+async def serve_pty(
+    request: web.Request, manager: SandboxManager, http_status: Callable[[OrchardError], int]
+) -> web.WebSocketResponse:
     """Run one PTY session over the request's WebSocket until the program exits or the client leaves."""
     # Echo the `api_key.<key>` subprotocol a client authenticated with (rest.py checks the key): browsers drop a
     # handshake that selects none of the subprotocols they offered.
@@ -55,8 +57,9 @@ async def serve_pty(request: web.Request, manager: SandboxManager, http_status: 
     try:
         init = await _init(ws)
         argv = ["bash", "-lc", "exec " + shlex.join(init.cmd or ["bash"])] if init.login_shell else init.cmd
-        async with manager.commands.open_pty(request.match_info["sandbox_id"], argv, init.rows, init.cols, init.cwd or "",
-                                    init.env) as session:
+        async with manager.commands.open_pty(
+            request.match_info["sandbox_id"], argv, init.rows, init.cols, init.cwd or "", init.env
+        ) as session:
             await ws.send_json({"type": "ready", "pid": await session.started()})
             await _bridge(ws, session, http_status)
     except OrchardError as err:
@@ -68,8 +71,7 @@ async def _init(ws: web.WebSocketResponse) -> PtyInit:
     try:
         msg = await ws.receive(timeout=INIT_TIMEOUT_S)
     except TimeoutError:
-        raise InvalidArgument(f"no init frame within {INIT_TIMEOUT_S:g}s; send {{\"type\": \"init\", ...}} "
-                              "first") from None
+        raise InvalidArgument(f'no init frame within {INIT_TIMEOUT_S:g}s; send {{"type": "init", ...}} first') from None
     try:
         init = PtyInit.model_validate_json(msg.data if msg.type is WSMsgType.TEXT else b"")
     except ValidationError as err:
@@ -79,8 +81,7 @@ async def _init(ws: web.WebSocketResponse) -> PtyInit:
     return init
 
 
-async def _bridge(ws: web.WebSocketResponse, session: PtySession, http_status: Callable[[OrchardError], int]
-                  ) -> None:
+async def _bridge(ws: web.WebSocketResponse, session: PtySession, http_status: Callable[[OrchardError], int]) -> None:
     """Program output to the client in one task, client frames to the program here."""
 
     async def output() -> None:

@@ -25,8 +25,7 @@ async def build(settings: EnvSettings) -> tuple[GrpcServer, SandboxManager]:
     manager = SandboxManager(settings, backend)
     await manager.start()
     server = GrpcServer(settings, name="env")
-    server.add_service(env_pb2_grpc.add_EnvServiceServicer_to_server, EnvServicer(manager),
-                       "orchard.env.v1.EnvService")
+    server.add_service(env_pb2_grpc.add_EnvServiceServicer_to_server, EnvServicer(manager), "orchard.env.v1.EnvService")
     server.on_stop(manager.close)
     if settings.metrics_port is not None:
         collector = metrics.register(manager)
@@ -66,6 +65,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         # 3.11 waits for each child (every sandbox) with a thread of its own; a pidfd per child costs nothing.
         asyncio.set_child_watcher(asyncio.PidfdChildWatcher())
     run_service("env", EnvSettings, serve, argv)
+
 
 if __name__ == "__main__":
     main()

@@ -5,10 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from orchard.runtime.settings import ServiceSettings
-from orchard.services.env.images import default_images_dir
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
+
+from orchard.runtime.settings import ServiceSettings
+from orchard.services.env.images import default_images_dir
 
 
 def default_state_dir() -> Path:

@@ -18,9 +18,8 @@ import logging
 import os
 import re
 import uuid
-from dataclasses import asdict
-from pathlib import Path
 from collections.abc import Mapping
+from dataclasses import asdict
 from typing import TYPE_CHECKING
 
 from orchard.errors import AlreadyExists, InvalidArgument, NotFound, ResourceExhausted
@@ -40,8 +39,11 @@ def check_id(snapshot_id: str, field: str) -> None:
     if not snapshot_id:
         raise InvalidArgument(f"{field} is required", field=field)
     if not SNAPSHOT_ID.match(snapshot_id):
-        raise InvalidArgument(f"{field} {snapshot_id!r} must be 1-63 lowercase letters, digits or '-', starting and "
-                              "ending with a letter or digit", field=field)
+        raise InvalidArgument(
+            f"{field} {snapshot_id!r} must be 1-63 lowercase letters, digits or '-', starting and "
+            "ending with a letter or digit",
+            field=field,
+        )
 
 
 class Snapshots:
@@ -107,12 +109,16 @@ class Snapshots:
         check_id(snapshot_id, field)
         snapshot = self._snapshots.get(snapshot_id)
         if snapshot is None or not tenancy.may_access(snapshot.tenant):
-            raise NotFound(f"snapshot {snapshot_id!r} not found (snapshots last until they are deleted or, unless "
-                           "taken with keep, the env service stops)", field=field)
+            raise NotFound(
+                f"snapshot {snapshot_id!r} not found (snapshots last until they are deleted or, unless "
+                "taken with keep, the env service stops)",
+                field=field,
+            )
         return snapshot
 
-    async def take(self, sandbox_id: str, snapshot_id: str, labels: Mapping[str, str], request_id: str,
-                   keep: bool = False) -> Snapshot:
+    async def take(
+        self, sandbox_id: str, snapshot_id: str, labels: Mapping[str, str], request_id: str, keep: bool = False
+    ) -> Snapshot:
         """Snapshot a ready sandbox between its commands: after those started before, before those started after.
 
         Processes still running in the background (and terminal sessions, and uploads in flight) are not
@@ -130,8 +136,10 @@ class Snapshots:
                 raise AlreadyExists(f"snapshot {snapshot_id!r} already exists", field="snapshot_id")
         check_labels(labels)
         if len(self._snapshots) + len(self._taking) >= self._max:
-            raise ResourceExhausted(f"the service already holds {self._max} snapshots (its limit); delete some or "
-                                    "retry later", retry_after=5.0)
+            raise ResourceExhausted(
+                f"the service already holds {self._max} snapshots (its limit); delete some or retry later",
+                retry_after=5.0,
+            )
         sandbox = self._manager.ready_sandbox(sandbox_id)
         snapshot_id = snapshot_id or f"snap-{uuid.uuid4().hex[:12]}"
         done = asyncio.Event()
@@ -142,9 +150,17 @@ class Snapshots:
             async with sandbox.exec_order:
                 self._manager.ready_sandbox(sandbox_id)  # it may have failed or gone while earlier commands ran
                 files = await self._backend.snapshot(sandbox.key, snapshot_id)
-            snapshot = Snapshot(snapshot_id=snapshot_id, sandbox_id=sandbox_id, image=sandbox.image,
-                                layers=files.layers, size_bytes=files.size_bytes, labels=dict(labels),
-                                tenant=sandbox.tenant, request_id=request_id, keep=keep)
+            snapshot = Snapshot(
+                snapshot_id=snapshot_id,
+                sandbox_id=sandbox_id,
+                image=sandbox.image,
+                layers=files.layers,
+                size_bytes=files.size_bytes,
+                labels=dict(labels),
+                tenant=sandbox.tenant,
+                request_id=request_id,
+                keep=keep,
+            )
             self._save(snapshot)
             self._snapshots[snapshot_id] = snapshot
         except BaseException:
@@ -167,12 +183,19 @@ class Snapshots:
             except ValueError:
                 pass
             if not SNAPSHOT_ID.match(after):
-                raise InvalidArgument("page_token is not one this service issued; pass the next_page_token of the "
-                                      "previous page, or none for the first", field="page_token")
+                raise InvalidArgument(
+                    "page_token is not one this service issued; pass the next_page_token of the "
+                    "previous page, or none for the first",
+                    field="page_token",
+                )
         matching = sorted(
-            (s for s in self._snapshots.values()
-             if s.snapshot_id > after and tenancy.may_access(s.tenant)
-             and all(s.labels.get(k) == v for k, v in label_selector.items())),
+            (
+                s
+                for s in self._snapshots.values()
+                if s.snapshot_id > after
+                and tenancy.may_access(s.tenant)
+                and all(s.labels.get(k) == v for k, v in label_selector.items())
+            ),
             key=lambda s: s.snapshot_id,
         )
         page = matching[:size]

@@ -31,10 +31,11 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, Header
 from nats.js.errors import NotFoundError
+from prometheus_client import Counter
+
 from orchard.events.subjects import STREAM, SUBJECT_PREFIX, ensure_stream
 from orchard.experience.v1.experience_pb2 import RolloutEvent
 from orchard.services.experience.backends.base import SqlStore
-from prometheus_client import Counter
 
 _log = logging.getLogger("orchard.experience.consumer")
 
@@ -154,10 +155,17 @@ class EventConsumer:
         try:
             await self._js.consumer_info(STREAM, self._durable)
         except NotFoundError:
-            await self._js.add_consumer(STREAM, ConsumerConfig(
-                durable_name=self._durable, ack_policy=AckPolicy.EXPLICIT, deliver_policy=DeliverPolicy.ALL,
-                ack_wait=self._ack_wait_s, max_ack_pending=max(20_000, 4 * self._batch_size),
-                filter_subject=f"{SUBJECT_PREFIX}.>"))
+            await self._js.add_consumer(
+                STREAM,
+                ConsumerConfig(
+                    durable_name=self._durable,
+                    ack_policy=AckPolicy.EXPLICIT,
+                    deliver_policy=DeliverPolicy.ALL,
+                    ack_wait=self._ack_wait_s,
+                    max_ack_pending=max(20_000, 4 * self._batch_size),
+                    filter_subject=f"{SUBJECT_PREFIX}.>",
+                ),
+            )
 
     # -- 2. write ---------------------------------------------------------------------------------------------
 
@@ -190,8 +198,11 @@ class EventConsumer:
                 good.append(msg)
             except DecodeError:
                 POISON.inc()
-                _log.error("dropping a message on %s that is not a RolloutEvent (%d bytes); term()ed",
-                           msg.subject, len(msg.data))
+                _log.error(
+                    "dropping a message on %s that is not a RolloutEvent (%d bytes); term()ed",
+                    msg.subject,
+                    len(msg.data),
+                )
                 await msg.term()
         try:
             if events:

@@ -28,10 +28,11 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from orchard.chat.openai_format import to_openai
 from orchard.errors import FailedPrecondition
 from orchard.experience.v1 import experience_pb2 as pb
 from orchard.services.experience.backends.base import Position, SqlStore
-from orchard.chat.openai_format import to_openai
 from orchard.types.v1 import types_pb2 as tpb
 
 PAGE = 100
@@ -58,18 +59,29 @@ def check_purpose(f: pb.TrajectoryFilter, purpose: int, eval_tasks: dict[str, st
         raise FailedPrecondition(
             f"filter.task_ids names evaluation-set tasks ({', '.join(named[:5])}{' ...' if len(named) > 5 else ''}, "
             f"from {eval_tasks[named[0]]}); a training export refuses them. Remove them, or export with "
-            "purpose EXPORT_PURPOSE_EVALUATION", field="filter.task_ids", reason="EVAL_TASK_IN_TRAINING_EXPORT")
+            "purpose EXPORT_PURPOSE_EVALUATION",
+            field="filter.task_ids",
+            reason="EVAL_TASK_IN_TRAINING_EXPORT",
+        )
     return True
 
 
-async def select(store: SqlStore, f: pb.TrajectoryFilter, *, full: bool, limit: int, distinct_patches: bool,
-                 eval_tasks: dict[str, str] | None, selection: Selection) -> AsyncIterator[tpb.Trajectory]:
+async def select(
+    store: SqlStore,
+    f: pb.TrajectoryFilter,
+    *,
+    full: bool,
+    limit: int,
+    distinct_patches: bool,
+    eval_tasks: dict[str, str] | None,
+    selection: Selection,
+) -> AsyncIterator[tpb.Trajectory]:
     """Matching trajectories oldest first, read a page at a time; eval-set tasks skipped when `eval_tasks`."""
     after: Position | None = None
     seen_patches: set[tuple[str, str]] = set()
     while True:
         page = await store.list_trajectories(f, full=full, limit=PAGE, after=after, oldest_first=True)
-        for trajectory, after in page:
+        for trajectory, after in page:  # noqa: B007 - `after` is the next page's cursor
             if eval_tasks and trajectory.task_id in eval_tasks:
                 selection.decontaminated += 1
                 selection.decontaminated_tasks.add(trajectory.task_id)
@@ -92,21 +104,46 @@ def dataset_row(t: tpb.Trajectory) -> dict[str, Any]:
     outcome = next((r for r in reversed(t.rewards) if r.kind == tpb.REWARD_KIND_OUTCOME), None)
     token_ids, logprobs, mask = _tokens(t)
     return {
-        "trajectory_id": t.trajectory_id, "run_id": t.run_id, "task_id": t.task_id, "task_set": t.task_set,
-        "harness": t.harness, "policy_model": t.policy.model, "weights_version": t.policy.weights_version,
-        "group_id": t.group_id, "sample_index": t.sample_index,
+        "trajectory_id": t.trajectory_id,
+        "run_id": t.run_id,
+        "task_id": t.task_id,
+        "task_set": t.task_set,
+        "harness": t.harness,
+        "policy_model": t.policy.model,
+        "weights_version": t.policy.weights_version,
+        "group_id": t.group_id,
+        "sample_index": t.sample_index,
         "messages": [to_openai(m) for m in t.messages],
-        "tools": [{"type": "function", "function": {"name": d.name, "description": d.description,
-                                                    "parameters": json.loads(d.parameters) if d.parameters else {}}}
-                  for d in t.tools],
+        "tools": [
+            {
+                "type": "function",
+                "function": {
+                    "name": d.name,
+                    "description": d.description,
+                    "parameters": json.loads(d.parameters) if d.parameters else {},
+                },
+            }
+            for d in t.tools
+        ],
         "stop_reason": tpb.StopReason.Name(t.stop_reason),
         "outcome_status": tpb.OutcomeStatus.Name(outcome.outcome.status) if outcome else "OUTCOME_STATUS_UNSPECIFIED",
         "reward": outcome.value if outcome else None,
-        "rewards": [{"kind": tpb.RewardKind.Name(r.kind), "name": r.name, "value": r.value,
-                     "step_index": r.step_index if r.HasField("step_index") else None} for r in t.rewards],
-        "final_patch": t.final_patch, "final_answer": t.final_answer, "metadata": dict(t.metadata),
+        "rewards": [
+            {
+                "kind": tpb.RewardKind.Name(r.kind),
+                "name": r.name,
+                "value": r.value,
+                "step_index": r.step_index if r.HasField("step_index") else None,
+            }
+            for r in t.rewards
+        ],
+        "final_patch": t.final_patch,
+        "final_answer": t.final_answer,
+        "metadata": dict(t.metadata),
         "prompt_token_count": len(t.prompt_tokens.token_ids),
-        "token_ids": token_ids, "logprobs": logprobs, "loss_mask": mask,
+        "token_ids": token_ids,
+        "logprobs": logprobs,
+        "loss_mask": mask,
     }
 
 
@@ -123,15 +160,36 @@ def _tokens(t: tpb.Trajectory) -> tuple[list[int], list[float], list[int]]:
 
 
 _JSON_COLUMNS = ("messages", "tools", "rewards", "metadata")
-PARQUET_SCHEMA = pa.schema([
-    *((name, pa.string()) for name in ("trajectory_id", "run_id", "task_id", "task_set", "harness", "policy_model",
-                                       "weights_version", "group_id")),
-    ("sample_index", pa.int32()), *((name, pa.string()) for name in ("messages", "tools")),
-    ("stop_reason", pa.string()), ("outcome_status", pa.string()), ("reward", pa.float64()),
-    ("rewards", pa.string()), ("final_patch", pa.string()), ("final_answer", pa.string()), ("metadata", pa.string()),
-    ("prompt_token_count", pa.int32()), ("token_ids", pa.list_(pa.int32())), ("logprobs", pa.list_(pa.float32())),
-    ("loss_mask", pa.list_(pa.int8())),
-])
+PARQUET_SCHEMA = pa.schema(
+    [
+        *(
+            (name, pa.string())
+            for name in (
+                "trajectory_id",
+                "run_id",
+                "task_id",
+                "task_set",
+                "harness",
+                "policy_model",
+                "weights_version",
+                "group_id",
+            )
+        ),
+        ("sample_index", pa.int32()),
+        *((name, pa.string()) for name in ("messages", "tools")),
+        ("stop_reason", pa.string()),
+        ("outcome_status", pa.string()),
+        ("reward", pa.float64()),
+        ("rewards", pa.string()),
+        ("final_patch", pa.string()),
+        ("final_answer", pa.string()),
+        ("metadata", pa.string()),
+        ("prompt_token_count", pa.int32()),
+        ("token_ids", pa.list_(pa.int32())),
+        ("logprobs", pa.list_(pa.float32())),
+        ("loss_mask", pa.list_(pa.int8())),
+    ]
+)
 
 
 async def jsonl_chunks(trajectories: AsyncIterator[tpb.Trajectory]) -> AsyncIterator[bytes]:

@@ -95,8 +95,9 @@ def _header(t: tpb.Trajectory) -> bytes:
 
 def _started(out: Plan, t: tpb.Trajectory, tid: str, when: int) -> None:
     start = micros(t.start_time) if t.HasField("start_time") else when
-    out.started.append((t.task_id, t.task_set, t.harness, t.policy.model, t.policy.weights_version, _header(t),
-                        start, start, tid))
+    out.started.append(
+        (t.task_id, t.task_set, t.harness, t.policy.model, t.policy.weights_version, _header(t), start, start, tid)
+    )
     out.started_metadata += [(tid, k, v, tid) for k, v in t.metadata.items()]
 
 
@@ -107,8 +108,22 @@ def _finished(out: Plan, t: tpb.Trajectory, tid: str, when: int) -> None:
     header = tpb.Trajectory()
     header.ParseFromString(_header(t))
     header.patch_hash = digest
-    out.finished[tid] = (t.task_id, t.task_set, t.harness, t.policy.model, t.policy.weights_version, t.stop_reason,
-                         digest, start, end, end, len(t.steps), trajectory_tokens(t), header.SerializeToString(), tid)
+    out.finished[tid] = (
+        t.task_id,
+        t.task_set,
+        t.harness,
+        t.policy.model,
+        t.policy.weights_version,
+        t.stop_reason,
+        digest,
+        start,
+        end,
+        end,
+        len(t.steps),
+        trajectory_tokens(t),
+        header.SerializeToString(),
+        tid,
+    )
     out.finished_steps += [(tid, s.index, len(s.tokens.token_ids), s.SerializeToString()) for s in t.steps]
     out.finished_metadata += [(tid, k, v) for k, v in t.metadata.items()]
     for i, r in enumerate(t.rewards):

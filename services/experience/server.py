@@ -28,12 +28,16 @@ async def build(settings: ExperienceSettings) -> tuple[GrpcServer, SqlStore]:
     except BaseException:
         await store.close()
         raise
-    consumer = EventConsumer(nc, store, durable=settings.consumer_name, batch_size=settings.batch_size,
-                             ack_wait_s=settings.ack_wait_s)
+    consumer = EventConsumer(
+        nc, store, durable=settings.consumer_name, batch_size=settings.batch_size, ack_wait_s=settings.ack_wait_s
+    )
     await consumer.start()
     server = GrpcServer(settings, name="experience")
-    server.add_service(experience_pb2_grpc.add_ExperienceServiceServicer_to_server,
-                       ExperienceServicer(store, settings.eval_task_ids()), "orchard.experience.v1.ExperienceService")
+    server.add_service(
+        experience_pb2_grpc.add_ExperienceServiceServicer_to_server,
+        ExperienceServicer(store, settings.eval_task_ids()),
+        "orchard.experience.v1.ExperienceService",
+    )
     # Stop callbacks run last registered first: consumer, then NATS, then the store.
     server.on_stop(store.close)
     server.on_stop(nc.drain)
@@ -48,6 +52,7 @@ async def serve(settings: ExperienceSettings) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     run_service("experience", ExperienceSettings, serve, argv)
+
 
 if __name__ == "__main__":
     main()

@@ -84,14 +84,18 @@ CREATE TABLE IF NOT EXISTS model_calls (
 # Trajectory states, in the order they can only move forward.
 STUB, STARTED, FINISHED = 0, 1, 2
 
-TRAJECTORY_COLUMNS = ("t.trajectory_id, t.run_id, t.state, t.header, t.step_count, t.token_count, t.patch_hash, "
-                      "t.sort_time, t.start_time, t.end_time")
+TRAJECTORY_COLUMNS = (
+    "t.trajectory_id, t.run_id, t.state, t.header, t.step_count, t.token_count, t.patch_hash, "
+    "t.sort_time, t.start_time, t.end_time"
+)
 
 
 def latest_reward(column: str) -> str:
     """A scalar subquery: `column` of the trajectory's latest reward of the kind bound to its `?`."""
-    return (f"(SELECT r.{column} FROM rewards r WHERE r.trajectory_id = t.trajectory_id AND r.kind = ? "
-            "ORDER BY r.seq DESC LIMIT 1)")
+    return (
+        f"(SELECT r.{column} FROM rewards r WHERE r.trajectory_id = t.trajectory_id AND r.kind = ? "
+        "ORDER BY r.seq DESC LIMIT 1)"
+    )
 
 
 def where(f: pb.TrajectoryFilter) -> tuple[str, list[Any]]:
@@ -108,8 +112,12 @@ def where(f: pb.TrajectoryFilter) -> tuple[str, list[Any]]:
     any_of("t.task_id", list(f.task_ids))
     any_of("t.task_id", list(f.exclude_task_ids), negate=True)
     any_of("t.stop_reason", list(f.stop_reasons))
-    for column, value in (("t.task_set", f.task_set), ("t.policy_model", f.policy_model),
-                          ("t.weights_version", f.weights_version), ("t.harness", f.harness)):
+    for column, value in (
+        ("t.task_set", f.task_set),
+        ("t.policy_model", f.policy_model),
+        ("t.weights_version", f.weights_version),
+        ("t.harness", f.harness),
+    ):
         if value:
             clauses.append(f"{column} = ?")
             params.append(value)
@@ -118,8 +126,9 @@ def where(f: pb.TrajectoryFilter) -> tuple[str, list[Any]]:
         params += [tpb.REWARD_KIND_OUTCOME, f.outcome_status]
     kind = f.reward_kind or tpb.REWARD_KIND_OUTCOME
     if f.HasField("min_reward") and f.HasField("max_reward") and f.min_reward > f.max_reward:
-        raise InvalidArgument(f"filter.min_reward {f.min_reward} is above filter.max_reward {f.max_reward}",
-                              field="filter.min_reward")
+        raise InvalidArgument(
+            f"filter.min_reward {f.min_reward} is above filter.max_reward {f.max_reward}", field="filter.min_reward"
+        )
     if f.HasField("min_reward"):
         clauses.append(f"{latest_reward('value')} >= ?")
         params += [kind, f.min_reward]
@@ -133,8 +142,9 @@ def where(f: pb.TrajectoryFilter) -> tuple[str, list[Any]]:
         clauses.append("t.end_time < ?")
         params.append(_micros(f.end_before_time))
     for key, value in sorted(f.metadata_selector.items()):
-        clauses.append("EXISTS (SELECT 1 FROM metadata m WHERE m.trajectory_id = t.trajectory_id "
-                       "AND m.key = ? AND m.value = ?)")
+        clauses.append(
+            "EXISTS (SELECT 1 FROM metadata m WHERE m.trajectory_id = t.trajectory_id AND m.key = ? AND m.value = ?)"
+        )
         params += [key, value]
     if not f.include_unfinished:
         clauses.append(f"t.state = {FINISHED}")
@@ -149,8 +159,9 @@ def fingerprint(*parts: Any) -> str:
     """A short hash of what a page token belongs to (the filter and view), so a changed filter is caught."""
     digest = hashlib.sha256()
     for part in parts:
-        digest.update(part.SerializeToString(deterministic=True) if hasattr(part, "SerializeToString")
-                      else repr(part).encode())
+        digest.update(
+            part.SerializeToString(deterministic=True) if hasattr(part, "SerializeToString") else repr(part).encode()
+        )
     return digest.hexdigest()[:16]
 
 
@@ -168,9 +179,15 @@ def decode_token(token: str, fp: str, field: str = "page_token") -> list[Any] | 
         if not isinstance(position, list):
             raise ValueError
     except (ValueError, KeyError, TypeError):
-        raise InvalidArgument(f"{field} {token[:40]!r} is not a token this service issued; pass the "
-                              "next_page_token of the previous page, or empty for the first", field=field) from None
+        raise InvalidArgument(
+            f"{field} {token[:40]!r} is not a token this service issued; pass the "
+            "next_page_token of the previous page, or empty for the first",
+            field=field,
+        ) from None
     if token_fp != fp:
-        raise InvalidArgument(f"{field} belongs to a different filter or view; keep the filter unchanged "
-                              "between pages, or start again with an empty page_token", field=field)
+        raise InvalidArgument(
+            f"{field} belongs to a different filter or view; keep the filter unchanged "
+            "between pages, or start again with an empty page_token",
+            field=field,
+        )
     return position

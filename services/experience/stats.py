@@ -11,12 +11,18 @@ from orchard.services.experience import sql
 from orchard.types.v1 import types_pb2 as tpb
 
 # Column of stats_rows' trajectory rows that holds each grouping's key.
-GROUP_COLUMN = {pb.STATS_GROUP_BY_RUN: 1, pb.STATS_GROUP_BY_TASK: 2, pb.STATS_GROUP_BY_POLICY: 3,
-                pb.STATS_GROUP_BY_WEIGHTS_VERSION: 4, pb.STATS_GROUP_BY_HARNESS: 5}
+GROUP_COLUMN = {
+    pb.STATS_GROUP_BY_RUN: 1,
+    pb.STATS_GROUP_BY_TASK: 2,
+    pb.STATS_GROUP_BY_POLICY: 3,
+    pb.STATS_GROUP_BY_WEIGHTS_VERSION: 4,
+    pb.STATS_GROUP_BY_HARNESS: 5,
+}
 
 
-def summarise(trajectories: list[tuple[Any, ...]], rewards: list[tuple[Any, ...]],
-              group_by: int) -> tuple[list[pb.StatsGroup], pb.StatsGroup]:
+def summarise(
+    trajectories: list[tuple[Any, ...]], rewards: list[tuple[Any, ...]], group_by: int
+) -> tuple[list[pb.StatsGroup], pb.StatsGroup]:
     """(groups ordered by key, the total) from store.stats_rows()."""
     # The latest reward of each kind per trajectory: rows come in the order they were added.
     latest: dict[str, dict[int, tuple[float, int]]] = defaultdict(dict)
@@ -52,6 +58,14 @@ def _group(key: str, rows: list[tuple[Any, ...]], latest: dict[str, dict[int, tu
     for kind in sorted(values):
         v = values[kind]
         mean = sum(v) / len(v)
-        g.rewards.append(pb.RewardStats(kind=kind, count=len(v), mean=mean, min=min(v), max=max(v),
-                                        std=math.sqrt(sum((x - mean) ** 2 for x in v) / len(v))))
+        g.rewards.append(
+            pb.RewardStats(
+                kind=kind,
+                count=len(v),
+                mean=mean,
+                min=min(v),
+                max=max(v),
+                std=math.sqrt(sum((x - mean) ** 2 for x in v) / len(v)),
+            )
+        )
     return g

@@ -1,1 +1,2 @@
-"""The inference service: chat/generate with sampling, token logprobs, scoring and weight updates (`orchard serve inference`)."""
+"""The inference service: chat/generate with sampling, token logprobs, scoring and weight updates
+(`orchard serve inference`)."""

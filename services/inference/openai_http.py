@@ -20,6 +20,9 @@ from typing import Any
 import grpc
 import pydantic
 from aiohttp import web
+
+from orchard.chat import templates as chat
+from orchard.chat.tools import parse_tool_calls
 from orchard.errors import (
     InvalidArgument,
     OrchardError,
@@ -27,8 +30,6 @@ from orchard.errors import (
     Unimplemented,
 )
 from orchard.runtime.http import HttpSite
-from orchard.chat import templates as chat
-from orchard.chat.tools import parse_tool_calls
 from orchard.services.inference import generation
 from orchard.services.inference import openai_protocol as p
 from orchard.services.inference.engines.base import Engine, SamplingParams, vision_unsupported
@@ -73,10 +74,19 @@ class OpenAIGateway:
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_get("/health", self.health)
         # handler_cancellation: a client that goes away cancels its handler, which aborts its sequences.
-        port = await self._site.start(app, self.settings.host, self.settings.http_port or 0,
-                                      self.settings.grace_period_s, handler_cancellation=True)
-        log.info("OpenAI-compatible endpoint on http://%s:%d/v1", self.settings.host, port,
-                 extra={"service": "inference", "http_port": port})
+        port = await self._site.start(
+            app,
+            self.settings.host,
+            self.settings.http_port or 0,
+            self.settings.grace_period_s,
+            handler_cancellation=True,
+        )
+        log.info(
+            "OpenAI-compatible endpoint on http://%s:%d/v1",
+            self.settings.host,
+            port,
+            extra={"service": "inference", "http_port": port},
+        )
         return port
 
     async def stop(self) -> None:
@@ -101,19 +111,37 @@ class OpenAIGateway:
         except pydantic.ValidationError as exc:
             first = exc.errors()[0]
             param = ".".join(str(x) for x in first["loc"])
-            response = web.json_response(p.error_body(f"{param}: {first['msg']}", "invalid_request_error", param),
-                                         status=400)
+            response = web.json_response(
+                p.error_body(f"{param}: {first['msg']}", "invalid_request_error", param), status=400
+            )
         except OrchardError as err:
             status, kind = _HTTP_STATUS.get(err.code, (500, "server_error"))
             response = web.json_response(p.error_body(err.message, kind, err.field), status=status)
         except Exception as exc:
-            log.error("unexpected error in %s %s (request id %s)", request.method, request.path, request_id,
-                      exc_info=exc, extra={"request_id": request_id})
-            response = web.json_response(p.error_body(f"internal error (request id {request_id})", "server_error"),
-                                         status=500)
-        log.info("http %s %s %d", request.method, request.path, response.status,
-                 extra={"method": request.method, "route": request.path, "status": response.status,
-                        "duration_ms": round((time.monotonic() - started) * 1000, 2), "request_id": request_id})
+            log.error(
+                "unexpected error in %s %s (request id %s)",
+                request.method,
+                request.path,
+                request_id,
+                exc_info=exc,
+                extra={"request_id": request_id},
+            )
+            response = web.json_response(
+                p.error_body(f"internal error (request id {request_id})", "server_error"), status=500
+            )
+        log.info(
+            "http %s %s %d",
+            request.method,
+            request.path,
+            response.status,
+            extra={
+                "method": request.method,
+                "route": request.path,
+                "status": response.status,
+                "duration_ms": round((time.monotonic() - started) * 1000, 2),
+                "request_id": request_id,
+            },
+        )
         return response
 
     async def _body(self, request: web.Request) -> Any:
@@ -133,8 +161,9 @@ class OpenAIGateway:
         try:
             json.dumps(body, ensure_ascii=False).encode("utf-8")
         except UnicodeEncodeError:
-            raise InvalidArgument("the body holds a lone surrogate (e.g. \\ud800), which is not text; send "
-                                  "valid UTF-16 pairs") from None
+            raise InvalidArgument(
+                "the body holds a lone surrogate (e.g. \\ud800), which is not text; send valid UTF-16 pairs"
+            ) from None
         except RecursionError:
             raise InvalidArgument("the body's JSON is nested too deeply") from None
         if not isinstance(body, dict):
@@ -148,8 +177,14 @@ class OpenAIGateway:
 
     def _model_card(self) -> dict[str, Any]:
         info = self.engine.info
-        return {"id": info.model_id, "object": "model", "created": int(info.load_time), "owned_by": "orchard",
-                "max_model_len": info.max_context_tokens, "weights_version": info.weights_version}
+        return {
+            "id": info.model_id,
+            "object": "model",
+            "created": int(info.load_time),
+            "owned_by": "orchard",
+            "max_model_len": info.max_context_tokens,
+            "weights_version": info.weights_version,
+        }
 
     async def models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [self._model_card()]})
@@ -158,46 +193,71 @@ class OpenAIGateway:
         """GET /v1/models/{id}: the served model's card, 404 in OpenAI's shape for any other id."""
         card = self._model_card()
         if request.match_info["model_id"] != card["id"]:
-            return web.json_response(p.error_body(
-                f"The model '{request.match_info['model_id']}' does not exist; this server serves '{card['id']}'",
-                "invalid_request_error", "model", "model_not_found"), status=404)
+            return web.json_response(
+                p.error_body(
+                    f"The model '{request.match_info['model_id']}' does not exist; this server serves '{card['id']}'",
+                    "invalid_request_error",
+                    "model",
+                    "model_not_found",
+                ),
+                status=404,
+            )
         return web.json_response(card)
 
-    def _params(self, req: p._Sampling, prompt_len: int, max_tokens: int | None, logprobs: bool,
-                top_logprobs: int) -> SamplingParams:
+    def _params(
+        self, req: p._Sampling, prompt_len: int, max_tokens: int | None, logprobs: bool, top_logprobs: int
+    ) -> SamplingParams:
         generation.check_model(self.engine, req.model)
         return generation.sampling_params(
-            self.engine, prompt_len, max_tokens=max_tokens or 0, temperature=req.temperature, top_p=req.top_p,
-            top_k=req.top_k, stop=req.stop_list(), seed=req.seed, n=req.n, logprobs=logprobs,
-            top_logprobs=top_logprobs, max_n=self.settings.max_n)
+            self.engine,
+            prompt_len,
+            max_tokens=max_tokens or 0,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            top_k=req.top_k,
+            stop=req.stop_list(),
+            seed=req.seed,
+            n=req.n,
+            logprobs=logprobs,
+            top_logprobs=top_logprobs,
+            max_n=self.settings.max_n,
+        )
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         req = p.ChatCompletionRequest.model_validate(await self._body(request))
         if (index := req.image_message()) is not None:  # refused, never silently dropped
             if not self.engine.info.vision:
                 raise vision_unsupported(self.engine.info, f"messages[{index}]")
-            raise Unimplemented(f"messages[{index}] holds an image: this endpoint takes text only so far; send "
-                                "images through the gRPC Chat or Generate RPCs", reason="VISION_UNSUPPORTED")
+            raise Unimplemented(
+                f"messages[{index}] holds an image: this endpoint takes text only so far; send "
+                "images through the gRPC Chat or Generate RPCs",
+                reason="VISION_UNSUPPORTED",
+            )
         tools = req.tool_specs()
         prompt = chat.render(self.engine, req.chat_messages(), tools, True, req.chat_template_kwargs)
         prompt_ids = self.engine.tokenize(prompt)
         want_logprobs = req.logprobs or req.top_logprobs > 0
-        params = self._params(req, len(prompt_ids), req.max_completion_tokens or req.max_tokens, want_logprobs,
-                              req.top_logprobs)
+        params = self._params(
+            req, len(prompt_ids), req.max_completion_tokens or req.max_tokens, want_logprobs, req.top_logprobs
+        )
         names = {t["function"]["name"] for t in tools if "function" in t}
         meta = {"id": p.new_id("chatcmpl"), "created": p.now(), "model": self.engine.info.model_id}
         if req.stream:
             return await self._stream_chat(request, req, prompt_ids, params, names, meta)
         choices = await generation.collect(self.engine, prompt_ids, params)
-        body: dict[str, Any] = {**meta, "object": "chat.completion",
-                                "choices": [self._chat_choice(c, names, req) for c in choices],
-                                "usage": p.usage(len(prompt_ids), sum(len(c.token_ids) for c in choices))}
+        body: dict[str, Any] = {
+            **meta,
+            "object": "chat.completion",
+            "choices": [self._chat_choice(c, names, req) for c in choices],
+            "usage": p.usage(len(prompt_ids), sum(len(c.token_ids) for c in choices)),
+        }
         if req.return_token_ids:
             body["prompt_token_ids"] = prompt_ids
         return web.json_response(body)
 
-    def _chat_logprobs(self, ids: list[int], lps: list[float], tops: list[list[tuple[int, float]]],
-                       req: p.ChatCompletionRequest) -> dict[str, Any] | None:
+    def _chat_logprobs(
+        self, ids: list[int], lps: list[float], tops: list[list[tuple[int, float]]], req: p.ChatCompletionRequest
+    ) -> dict[str, Any] | None:
         if not req.logprobs:
             return None
         strings = self.engine.token_strings(ids)
@@ -206,8 +266,7 @@ class OpenAIGateway:
             entry = p.token_logprob(tok, lp)
             alternatives = tops[i] if i < len(tops) else []
             alt_strings = self.engine.token_strings([t for t, _ in alternatives])
-            entry["top_logprobs"] = [p.token_logprob(s, v) for s, (_, v) in zip(alt_strings, alternatives,
-                                                                                 strict=True)]
+            entry["top_logprobs"] = [p.token_logprob(s, v) for s, (_, v) in zip(alt_strings, alternatives, strict=True)]
             content.append(entry)
         return {"content": content}
 
@@ -221,21 +280,44 @@ class OpenAIGateway:
 
     def _chat_choice(self, c: Completion, names: set[str], req: p.ChatCompletionRequest) -> dict[str, Any]:
         message, reason = self._chat_message(c.text, c.finish_reason, names)
-        choice: dict[str, Any] = {"index": c.index, "message": message, "finish_reason": reason,
-                                  "logprobs": self._chat_logprobs(c.token_ids, c.logprobs, c.top_logprobs, req)}
+        choice: dict[str, Any] = {
+            "index": c.index,
+            "message": message,
+            "finish_reason": reason,
+            "logprobs": self._chat_logprobs(c.token_ids, c.logprobs, c.top_logprobs, req),
+        }
         if req.return_token_ids:
             choice["token_ids"] = c.token_ids
         return choice
 
-    async def _stream_chat(self, request: web.Request, req: p.ChatCompletionRequest, prompt_ids: list[int],
-                           params: SamplingParams, names: set[str], meta: dict[str, Any]) -> web.StreamResponse:
+    async def _stream_chat(
+        self,
+        request: web.Request,
+        req: p.ChatCompletionRequest,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        names: set[str],
+        meta: dict[str, Any],
+    ) -> web.StreamResponse:
         response = await _sse(request)
         texts = [""] * params.n
         produced = 0
         chunk = {**meta, "object": "chat.completion.chunk"}
         for i in range(params.n):
-            await _send(response, {**chunk, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
-                                                         "logprobs": None, "finish_reason": None}]})
+            await _send(
+                response,
+                {
+                    **chunk,
+                    "choices": [
+                        {
+                            "index": i,
+                            "delta": {"role": "assistant", "content": ""},
+                            "logprobs": None,
+                            "finish_reason": None,
+                        }
+                    ],
+                },
+            )
         async with _stream_errors(response), generation.stream(self.engine, prompt_ids, params) as events:
             async for ev in events:
                 produced += len(ev.token_ids)
@@ -252,9 +334,12 @@ class OpenAIGateway:
                         delta["content"] = message["content"]
                     if "tool_calls" in message:
                         delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(message["tool_calls"])]
-                choice: dict[str, Any] = {"index": ev.index, "delta": delta, "finish_reason": reason,
-                                          "logprobs": self._chat_logprobs(ev.token_ids, ev.logprobs,
-                                                                          ev.top_logprobs, req)}
+                choice: dict[str, Any] = {
+                    "index": ev.index,
+                    "delta": delta,
+                    "finish_reason": reason,
+                    "logprobs": self._chat_logprobs(ev.token_ids, ev.logprobs, ev.top_logprobs, req),
+                }
                 if req.return_token_ids:
                     choice["token_ids"] = ev.token_ids
                 await _send(response, {**chunk, "choices": [choice]})
@@ -277,8 +362,9 @@ class OpenAIGateway:
             prompt_ids = [int(t) for t in prompt]  # type: ignore[union-attr]
             generation.check_token_ids(self.engine, prompt_ids, "prompt")
         top = req.logprobs or 0
-        params = self._params(req, len(prompt_ids), req.max_tokens if req.max_tokens is not None else 16,
-                              req.logprobs is not None, top)
+        params = self._params(
+            req, len(prompt_ids), req.max_tokens if req.max_tokens is not None else 16, req.logprobs is not None, top
+        )
         echoed = (prompt if isinstance(prompt, str) else self.engine.detokenize(prompt_ids)) if req.echo else ""
         meta = {"id": p.new_id("cmpl"), "created": p.now(), "model": self.engine.info.model_id}
         if req.stream:
@@ -286,38 +372,59 @@ class OpenAIGateway:
             produced = 0
             if echoed:  # the prompt first, as OpenAI's legacy endpoint streams it
                 for i in range(params.n):
-                    await _send(response, {**meta, "object": "text_completion", "choices": [
-                        {"index": i, "text": echoed, "finish_reason": None, "logprobs": None}]})
+                    await _send(
+                        response,
+                        {
+                            **meta,
+                            "object": "text_completion",
+                            "choices": [{"index": i, "text": echoed, "finish_reason": None, "logprobs": None}],
+                        },
+                    )
             async with _stream_errors(response), generation.stream(self.engine, prompt_ids, params) as events:
                 async for ev in events:
                     produced += len(ev.token_ids)
-                    choice = {"index": ev.index, "text": ev.text, "finish_reason": p.FINISH[ev.finish_reason],
-                              "logprobs": self._completion_logprobs(ev.token_ids, ev.logprobs, ev.top_logprobs, req)}
+                    choice = {
+                        "index": ev.index,
+                        "text": ev.text,
+                        "finish_reason": p.FINISH[ev.finish_reason],
+                        "logprobs": self._completion_logprobs(ev.token_ids, ev.logprobs, ev.top_logprobs, req),
+                    }
                     if req.return_token_ids:
                         choice["token_ids"] = ev.token_ids
                     await _send(response, {**meta, "object": "text_completion", "choices": [choice]})
             if req.stream_options and req.stream_options.include_usage:
-                await _send(response, {**meta, "object": "text_completion", "choices": [],
-                                       "usage": p.usage(len(prompt_ids), produced)})
+                await _send(
+                    response,
+                    {**meta, "object": "text_completion", "choices": [], "usage": p.usage(len(prompt_ids), produced)},
+                )
             await response.write(b"data: [DONE]\n\n")
             await response.write_eof()
             return response
         choices = await generation.collect(self.engine, prompt_ids, params)
         out = []
         for c in choices:
-            choice = {"index": c.index, "text": echoed + c.text, "finish_reason": p.FINISH[c.finish_reason],
-                      "logprobs": self._completion_logprobs(c.token_ids, c.logprobs, c.top_logprobs, req)}
+            choice = {
+                "index": c.index,
+                "text": echoed + c.text,
+                "finish_reason": p.FINISH[c.finish_reason],
+                "logprobs": self._completion_logprobs(c.token_ids, c.logprobs, c.top_logprobs, req),
+            }
             if req.return_token_ids:
                 choice["token_ids"] = c.token_ids
             out.append(choice)
-        body: dict[str, Any] = {**meta, "object": "text_completion", "choices": out,
-                                "usage": p.usage(len(prompt_ids), sum(len(c.token_ids) for c in choices))}
+        body: dict[str, Any] = {
+            **meta,
+            "object": "text_completion",
+            "choices": out,
+            "usage": p.usage(len(prompt_ids), sum(len(c.token_ids) for c in choices)),
+        }
         if req.return_token_ids:
             body["prompt_token_ids"] = prompt_ids
         return web.json_response(body)
 
-    def _completion_logprobs(self, ids: list[int], lps: list[float], tops: list[list[tuple[int, float]]],
-                             req: p.CompletionRequest) -> dict[str, Any] | None:
+    def _completion_logprobs(
+        self, ids: list[int], lps: list[float], tops: list[list[tuple[int, float]]], req: p.CompletionRequest
+    ) -> dict[str, Any] | None:
         if req.logprobs is None:
             return None
         strings = self.engine.token_strings(ids)
@@ -325,8 +432,14 @@ class OpenAIGateway:
         for s in strings:
             offsets.append(at)
             at += len(s)
-        top_maps = [dict(zip(self.engine.token_strings([t for t, _ in alt]), [v for _, v in alt], strict=True))
-                    for alt in tops] if tops else None
+        top_maps = (
+            [
+                dict(zip(self.engine.token_strings([t for t, _ in alt]), [v for _, v in alt], strict=True))
+                for alt in tops
+            ]
+            if tops
+            else None
+        )
         return {"tokens": strings, "token_logprobs": lps, "top_logprobs": top_maps, "text_offset": offsets}
 
 

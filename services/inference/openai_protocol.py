@@ -40,8 +40,10 @@ class ResponseFormat(BaseModel):
     @classmethod
     def _only_text(cls, value: str) -> str:
         if value != "text":
-            raise ValueError(f"response_format type {value!r} is not supported by this server (no constrained "
-                             "decoding); use 'text' and parse the reply, or point the client at a server that does")
+            raise ValueError(
+                f"response_format type {value!r} is not supported by this server (no constrained "
+                "decoding); use 'text' and parse the reply, or point the client at a server that does"
+            )
         return value
 
 
@@ -109,8 +111,9 @@ class ChatCompletionRequest(_Sampling):
         """The index of the first message with an image content part, if any."""
         for i, m in enumerate(self.messages):
             content = m.get("content")
-            if isinstance(content, list) and any(isinstance(part, dict) and part.get("type") in IMAGE_PARTS
-                                                 for part in content):
+            if isinstance(content, list) and any(
+                isinstance(part, dict) and part.get("type") in IMAGE_PARTS for part in content
+            ):
                 return i
         return None
 
@@ -130,8 +133,10 @@ class CompletionRequest(_Sampling):
     @model_validator(mode="after")
     def _echo_without_logprobs(self) -> CompletionRequest:
         if self.echo and self.logprobs is not None:
-            raise ValueError("echo with logprobs (the prompt's own token logprobs) is not supported by this "
-                             "server; use ScoreTokens over gRPC for prompt logprobs, or drop one of the two")
+            raise ValueError(
+                "echo with logprobs (the prompt's own token logprobs) is not supported by this "
+                "server; use ScoreTokens over gRPC for prompt logprobs, or drop one of the two"
+            )
         return self
 
 
@@ -148,13 +153,18 @@ def token_logprob(token: str, logprob: float) -> dict[str, Any]:
 
 
 def tool_calls_json(calls: list[ParsedToolCall]) -> list[dict[str, Any]]:
-    return [{"index": i, "id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-            for i, c in enumerate(calls)]
+    return [
+        {"index": i, "id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+        for i, c in enumerate(calls)
+    ]
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
 
 
 def error_body(message: str, kind: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:

@@ -20,8 +20,11 @@ async def build(settings: InferenceSettings) -> tuple[GrpcServer, Engine]:
     engine = load_engine(settings)
     await engine.start()
     server = GrpcServer(settings, name="inference")
-    server.add_service(inference_pb2_grpc.add_InferenceServiceServicer_to_server,
-                       InferenceServicer(engine, settings.max_n), "orchard.inference.v1.InferenceService")
+    server.add_service(
+        inference_pb2_grpc.add_InferenceServiceServicer_to_server,
+        InferenceServicer(engine, settings.max_n),
+        "orchard.inference.v1.InferenceService",
+    )
     server.on_stop(engine.close)
     return server, engine
 
@@ -51,6 +54,7 @@ async def serve(settings: InferenceSettings) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     run_service("inference", InferenceSettings, serve, argv)
+
 
 if __name__ == "__main__":
     main()

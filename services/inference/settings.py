@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from orchard.runtime.settings import ServiceSettings
-from orchard.model_files import default_cache_dir
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
+
+from orchard.model_files import default_cache_dir
+from orchard.runtime.settings import ServiceSettings
 
 
 class InferenceSettings(ServiceSettings):

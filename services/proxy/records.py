@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from nats.aio.client import Client as NatsClient
+
 from orchard import events
 from orchard.experience.v1.experience_pb2 import ModelCallRecorded
 
@@ -29,8 +30,10 @@ UNKEYED = "unkeyed"
 def check_rollout_id(rollout_id: str) -> str:
     """The id itself, or ValueError saying what an id may hold (it names a file, so no slashes or dots first)."""
     if not ROLLOUT_ID.fullmatch(rollout_id):
-        raise ValueError(f"invalid rollout id {rollout_id[:200]!r}: use 1-128 letters, digits, '.', '_' or '-', "
-                         "starting with a letter or digit")
+        raise ValueError(
+            f"invalid rollout id {rollout_id[:200]!r}: use 1-128 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
     return rollout_id
 
 
@@ -39,8 +42,7 @@ class RecordSink(Protocol):
         """Store one record durably before returning (the proxy answers the client after it)."""
         ...
 
-    async def close(self) -> None:
-        ...
+    async def close(self) -> None: ...
 
 
 class JsonlRecords:
@@ -110,11 +112,16 @@ class NatsRecords:
         record["seq"] = self._next_seq.get(rollout_id, 0)
         self._next_seq[rollout_id] = record["seq"] + 1
         call = ModelCallRecorded(
-            call_id=uuid.uuid4().hex, seq=record["seq"], path=record.get("path", ""),
+            call_id=uuid.uuid4().hex,
+            seq=record["seq"],
+            path=record.get("path", ""),
             request_json=json.dumps(record.get("request"), ensure_ascii=False),
             response_json="" if record.get("response") is None else json.dumps(record["response"], ensure_ascii=False),
-            http_status=record.get("status", 0), stream=bool(record.get("stream")), error=record.get("error") or "",
-            upstream=record.get("upstream", ""))
+            http_status=record.get("status", 0),
+            stream=bool(record.get("stream")),
+            error=record.get("error") or "",
+            upstream=record.get("upstream", ""),
+        )
         call.latency.FromMilliseconds(int(record.get("latency_ms", 0)))
         event = events.model_call(self._run_id, rollout_id, call)
         event.event_time.FromDatetime(datetime.fromisoformat(record["time"]))
@@ -122,8 +129,11 @@ class NatsRecords:
         try:
             await self._publisher.flush(self._ack_wait_s)
         except TimeoutError:
-            log.warning("record of rollout %s not yet acknowledged by NATS; it stays buffered and is retried "
-                        "(last error: %s)", rollout_id, self._publisher.stats.last_error)
+            log.warning(
+                "record of rollout %s not yet acknowledged by NATS; it stays buffered and is retried (last error: %s)",
+                rollout_id,
+                self._publisher.stats.last_error,
+            )
 
     async def close(self) -> None:
         try:

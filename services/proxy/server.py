@@ -22,6 +22,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+
 from orchard.runtime.http import HttpSite
 from orchard.runtime.main import run_service
 from orchard.services.proxy.records import (
@@ -39,15 +40,28 @@ log = logging.getLogger("orchard.proxy")
 KEY_PREFIX = "rollout-"
 # Headers that describe one hop, not the message; aiohttp sets its own. Accept-Encoding goes too, so the
 # upstream answers uncompressed and streams can be read as they pass.
-HOP_HEADERS = frozenset({"host", "content-length", "transfer-encoding", "connection", "keep-alive", "upgrade",
-                         "proxy-authorization", "proxy-connection", "te", "trailer", "authorization",
-                         "accept-encoding", "content-encoding"})
+HOP_HEADERS = frozenset(
+    {
+        "host",
+        "content-length",
+        "transfer-encoding",
+        "connection",
+        "keep-alive",
+        "upgrade",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "authorization",
+        "accept-encoding",
+        "content-encoding",
+    }
+)
 
 
 def openai_error(status: int, message: str, kind: str) -> web.Response:
     """An error in the OpenAI API's shape, so clients raise their usual exceptions with our message."""
-    return web.json_response({"error": {"message": message, "type": kind, "param": None, "code": None}},
-                             status=status)
+    return web.json_response({"error": {"message": message, "type": kind, "param": None, "code": None}}, status=status)
 
 
 def rollout_of(request: web.Request, settings: ProxySettings) -> tuple[str | None, str | None]:
@@ -58,7 +72,7 @@ def rollout_of(request: web.Request, settings: ProxySettings) -> tuple[str | Non
     upstream_key: str | None = key or None
     rollout_id = header or None
     if key.startswith(KEY_PREFIX):
-        key_rollout, _, rest = key[len(KEY_PREFIX):].partition(":")
+        key_rollout, _, rest = key[len(KEY_PREFIX) :].partition(":")
         rollout_id = rollout_id or key_rollout
         upstream_key = rest or None
     if settings.upstream_api_key is not None:
@@ -94,10 +108,18 @@ class RecordingProxy:
             await self._session.close()
             await self.sink.close()
             raise
-        where = f"NATS {self.settings.nats_url} (run {self.settings.run_id})" if isinstance(self.sink, NatsRecords) \
+        where = (
+            f"NATS {self.settings.nats_url} (run {self.settings.run_id})"
+            if isinstance(self.sink, NatsRecords)
             else getattr(self.sink, "directory", type(self.sink).__name__)
-        log.info("proxy listening on %s:%d, upstream %s, records to %s", self.settings.host, self.port,
-                 self.settings.upstream_url, where)
+        )
+        log.info(
+            "proxy listening on %s:%d, upstream %s, records to %s",
+            self.settings.host,
+            self.port,
+            self.settings.upstream_url,
+            where,
+        )
         return self.port
 
     async def stop(self) -> None:
@@ -119,13 +141,16 @@ class RecordingProxy:
             except ValueError as err:
                 return openai_error(400, str(err), "invalid_request_error")
         elif self.settings.require_rollout_id:
-            return openai_error(400, f"no rollout id: send the {self.settings.rollout_header} header or use the "
-                                     f"API key {KEY_PREFIX}<id>[:<upstream key>]", "invalid_request_error")
+            return openai_error(
+                400,
+                f"no rollout id: send the {self.settings.rollout_header} header or use the "
+                f"API key {KEY_PREFIX}<id>[:<upstream key>]",
+                "invalid_request_error",
+            )
         try:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
-            return openai_error(413, f"request body over {self.settings.max_body_bytes} bytes",
-                                "invalid_request_error")
+            return openai_error(413, f"request body over {self.settings.max_body_bytes} bytes", "invalid_request_error")
         payload: Any = None
         if request.method == "POST":
             try:
@@ -134,13 +159,22 @@ class RecordingProxy:
                 return openai_error(400, "the request body is not valid JSON", "invalid_request_error")
             if not isinstance(payload, dict):
                 return openai_error(400, "the request body must be a JSON object", "invalid_request_error")
-        record = None if request.method != "POST" else {
-            "rollout_id": rollout_id or UNKEYED, "time": datetime.now(UTC).isoformat(),
-            "path": request.path, "request": payload, "upstream": self.settings.upstream_url}
+        record = (
+            None
+            if request.method != "POST"
+            else {
+                "rollout_id": rollout_id or UNKEYED,
+                "time": datetime.now(UTC).isoformat(),
+                "path": request.path,
+                "request": payload,
+                "upstream": self.settings.upstream_url,
+            }
+        )
         return await self._relay(request, body, upstream_key, record)
 
-    async def _relay(self, request: web.Request, body: bytes, upstream_key: str | None,
-                     record: dict[str, Any] | None) -> web.StreamResponse:
+    async def _relay(
+        self, request: web.Request, body: bytes, upstream_key: str | None, record: dict[str, Any] | None
+    ) -> web.StreamResponse:
         assert self._session is not None
         url = f"{self.settings.upstream_url}/{request.match_info['tail']}"
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
@@ -148,13 +182,15 @@ class RecordingProxy:
             headers["Authorization"] = f"Bearer {upstream_key}"
         started = time.monotonic()
         try:
-            async with self._session.request(request.method, url, params=request.query, data=body,
-                                             headers=headers) as upstream:
+            async with self._session.request(
+                request.method, url, params=request.query, data=body, headers=headers
+            ) as upstream:
                 if upstream.content_type == "text/event-stream":
                     return await self._relay_stream(request, upstream, record, started)
                 data = await upstream.read()
-                response = web.Response(body=data, status=upstream.status,
-                                        content_type=upstream.content_type or "application/json")
+                response = web.Response(
+                    body=data, status=upstream.status, content_type=upstream.content_type or "application/json"
+                )
                 if record is not None:
                     await self._record(record, started, upstream.status, _json_or_text(data), stream=False)
                 return response
@@ -165,10 +201,12 @@ class RecordingProxy:
                 await self._record(record, started, 502, None, stream=False, error=message)
             return openai_error(502, message, "upstream_error")
 
-    async def _relay_stream(self, request: web.Request, upstream: aiohttp.ClientResponse,
-                            record: dict[str, Any] | None, started: float) -> web.StreamResponse:
-        response = web.StreamResponse(status=upstream.status, headers={"Content-Type": "text/event-stream",
-                                                                       "Cache-Control": "no-cache"})
+    async def _relay_stream(
+        self, request: web.Request, upstream: aiohttp.ClientResponse, record: dict[str, Any] | None, started: float
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(
+            status=upstream.status, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
         await response.prepare(request)
         assembler = StreamAssembler()
         error = None
@@ -181,11 +219,11 @@ class RecordingProxy:
             if cut < 0 or assembler.done:
                 continue
             try:
-                await response.write(pending[:cut + 2])
+                await response.write(pending[: cut + 2])
             except ConnectionResetError:
                 error = "the client went away mid-stream"
                 break
-            pending = pending[cut + 2:]
+            pending = pending[cut + 2 :]
         if record is not None:
             result = assembler.result() if assembler.chunks else None
             await self._record(record, started, upstream.status, result, stream=True, error=error)
@@ -197,10 +235,23 @@ class RecordingProxy:
                 pass
         return response
 
-    async def _record(self, record: dict[str, Any], started: float, status: int, response: Any, *,
-                      stream: bool, error: str | None = None) -> None:
-        record.update(status=status, latency_ms=round((time.monotonic() - started) * 1000, 2), stream=stream,
-                      response=response, error=error)
+    async def _record(
+        self,
+        record: dict[str, Any],
+        started: float,
+        status: int,
+        response: Any,
+        *,
+        stream: bool,
+        error: str | None = None,
+    ) -> None:
+        record.update(
+            status=status,
+            latency_ms=round((time.monotonic() - started) * 1000, 2),
+            stream=stream,
+            response=response,
+            error=error,
+        )
         try:
             await self.sink.write(record)
         except Exception:  # never fail the harness's call over a record; say so loudly instead
@@ -228,6 +279,7 @@ async def serve(settings: ProxySettings) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     run_service("proxy", ProxySettings, serve, argv)
+
 
 if __name__ == "__main__":
     main()

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from orchard.runtime.settings import ServiceSettings
 from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
+
+from orchard.runtime.settings import ServiceSettings
 
 
 def default_records_dir() -> Path:

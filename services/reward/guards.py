@@ -15,7 +15,8 @@ from orchard.services.reward.rubric import EvidencePolicy, Rubric, aggregate
 _SEPARATOR = re.compile(r"\s*(?:&&|\|\||;|\||\n)\s*")
 # Wrappers before the command that runs: a subshell or group, VAR=value, env/time/nohup/sudo/exec, `timeout 60`,
 # `bash -c "`, `uv run` / `poetry run` and the like.
-_PREFIX = re.compile(r"""^(?:
+_PREFIX = re.compile(
+    r"""^(?:
       [({!]\s*
     | [A-Za-z_]\w*=(?:"[^"]*"|'[^']*'|\S*)\s+
     | (?:env|time|nohup|sudo|exec|command)\s+
@@ -23,7 +24,9 @@ _PREFIX = re.compile(r"""^(?:
     | (?:bash|sh|zsh)\s+-\w*c\s+["']?
     | (?:uv|poetry|pdm|hatch|pipenv|rye)\s+run\s+
     | conda\s+run\s+(?:-\S+\s+\S+\s+)*
-)+""", re.VERBOSE)
+)+""",
+    re.VERBOSE,
+)
 SHELL_NOT_RUN_CODES = (126, 127)
 """Exit codes with which the shell says a command could not be executed or was not found: no test ran."""
 _NOT_RUN_OUTPUT = re.compile(r"No module named '?(?:pytest|nose2?|tox)\b")
@@ -45,9 +48,13 @@ def runs_test(command: str, policy: EvidencePolicy) -> bool:
 
 def steps_with_tests(steps: Sequence[RenderedStep], policy: EvidencePolicy) -> list[int]:
     """The indices of the steps that ran a test: a test command whose shell did not report it missing."""
-    return [s.index for s in steps
-            if runs_test(s.command, policy) and s.exit_code not in SHELL_NOT_RUN_CODES
-            and not _NOT_RUN_OUTPUT.search(s.output)]
+    return [
+        s.index
+        for s in steps
+        if runs_test(s.command, policy)
+        and s.exit_code not in SHELL_NOT_RUN_CODES
+        and not _NOT_RUN_OUTPUT.search(s.output)
+    ]
 
 
 def cited_steps(reasoning: str) -> list[int]:
@@ -80,8 +87,7 @@ def _steps(indices: Sequence[int]) -> str:
     return ("step " if len(indices) == 1 else "steps ") + ", ".join(map(str, indices))
 
 
-def apply_guards(scores: dict[str, float], rubric: Rubric, steps: Sequence[RenderedStep],
-                 reasoning: str) -> Guarded:
+def apply_guards(scores: dict[str, float], rubric: Rubric, steps: Sequence[RenderedStep], reasoning: str) -> Guarded:
     """The rubric's guards over snapped scores:
     1. a criterion that needs test evidence and scores above `criterion_cap` is clamped to it when no step ran a
        test, or when the reasoning cites steps and none of them ran one;

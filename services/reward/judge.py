@@ -15,11 +15,11 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from orchard.chat.render import Reference, render_trajectory, steps_of
 from orchard.errors import OrchardError
 from orchard.services.reward import metrics
 from orchard.services.reward.guards import apply_guards
 from orchard.services.reward.models import Models
-from orchard.chat.render import Reference, render_trajectory, steps_of
 from orchard.services.reward.rubric import Rubric
 from orchard.types.v1 import types_pb2 as tpb
 
@@ -73,8 +73,10 @@ def system_prompt(rubric: Rubric) -> str:
     evidence = ""
     if rubric.test_evidence is not None and rubric.evidence_ids:
         # The guards clamp these scores unless a cited step ran a test, so the judge is told to cite such steps.
-        evidence = (f" Scores above {rubric.test_evidence.criterion_cap:g} for {', '.join(rubric.evidence_ids)} "
-                    "need a test that actually ran: cite the steps that ran it.")
+        evidence = (
+            f" Scores above {rubric.test_evidence.criterion_cap:g} for {', '.join(rubric.evidence_ids)} "
+            "need a test that actually ran: cite the steps that ran it."
+        )
     return SYSTEM_PROMPT.format(criteria=criteria, schema=schema, evidence=evidence)
 
 
@@ -108,7 +110,7 @@ def _object_text(text: str) -> str:
         elif ch == "}":
             depth -= 1
             if depth == 0:
-                return text[start:i + 1]
+                return text[start : i + 1]
     raise JudgeOutputError("the JSON object is not closed (the answer may have been cut off by max_tokens)")
 
 
@@ -176,8 +178,9 @@ class Judge:
     async def judge(self, item: JudgeInput, deadline_s: float | None = None) -> tpb.Reward:
         """The RPR reward of one trajectory; never raises for a judge failure (it falls back instead)."""
         r_bin = item.outcome.value
-        details = tpb.JudgeDetails(alpha=item.alpha, outcome_reward=r_bin, judge_model=item.model,
-                                   reference_guided=item.reference is not None)
+        details = tpb.JudgeDetails(
+            alpha=item.alpha, outcome_reward=r_bin, judge_model=item.model, reference_guided=item.reference is not None
+        )
         if item.alpha == 0:
             return _reward(r_bin, details, "alpha is 0: no judge call made")
         if item.outcome.outcome.status == tpb.OUTCOME_STATUS_ERROR:
@@ -189,9 +192,14 @@ class Judge:
         try:
             async with asyncio.timeout(timeout):
                 async with self._slots:
-                    reply = await self.models.chat(item.model, system_prompt(item.rubric), user,
-                                                   temperature=item.temperature, max_tokens=item.max_tokens,
-                                                   timeout=max(0.001, timeout - (time.monotonic() - started)))
+                    reply = await self.models.chat(
+                        item.model,
+                        system_prompt(item.rubric),
+                        user,
+                        temperature=item.temperature,
+                        max_tokens=item.max_tokens,
+                        timeout=max(0.001, timeout - (time.monotonic() - started)),
+                    )
         except TimeoutError:
             return _reward(r_bin, details, f"judge call timed out after {timeout:.1f}s")
         except OrchardError as err:
@@ -203,17 +211,30 @@ class Judge:
             tail = reply.text.strip()[-OUTPUT_TAIL_CHARS:]
             return _reward(r_bin, details, f"judge output unusable: {err}; the answer ended with: {tail!r}")
         rubric = item.rubric
-        guarded = apply_guards({c.id: snap(parsed.raw_scores[c.id]) for c in rubric.criteria}, rubric, steps,
-                               parsed.reasoning)
+        guarded = apply_guards(
+            {c.id: snap(parsed.raw_scores[c.id]) for c in rubric.criteria}, rubric, steps, parsed.reasoning
+        )
         for c in rubric.criteria:
-            details.scores.append(tpb.CriterionScore(criterion_id=c.id, name=c.name, weight=c.weight,
-                                                     score=guarded.scores[c.id], raw_score=parsed.raw_scores[c.id]))
+            details.scores.append(
+                tpb.CriterionScore(
+                    criterion_id=c.id,
+                    name=c.name,
+                    weight=c.weight,
+                    score=guarded.scores[c.id],
+                    raw_score=parsed.raw_scores[c.id],
+                )
+            )
         details.judge_score = guarded.judge_score
         details.adjustments.extend(note for _, note in guarded.adjustments)
         details.reasoning = parsed.reasoning
         metrics.observe_judged(rubric.name, guarded)
-        _log.debug("judged %s: J=%.2f in %.1fs%s", item.trajectory.trajectory_id, details.judge_score,
-                   time.monotonic() - started, "".join(f"; {note}" for _, note in guarded.adjustments))
+        _log.debug(
+            "judged %s: J=%.2f in %.1fs%s",
+            item.trajectory.trajectory_id,
+            details.judge_score,
+            time.monotonic() - started,
+            "".join(f"; {note}" for _, note in guarded.adjustments),
+        )
         return _reward(r_bin + item.alpha * details.judge_score, details, None)
 
 
@@ -231,17 +252,33 @@ def log_batch(rewards: Sequence[tpb.Reward]) -> None:
     means = {cid: round(sum(v) / len(v), 3) for cid, v in by_id.items()}
     j = round(sum(d.judge_score for d in judged) / len(judged), 3)
     guarded = sum(1 for d in judged if d.adjustments)
-    _log.info("judged a batch of %d (%d fell back): mean J %.3f; means %s; guards adjusted %d", len(rewards),
-              len(rewards) - len(judged), j, " ".join(f"{k}={v:.2f}" for k, v in means.items()), guarded,
-              extra={"judged": len(judged), "fell_back": len(rewards) - len(judged), "mean_judge_score": j,
-                     "criterion_means": means, "guarded": guarded})
+    _log.info(
+        "judged a batch of %d (%d fell back): mean J %.3f; means %s; guards adjusted %d",
+        len(rewards),
+        len(rewards) - len(judged),
+        j,
+        " ".join(f"{k}={v:.2f}" for k, v in means.items()),
+        guarded,
+        extra={
+            "judged": len(judged),
+            "fell_back": len(rewards) - len(judged),
+            "mean_judge_score": j,
+            "criterion_means": means,
+            "guarded": guarded,
+        },
+    )
 
 
 def _reward(value: float, details: tpb.JudgeDetails, fallback_reason: str | None) -> tpb.Reward:
     if fallback_reason is not None:
         details.fell_back, details.fallback_reason, details.judge_score = True, fallback_reason, 0.0
         del details.scores[:]
-    reward = tpb.Reward(kind=tpb.REWARD_KIND_RPR, value=value, name="rpr",
-                        source=f"judge:{details.judge_model or 'default'}", judge=details)
+    reward = tpb.Reward(
+        kind=tpb.REWARD_KIND_RPR,
+        value=value,
+        name="rpr",
+        source=f"judge:{details.judge_model or 'default'}",
+        judge=details,
+    )
     reward.create_time.GetCurrentTime()
     return reward

@@ -3,20 +3,26 @@ so a batch of agents that run tests without checking anything shows (many test r
 
 from __future__ import annotations
 
-from orchard.services.reward.guards import Guarded
 from prometheus_client import Counter, Histogram
+
+from orchard.services.reward.guards import Guarded
 
 JUDGE_SCORE = Histogram(
     "orchard_reward_judge_score",
     "Judge scores after the guards, by rubric and criterion (J for the aggregate); the mean is _sum / _count.",
-    ["rubric", "criterion"], buckets=tuple(i / 10 for i in range(11)),
+    ["rubric", "criterion"],
+    buckets=tuple(i / 10 for i in range(11)),
 )
-JUDGED = Counter("orchard_reward_judged_trajectories",
-                 "Trajectories the judge scored, by rubric and whether any step ran a test (unknown: unguarded).",
-                 ["rubric", "ran_tests"])
-GUARD_ADJUSTMENTS = Counter("orchard_reward_judge_guard_adjustments",
-                            "Scores the test-evidence guards lowered, by rubric and criterion (J for the cap).",
-                            ["rubric", "criterion"])
+JUDGED = Counter(
+    "orchard_reward_judged_trajectories",
+    "Trajectories the judge scored, by rubric and whether any step ran a test (unknown: unguarded).",
+    ["rubric", "ran_tests"],
+)
+GUARD_ADJUSTMENTS = Counter(
+    "orchard_reward_judge_guard_adjustments",
+    "Scores the test-evidence guards lowered, by rubric and criterion (J for the cap).",
+    ["rubric", "criterion"],
+)
 
 
 def observe_judged(rubric: str, guarded: Guarded) -> None:

@@ -32,11 +32,13 @@ class Scores:
 class Models(Protocol):
     """What the judge and the teacher need from a model server. Failures raise OrchardError."""
 
-    async def chat(self, model: str, system: str, user: str, *, temperature: float, max_tokens: int,
-                   timeout: float) -> ChatReply: ...
+    async def chat(
+        self, model: str, system: str, user: str, *, temperature: float, max_tokens: int, timeout: float
+    ) -> ChatReply: ...
 
-    async def score(self, model: str, context_ids: list[int], continuation_ids: list[int], *,
-                    timeout: float) -> Scores: ...
+    async def score(
+        self, model: str, context_ids: list[int], continuation_ids: list[int], *, timeout: float
+    ) -> Scores: ...
 
     async def context_length(self, model: str, *, timeout: float) -> int: ...
 
@@ -46,26 +48,35 @@ class InferenceModels:
 
     def __init__(self, address: str, max_message_bytes: int = 64 * 1024 * 1024) -> None:
         self.address = address
-        self._transport = clients.transport("inference", address, options=[
-            ("grpc.max_send_message_length", max_message_bytes),
-            ("grpc.max_receive_message_length", max_message_bytes)])
+        self._transport = clients.transport(
+            "inference",
+            address,
+            options=[
+                ("grpc.max_send_message_length", max_message_bytes),
+                ("grpc.max_receive_message_length", max_message_bytes),
+            ],
+        )
         self._context: dict[str, int] = {}
 
-    async def chat(self, model: str, system: str, user: str, *, temperature: float, max_tokens: int,
-                   timeout: float) -> ChatReply:
+    async def chat(
+        self, model: str, system: str, user: str, *, temperature: float, max_tokens: int, timeout: float
+    ) -> ChatReply:
         request = ipb.ChatRequest(
-            model=model, messages=[tpb.Message(role=tpb.ROLE_SYSTEM, content=system),
-                                   tpb.Message(role=tpb.ROLE_USER, content=user)],
+            model=model,
+            messages=[tpb.Message(role=tpb.ROLE_SYSTEM, content=system), tpb.Message(role=tpb.ROLE_USER, content=user)],
             sampling=ipb.SamplingParams(temperature=temperature, max_tokens=max_tokens),
-            labels={"caller": "orchard.reward.judge"})
+            labels={"caller": "orchard.reward.judge"},
+        )
         reply = await self._call("Chat", request, timeout)
         return ChatReply(text=reply.choices[0].message.content if reply.choices else "", model=reply.model)
 
-    async def score(self, model: str, context_ids: list[int], continuation_ids: list[int], *,
-                    timeout: float) -> Scores:
-        request = ipb.ScoreTokensRequest(model=model, token_ids=ipb.TokenIds(ids=context_ids),
-                                         continuation_token_ids=continuation_ids,
-                                         labels={"caller": "orchard.reward.teacher"})
+    async def score(self, model: str, context_ids: list[int], continuation_ids: list[int], *, timeout: float) -> Scores:
+        request = ipb.ScoreTokensRequest(
+            model=model,
+            token_ids=ipb.TokenIds(ids=context_ids),
+            continuation_token_ids=continuation_ids,
+            labels={"caller": "orchard.reward.teacher"},
+        )
         reply = await self._call("ScoreTokens", request, timeout)
         return Scores(logprobs=list(reply.logprobs), model=reply.model, weights_version=reply.weights_version)
 
@@ -76,8 +87,11 @@ class InferenceModels:
             found = [m for m in reply.models if (m.model_id == model if model else m.is_default)]
             if not found:
                 served = ", ".join(m.model_id for m in reply.models)
-                raise NotFound(f"the inference service at {self.address} serves no model {model!r} (it serves "
-                               f"{served}); set the teacher model to one of them", field="teacher_model")
+                raise NotFound(
+                    f"the inference service at {self.address} serves no model {model!r} (it serves "
+                    f"{served}); set the teacher model to one of them",
+                    field="teacher_model",
+                )
             self._context[model] = found[0].max_context_tokens
         return self._context[model]
 

@@ -22,20 +22,20 @@ _PY = r"(?:\S*/)?python[\d.]*\s+(?:-\S+\s+)*"
 _SCRIPT = r"(?:\S*/)?[^\s/]*(?:test|repro)[^\s/]*"
 _END = r"""(?=[\s)'"]|$)"""
 DEFAULT_TEST_COMMANDS: tuple[str, ...] = (
-    rf"(?:{_PY}-m\s+)?(?:pytest|py\.test){_END}",                      # pytest, python -m pytest
-    rf"{_PY}-m\s+(?:unittest|nose2?|tox|nox){_END}",                    # python -m unittest ...
+    rf"(?:{_PY}-m\s+)?(?:pytest|py\.test){_END}",  # pytest, python -m pytest
+    rf"{_PY}-m\s+(?:unittest|nose2?|tox|nox){_END}",  # python -m unittest ...
     rf"(?:tox|nox|ctest){_END}",
-    rf"(?:npm|yarn|pnpm)\s+(?:run\s+)?test(?::\S*)?{_END}",              # npm test, yarn run test:unit
+    rf"(?:npm|yarn|pnpm)\s+(?:run\s+)?test(?::\S*)?{_END}",  # npm test, yarn run test:unit
     rf"(?:npx\s+)?(?:jest|vitest|mocha){_END}",
     rf"go\s+test{_END}",
     rf"cargo\s+(?:test|nextest){_END}",
     rf"(?:mvn|\./mvnw|gradle|\./gradlew)\s+(?:-\S+\s+)*test{_END}",
     rf"make\s+(?:-\S+\s+)*(?:test|tests|check){_END}",
-    rf"{_PY}(?:\S*/)?manage\.py\s+test{_END}",                            # Django's runner
-    r"(?:\S*/)?run_?tests?\b",                                         # run_tests, ./run_tests.sh, a run_tests tool
-    rf"(?:{_PY}|node\s+){_SCRIPT}\.(?:py|js|mjs|ts){_END}",              # python reproduce_bug.py, python tests/t.py
-    rf"(?:bash|sh|zsh)\s+(?:-\S+\s+)*{_SCRIPT}{_END}",                   # bash run_test.sh, sh repro.sh
-    rf"\.{{0,2}}/{_SCRIPT}{_END}",                                        # ./test.sh, /tmp/repro
+    rf"{_PY}(?:\S*/)?manage\.py\s+test{_END}",  # Django's runner
+    r"(?:\S*/)?run_?tests?\b",  # run_tests, ./run_tests.sh, a run_tests tool
+    rf"(?:{_PY}|node\s+){_SCRIPT}\.(?:py|js|mjs|ts){_END}",  # python reproduce_bug.py, python tests/t.py
+    rf"(?:bash|sh|zsh)\s+(?:-\S+\s+)*{_SCRIPT}{_END}",  # bash run_test.sh, sh repro.sh
+    rf"\.{{0,2}}/{_SCRIPT}{_END}",  # ./test.sh, /tmp/repro
 )
 """What counts as running a test when a rubric's `test_evidence` lists no `commands`: regexes matched,
 case-insensitively, at the start of each shell command of a step (see guards.py for how a step is split)."""
@@ -139,14 +139,15 @@ def parse_evidence(data: object) -> EvidencePolicy:
     """The guards of a rubric file: `{commands: [regex, ...], criterion_cap: 0.5, no_test_cap: 0.3}`, each
     optional."""
     if not isinstance(data, dict):
-        raise RubricError(f"test_evidence must be a mapping (commands, criterion_cap, no_test_cap); got "
-                          f"{type(data).__name__}")
+        raise RubricError(
+            f"test_evidence must be a mapping (commands, criterion_cap, no_test_cap); got {type(data).__name__}"
+        )
     unknown = set(data) - {"commands", "criterion_cap", "no_test_cap"}
     if unknown:
-        raise RubricError(f"test_evidence has unknown keys {sorted(unknown)}; expected commands, criterion_cap "
-                          "and no_test_cap")
-    policy = EvidencePolicy(criterion_cap=_cap(data, "criterion_cap", 0.5),
-                            no_test_cap=_cap(data, "no_test_cap", 0.3))
+        raise RubricError(
+            f"test_evidence has unknown keys {sorted(unknown)}; expected commands, criterion_cap and no_test_cap"
+        )
+    policy = EvidencePolicy(criterion_cap=_cap(data, "criterion_cap", 0.5), no_test_cap=_cap(data, "no_test_cap", 0.3))
     if "commands" not in data:
         return policy
     commands = data["commands"]
@@ -158,8 +159,7 @@ def parse_evidence(data: object) -> EvidencePolicy:
             compiled.append(re.compile(str(c), re.IGNORECASE))
         except re.error as err:
             raise RubricError(f"test_evidence.commands[{i}] {c!r} is not a valid regex: {err}") from None
-    return EvidencePolicy(commands=tuple(compiled), criterion_cap=policy.criterion_cap,
-                          no_test_cap=policy.no_test_cap)
+    return EvidencePolicy(commands=tuple(compiled), criterion_cap=policy.criterion_cap, no_test_cap=policy.no_test_cap)
 
 
 def parse_rubric(data: object, source: str) -> Rubric:
@@ -169,8 +169,7 @@ def parse_rubric(data: object, source: str) -> Rubric:
         raise RubricError(f"{source}: expected a mapping with 'criteria'; got {type(data).__name__}")
     unknown = set(data) - {"name", "criteria", "test_evidence"}
     if unknown:
-        raise RubricError(f"{source}: unknown keys {sorted(unknown)}; expected 'name', 'criteria' and "
-                          "'test_evidence'")
+        raise RubricError(f"{source}: unknown keys {sorted(unknown)}; expected 'name', 'criteria' and 'test_evidence'")
     items = data.get("criteria")
     if not isinstance(items, list):
         raise RubricError(f"{source}: 'criteria' must be a list of {{id, name, weight, description}}")
@@ -181,8 +180,9 @@ def parse_rubric(data: object, source: str) -> Rubric:
         missing = [k for k in _CRITERION_KEYS if k not in item]
         extra = set(item) - {*_CRITERION_KEYS, "needs_test_evidence"}
         if missing:
-            raise RubricError(f"{source}: criteria[{i}] lacks {missing}; each criterion has id, name, weight and "
-                              "description")
+            raise RubricError(
+                f"{source}: criteria[{i}] lacks {missing}; each criterion has id, name, weight and description"
+            )
         if extra:
             raise RubricError(f"{source}: criteria[{i}] has unknown keys {sorted(extra)}")
         weight = item["weight"]
@@ -190,10 +190,18 @@ def parse_rubric(data: object, source: str) -> Rubric:
             raise RubricError(f"{source}: criteria[{i}] ({item['id']}): weight must be a number; got {weight!r}")
         needs = item.get("needs_test_evidence", False)
         if not isinstance(needs, bool):
-            raise RubricError(f"{source}: criteria[{i}] ({item['id']}): needs_test_evidence must be true or false; "
-                              f"got {needs!r}")
-        criteria.append(Criterion(id=str(item["id"]), name=str(item["name"]), weight=float(weight),
-                                  description=" ".join(str(item["description"]).split()), needs_test_evidence=needs))
+            raise RubricError(
+                f"{source}: criteria[{i}] ({item['id']}): needs_test_evidence must be true or false; got {needs!r}"
+            )
+        criteria.append(
+            Criterion(
+                id=str(item["id"]),
+                name=str(item["name"]),
+                weight=float(weight),
+                description=" ".join(str(item["description"]).split()),
+                needs_test_evidence=needs,
+            )
+        )
     try:
         evidence = parse_evidence(data["test_evidence"]) if "test_evidence" in data else None
         return build_rubric(str(data.get("name", "custom")), criteria, evidence)

@@ -30,12 +30,13 @@ def build(settings: RewardSettings, models: Models | None = None) -> GrpcServer:
     # Grading runs for minutes; its own deadlines bound each call, so the client's per-call timeout is generous.
     env = AsyncSandboxClient(settings.env_address, timeout=settings.grade_timeout_s, auto_cleanup=True)
     servicer = RewardServicer(
-        settings, rubric,
+        settings,
+        rubric,
         OutcomeGrader(env, settings.max_concurrent_grades, settings.grade_timeout_s, settings.test_timeout_s),
         Judge(models, settings.max_concurrent_judges, settings.judge_timeout_s),
-        Teacher(models, settings.max_concurrent_scores, settings.teacher_timeout_s))
-    server.add_service(reward_pb2_grpc.add_RewardServiceServicer_to_server, servicer,
-                       "orchard.reward.v1.RewardService")
+        Teacher(models, settings.max_concurrent_scores, settings.teacher_timeout_s),
+    )
+    server.add_service(reward_pb2_grpc.add_RewardServiceServicer_to_server, servicer, "orchard.reward.v1.RewardService")
     server.on_stop(env.close)
     return server
 
@@ -46,6 +47,7 @@ async def serve(settings: RewardSettings) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     run_service("reward", RewardSettings, serve, argv)
+
 
 if __name__ == "__main__":
     main()

@@ -11,10 +11,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
 import grpc
+
+from orchard.chat import render
 from orchard.errors import InvalidArgument, OrchardError
 from orchard.reward.v1 import reward_pb2 as pb
 from orchard.reward.v1 import reward_pb2_grpc
-from orchard.chat import render
 from orchard.services.reward.judge import Judge, JudgeInput, log_batch
 from orchard.services.reward.outcome import EvalSpec, OutcomeGrader, OutcomeInput, OutcomeValues, check_log_parser
 from orchard.services.reward.rubric import Criterion, Rubric, RubricError, build_rubric
@@ -66,8 +67,9 @@ def _finite(value: float, field: str) -> float:
 class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
     """gRPC face of the outcome grader, the RPR judge and the OPD teacher."""
 
-    def __init__(self, settings: RewardSettings, rubric: Rubric, grader: OutcomeGrader, judge: Judge,
-                 teacher: Teacher) -> None:
+    def __init__(
+        self, settings: RewardSettings, rubric: Rubric, grader: OutcomeGrader, judge: Judge, teacher: Teacher
+    ) -> None:
         self.settings = settings
         self.rubric = rubric
         self.grader = grader
@@ -78,8 +80,10 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
         if n == 0:
             raise InvalidArgument("requests is empty; give at least one", field="requests")
         if n > self.settings.max_batch_size:
-            raise InvalidArgument(f"{n} requests exceed the batch limit of {self.settings.max_batch_size}; split "
-                                  "the batch", field="requests")
+            raise InvalidArgument(
+                f"{n} requests exceed the batch limit of {self.settings.max_batch_size}; split the batch",
+                field="requests",
+            )
 
     # -- outcome ------------------------------------------------------------------------------------------------
 
@@ -88,11 +92,20 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
         values = OutcomeValues(
             resolved=_finite(c.resolved_reward, "config.resolved_reward") if c.HasField("resolved_reward") else 1.0,
             unresolved=_finite(c.unresolved_reward, "config.unresolved_reward")
-            if c.HasField("unresolved_reward") else -1.0,
+            if c.HasField("unresolved_reward")
+            else -1.0,
             truncated=_finite(c.truncated_reward, "config.truncated_reward")
-            if c.HasField("truncated_reward") else -1.0)
-        item = OutcomeInput(task_id=r.task_id, patch=r.patch, stop_reason=r.stop_reason, values=values,
-                            task_set=r.task_set, sandbox_id=r.sandbox_id)
+            if c.HasField("truncated_reward")
+            else -1.0,
+        )
+        item = OutcomeInput(
+            task_id=r.task_id,
+            patch=r.patch,
+            stop_reason=r.stop_reason,
+            values=values,
+            task_set=r.task_set,
+            sandbox_id=r.sandbox_id,
+        )
         if r.stop_reason not in (tpb.STOP_REASON_UNSPECIFIED, tpb.STOP_REASON_SUBMITTED):
             return item  # graded without running anything
         if r.task_set and r.HasField("spec"):
@@ -101,8 +114,10 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
             if not r.task_id:
                 raise InvalidArgument("task_id is empty; name the instance of the task set to grade", field="task_id")
             if r.sandbox_id:
-                raise InvalidArgument("sandbox_id works only with spec; a task set's instance is graded in a fresh "
-                                      "sandbox", field="sandbox_id")
+                raise InvalidArgument(
+                    "sandbox_id works only with spec; a task set's instance is graded in a fresh sandbox",
+                    field="sandbox_id",
+                )
             return item
         if not r.HasField("spec"):
             raise InvalidArgument("say how to grade: set task_set (e.g. 'toyrepair') or spec", field="spec")
@@ -110,22 +125,31 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
         if not s.image and not r.sandbox_id:
             raise InvalidArgument("spec.image is empty; give the task's image (or a sandbox_id)", field="spec.image")
         if not s.eval_script.strip():
-            raise InvalidArgument("spec.eval_script is empty; give the script that runs the tests",
-                                  field="spec.eval_script")
+            raise InvalidArgument(
+                "spec.eval_script is empty; give the script that runs the tests", field="spec.eval_script"
+            )
         check_log_parser(s.log_parser)
         if s.log_parser and not s.fail_to_pass:
-            raise InvalidArgument("spec.fail_to_pass is empty; a log parser grades the named tests",
-                                  field="spec.fail_to_pass")
+            raise InvalidArgument(
+                "spec.fail_to_pass is empty; a log parser grades the named tests", field="spec.fail_to_pass"
+            )
         timeout = s.timeout.ToTimedelta().total_seconds()
         if timeout < 0:
             raise InvalidArgument("spec.timeout must not be negative", field="spec.timeout")
-        spec = EvalSpec(image=s.image, workdir=s.workdir, eval_script=s.eval_script, log_parser=s.log_parser,
-                        fail_to_pass=list(s.fail_to_pass), pass_to_pass=list(s.pass_to_pass),
-                        timeout_s=timeout or None)
+        spec = EvalSpec(
+            image=s.image,
+            workdir=s.workdir,
+            eval_script=s.eval_script,
+            log_parser=s.log_parser,
+            fail_to_pass=list(s.fail_to_pass),
+            pass_to_pass=list(s.pass_to_pass),
+            timeout_s=timeout or None,
+        )
         return dataclasses.replace(item, spec=spec)
 
-    async def ComputeOutcomeReward(self, request: pb.ComputeOutcomeRewardRequest, context: grpc.aio.ServicerContext
-                                   ) -> pb.ComputeOutcomeRewardResponse:
+    async def ComputeOutcomeReward(
+        self, request: pb.ComputeOutcomeRewardRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ComputeOutcomeRewardResponse:
         item = self._outcome_input(request)
         return pb.ComputeOutcomeRewardResponse(reward=await self.grader.reward(item, deadline_of(context)))
 
@@ -135,8 +159,13 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
         if not criteria:
             return self.rubric
         try:
-            return build_rubric("request", [Criterion(id=c.criterion_id, name=c.name, weight=c.weight,
-                                                      description=c.description) for c in criteria])
+            return build_rubric(
+                "request",
+                [
+                    Criterion(id=c.criterion_id, name=c.name, weight=c.weight, description=c.description)
+                    for c in criteria
+                ],
+            )
         except RubricError as err:
             raise InvalidArgument(f"config.rubric: {err}", field="config.rubric") from None
 
@@ -145,21 +174,27 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
         if not (t.steps or t.messages or t.final_patch):
             raise InvalidArgument("trajectory is empty; give its steps or messages", field="trajectory")
         if not r.HasField("outcome"):
-            raise InvalidArgument("outcome is required: the trajectory's OUTCOME reward R_bin (from "
-                                  "ComputeOutcomeReward)", field="outcome")
+            raise InvalidArgument(
+                "outcome is required: the trajectory's OUTCOME reward R_bin (from ComputeOutcomeReward)",
+                field="outcome",
+            )
         if r.outcome.kind != tpb.REWARD_KIND_OUTCOME:
-            raise InvalidArgument(f"outcome must be an OUTCOME reward; got {tpb.RewardKind.Name(r.outcome.kind)}",
-                                  field="outcome.kind")
+            raise InvalidArgument(
+                f"outcome must be an OUTCOME reward; got {tpb.RewardKind.Name(r.outcome.kind)}", field="outcome.kind"
+            )
         _finite(r.outcome.value, "outcome.value")
         problem = r.problem_statement or render.problem_statement(t)
         if not problem.strip():
-            raise InvalidArgument("problem_statement is empty and the trajectory has no user message; give the task",
-                                  field="problem_statement")
+            raise InvalidArgument(
+                "problem_statement is empty and the trajectory has no user message; give the task",
+                field="problem_statement",
+            )
         c = r.config
         alpha = _finite(c.alpha, "config.alpha") if c.HasField("alpha") else self.settings.alpha
         if alpha < 0:
-            raise InvalidArgument(f"config.alpha must be >= 0 (0 makes no judge call); got {alpha}",
-                                  field="config.alpha")
+            raise InvalidArgument(
+                f"config.alpha must be >= 0 (0 makes no judge call); got {alpha}", field="config.alpha"
+            )
         temperature = c.temperature if c.HasField("temperature") else self.settings.judge_temperature
         if not temperature >= 0:
             raise InvalidArgument(f"config.temperature must be >= 0; got {temperature}", field="config.temperature")
@@ -168,20 +203,33 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
         reference = None
         if r.HasField("reference"):
             ref = r.reference
-            reference = render.Reference(gold_patch=ref.gold_patch, changed_files=list(ref.changed_files),
-                                         test_files=list(ref.test_files), fail_to_pass=list(ref.fail_to_pass))
-        return JudgeInput(trajectory=t, problem_statement=problem, outcome=r.outcome, reference=reference,
-                          rubric=self._rubric(c.rubric), model=c.judge_model or self.settings.judge_model,
-                          alpha=alpha, temperature=temperature,
-                          max_tokens=c.max_tokens or self.settings.judge_max_tokens)
+            reference = render.Reference(
+                gold_patch=ref.gold_patch,
+                changed_files=list(ref.changed_files),
+                test_files=list(ref.test_files),
+                fail_to_pass=list(ref.fail_to_pass),
+            )
+        return JudgeInput(
+            trajectory=t,
+            problem_statement=problem,
+            outcome=r.outcome,
+            reference=reference,
+            rubric=self._rubric(c.rubric),
+            model=c.judge_model or self.settings.judge_model,
+            alpha=alpha,
+            temperature=temperature,
+            max_tokens=c.max_tokens or self.settings.judge_max_tokens,
+        )
 
-    async def JudgeTrajectory(self, request: pb.JudgeTrajectoryRequest, context: grpc.aio.ServicerContext
-                              ) -> pb.JudgeTrajectoryResponse:
+    async def JudgeTrajectory(
+        self, request: pb.JudgeTrajectoryRequest, context: grpc.aio.ServicerContext
+    ) -> pb.JudgeTrajectoryResponse:
         item = self._judge_input(request)
         return pb.JudgeTrajectoryResponse(reward=await self.judge.judge(item, deadline_of(context)))
 
-    async def BatchJudgeTrajectories(self, request: pb.BatchJudgeTrajectoriesRequest,
-                                     context: grpc.aio.ServicerContext) -> pb.BatchJudgeTrajectoriesResponse:
+    async def BatchJudgeTrajectories(
+        self, request: pb.BatchJudgeTrajectoriesRequest, context: grpc.aio.ServicerContext
+    ) -> pb.BatchJudgeTrajectoriesResponse:
         self._check_batch(len(request.requests))
         items = [self._prefixed(i, self._judge_input, r) for i, r in enumerate(request.requests)]
         deadline = deadline_of(context)
@@ -195,34 +243,48 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
         span = r.response
         ids = list(span.token_ids)
         if not ids:
-            raise InvalidArgument("response.token_ids is empty; give the student's tokens to score",
-                                  field="response.token_ids")
+            raise InvalidArgument(
+                "response.token_ids is empty; give the student's tokens to score", field="response.token_ids"
+            )
         if len(span.mask) != len(ids):
-            raise InvalidArgument(f"response.mask has {len(span.mask)} entries for {len(ids)} tokens; give one per "
-                                  "token (1 = student-generated, 0 = tool/observation)", field="response.mask")
+            raise InvalidArgument(
+                f"response.mask has {len(span.mask)} entries for {len(ids)} tokens; give one per "
+                "token (1 = student-generated, 0 = tool/observation)",
+                field="response.mask",
+            )
         if any(m not in (0, 1) for m in span.mask):
             raise InvalidArgument("response.mask holds values other than 0 and 1", field="response.mask")
         if span.logprobs and len(span.logprobs) != len(ids):
-            raise InvalidArgument(f"response.logprobs has {len(span.logprobs)} entries for {len(ids)} tokens; give "
-                                  "one per token or none", field="response.logprobs")
+            raise InvalidArgument(
+                f"response.logprobs has {len(span.logprobs)} entries for {len(ids)} tokens; give one per token or none",
+                field="response.logprobs",
+            )
         for name, values in (("prompt_token_ids", r.prompt_token_ids), ("response.token_ids", ids)):
             bad = next((t for t in values if t < 0), None)
             if bad is not None:
                 raise InvalidArgument(f"{name} holds a negative token id ({bad})", field=name)
         if r.max_context_tokens < 0:
-            raise InvalidArgument("max_context_tokens must not be negative (0 = the teacher's context)",
-                                  field="max_context_tokens")
-        return TeacherInput(model=r.teacher_model or self.settings.teacher_model, prompt_ids=list(r.prompt_token_ids),
-                            response_ids=ids, mask=list(span.mask), student_logprobs=list(span.logprobs),
-                            max_context_tokens=r.max_context_tokens)
+            raise InvalidArgument(
+                "max_context_tokens must not be negative (0 = the teacher's context)", field="max_context_tokens"
+            )
+        return TeacherInput(
+            model=r.teacher_model or self.settings.teacher_model,
+            prompt_ids=list(r.prompt_token_ids),
+            response_ids=ids,
+            mask=list(span.mask),
+            student_logprobs=list(span.logprobs),
+            max_context_tokens=r.max_context_tokens,
+        )
 
-    async def ComputeTeacherLogprobs(self, request: pb.ComputeTeacherLogprobsRequest,
-                                     context: grpc.aio.ServicerContext) -> pb.ComputeTeacherLogprobsResponse:
+    async def ComputeTeacherLogprobs(
+        self, request: pb.ComputeTeacherLogprobsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ComputeTeacherLogprobsResponse:
         item = self._teacher_input(request)
         return pb.ComputeTeacherLogprobsResponse(reward=await self.teacher.score(item, deadline_of(context)))
 
-    async def BatchComputeTeacherLogprobs(self, request: pb.BatchComputeTeacherLogprobsRequest,
-                                          context: grpc.aio.ServicerContext) -> pb.BatchComputeTeacherLogprobsResponse:
+    async def BatchComputeTeacherLogprobs(
+        self, request: pb.BatchComputeTeacherLogprobsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.BatchComputeTeacherLogprobsResponse:
         self._check_batch(len(request.requests))
         items = [self._prefixed(i, self._teacher_input, r) for i, r in enumerate(request.requests)]
         deadline = deadline_of(context)
@@ -235,5 +297,6 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
         try:
             return convert(request)
         except InvalidArgument as err:
-            raise InvalidArgument(f"requests[{i}]: {err.message}",
-                                  field=f"requests[{i}].{err.field}" if err.field else f"requests[{i}]") from None
+            raise InvalidArgument(
+                f"requests[{i}]: {err.message}", field=f"requests[{i}].{err.field}" if err.field else f"requests[{i}]"
+            ) from None

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from orchard.runtime.settings import ServiceSettings
-from orchard.services.reward.rubric import BUNDLED_RUBRIC, load_rubric
 from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
+
+from orchard.runtime.settings import ServiceSettings
+from orchard.services.reward.rubric import BUNDLED_RUBRIC, load_rubric
 
 
 class RewardSettings(ServiceSettings):

@@ -43,8 +43,9 @@ def window(prompt: list[int], response: list[int], cap: int) -> Window:
     kept = total[dropped:]
     context_len = max(len(prompt) - dropped, 1)
     first_scored = dropped + context_len - len(prompt)
-    return Window(context=kept[:context_len], continuation=kept[context_len:], first_scored=first_scored,
-                  dropped=dropped)
+    return Window(
+        context=kept[:context_len], continuation=kept[context_len:], first_scored=first_scored, dropped=dropped
+    )
 
 
 def opd_value(teacher: list[float], student: list[float], mask: list[int]) -> float:
@@ -70,8 +71,9 @@ class Teacher:
         except TimeoutError as err:
             if isinstance(err, OrchardError):
                 raise
-            raise DeadlineExceeded(f"teacher scoring took longer than {timeout:.1f}s; give a longer deadline "
-                                   "or fewer tokens") from None
+            raise DeadlineExceeded(
+                f"teacher scoring took longer than {timeout:.1f}s; give a longer deadline or fewer tokens"
+            ) from None
 
     async def _score(self, item: TeacherInput, timeout: float) -> tpb.Reward:
         async with self._slots:
@@ -79,8 +81,9 @@ class Teacher:
             cap = await self.models.context_length(item.model, timeout=timeout)
             cap = min(cap, item.max_context_tokens) if item.max_context_tokens else cap
             if cap < 2:
-                raise InvalidArgument(f"max_context_tokens {cap} leaves no token to score; give at least 2",
-                                      field="max_context_tokens")
+                raise InvalidArgument(
+                    f"max_context_tokens {cap} leaves no token to score; give at least 2", field="max_context_tokens"
+                )
             win = window(item.prompt_ids, item.response_ids, cap)
             scored, model, version = [], item.model, ""
             if win.continuation:
@@ -91,17 +94,32 @@ class Teacher:
                         raise
                     # The inference service rejects ids outside its vocabulary: the teacher cannot score this
                     # student's tokens (a different tokenizer).
-                    raise FailedPrecondition(f"the teacher cannot score these tokens: {err.message}",
-                                             field="response.token_ids", reason="TEACHER_VOCABULARY") from None
+                    raise FailedPrecondition(
+                        f"the teacher cannot score these tokens: {err.message}",
+                        field="response.token_ids",
+                        reason="TEACHER_VOCABULARY",
+                    ) from None
                 scored, model, version = result.logprobs, result.model, result.weights_version
         if len(scored) != len(win.continuation):
-            raise FailedPrecondition(f"the teacher returned {len(scored)} log-probs for {len(win.continuation)} "
-                                     "tokens; check the inference service")
+            raise FailedPrecondition(
+                f"the teacher returned {len(scored)} log-probs for {len(win.continuation)} "
+                "tokens; check the inference service"
+            )
         logprobs = [0.0] * win.first_scored + list(scored)
         mask = [m if i >= win.first_scored else 0 for i, m in enumerate(item.mask)]
-        details = tpb.TeacherDetails(teacher_model=model, teacher_weights_version=version, teacher_logprobs=logprobs,
-                                     mask=mask, truncated_tokens=win.dropped)
-        reward = tpb.Reward(kind=tpb.REWARD_KIND_OPD, value=opd_value(logprobs, item.student_logprobs, mask),
-                            name="opd_teacher", source=f"teacher:{model or 'default'}", teacher=details)
+        details = tpb.TeacherDetails(
+            teacher_model=model,
+            teacher_weights_version=version,
+            teacher_logprobs=logprobs,
+            mask=mask,
+            truncated_tokens=win.dropped,
+        )
+        reward = tpb.Reward(
+            kind=tpb.REWARD_KIND_OPD,
+            value=opd_value(logprobs, item.student_logprobs, mask),
+            name="opd_teacher",
+            source=f"teacher:{model or 'default'}",
+            teacher=details,
+        )
         reward.create_time.GetCurrentTime()
         return reward

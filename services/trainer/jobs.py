@@ -28,13 +28,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from google.protobuf import json_format
-from google.protobuf.timestamp_pb2 import Timestamp
 
+from orchard.checkpoints import latest_checkpoint, read_manifest
 from orchard.errors import NotFound
+from orchard.prototime import timestamp
 from orchard.services.trainer.settings import TrainerSettings
 from orchard.trainer.v1 import trainer_pb2 as pb
 from orchard.trainers import distributed
-from orchard.checkpoints import latest_checkpoint, read_manifest
 from orchard.trainers.job import EVENTS_FILE, JOB_FILE, RUNTIME_FILE
 
 log = logging.getLogger("orchard.trainer")
@@ -42,23 +42,24 @@ log = logging.getLogger("orchard.trainer")
 WORKER_MODULE = "orchard.trainers.worker"
 PID_FILE, LOG_FILE = "worker.pid", "worker.log"
 TERMINAL = {pb.JOB_STATE_SUCCEEDED, pb.JOB_STATE_FAILED, pb.JOB_STATE_CANCELLED}
-END_EVENTS = {"succeeded": pb.JOB_STATE_SUCCEEDED, "failed": pb.JOB_STATE_FAILED,
-              "cancelled": pb.JOB_STATE_CANCELLED}
+END_EVENTS = {"succeeded": pb.JOB_STATE_SUCCEEDED, "failed": pb.JOB_STATE_FAILED, "cancelled": pb.JOB_STATE_CANCELLED}
 WATCHER_QUEUE = 1024
 """Events a slow watcher may fall behind by before its stream is ended (it can reconnect)."""
 
 
-def timestamp(seconds: float) -> Timestamp:
-    ts = Timestamp()
-    ts.FromNanoseconds(int(seconds * 1e9))
-    return ts
-
-
-def checkpoint_pb(job_id: str, record_step: int, path: str, version: str, metrics: dict[str, float],
-                  is_final: bool, created: float) -> pb.Checkpoint:
-    return pb.Checkpoint(name=f"jobs/{job_id}/checkpoints/{version}", job_id=job_id, version=version,
-                         step=record_step, path=path, metrics=metrics, is_final=is_final,
-                         create_time=timestamp(created))
+def checkpoint_pb(
+    job_id: str, record_step: int, path: str, version: str, metrics: dict[str, float], is_final: bool, created: float
+) -> pb.Checkpoint:
+    return pb.Checkpoint(
+        name=f"jobs/{job_id}/checkpoints/{version}",
+        job_id=job_id,
+        version=version,
+        step=record_step,
+        path=path,
+        metrics=metrics,
+        is_final=is_final,
+        create_time=timestamp(created),
+    )
 
 
 @dataclass
@@ -114,9 +115,12 @@ class JobManager:
             _kill_leftover(entry.dir)
             if self._read_events(entry):  # it ended while the service was down; only the report was missing
                 continue
-            log.info("job %s was %s when the service stopped; %s", entry.job.job_id,
-                     pb.JobState.Name(entry.job.state),
-                     "resuming it" if entry.job.state == pb.JOB_STATE_RUNNING else "queued again")
+            log.info(
+                "job %s was %s when the service stopped; %s",
+                entry.job.job_id,
+                pb.JobState.Name(entry.job.state),
+                "resuming it" if entry.job.state == pb.JOB_STATE_RUNNING else "queued again",
+            )
             self._schedule(entry)
 
     async def stop(self) -> None:
@@ -149,9 +153,14 @@ class JobManager:
         entry = Entry(job, job_dir)
         self.entries[job.job_id] = entry
         s = self.settings
-        runtime = {"inference_address": s.inference_address, "experience_address": s.experience_address,
-                   "env_address": s.env_address, "reward_address": s.reward_address, "nats_url": s.nats_url,
-                   "model_cache_dir": str(s.model_cache_dir or "")}
+        runtime = {
+            "inference_address": s.inference_address,
+            "experience_address": s.experience_address,
+            "env_address": s.env_address,
+            "reward_address": s.reward_address,
+            "nats_url": s.nats_url,
+            "model_cache_dir": str(s.model_cache_dir or ""),
+        }
         (job_dir / RUNTIME_FILE).write_text(json.dumps(runtime, indent=2))
         self._save(entry)
         self._schedule(entry)
@@ -159,8 +168,7 @@ class JobManager:
 
     def entry(self, job_id: str) -> Entry:
         if job_id not in self.entries:
-            raise NotFound(f"job {job_id!r} not found; ListJobs shows the jobs this service has",
-                           field="job_id")
+            raise NotFound(f"job {job_id!r} not found; ListJobs shows the jobs this service has", field="job_id")
         return self.entries[job_id]
 
     def get(self, job_id: str) -> pb.Job:
@@ -171,8 +179,7 @@ class JobManager:
 
     def list(self) -> list[pb.Job]:
         """Every job, newest first (by create time, then id)."""
-        return sorted((e.job for e in self.entries.values()),
-                      key=lambda j: (-j.create_time.ToNanoseconds(), j.job_id))
+        return sorted((e.job for e in self.entries.values()), key=lambda j: (-j.create_time.ToNanoseconds(), j.job_id))
 
     def checkpoints(self, job_id: str) -> list[pb.Checkpoint]:
         """The complete checkpoints on disk of one job (every job's when empty), newest job first, by step."""
@@ -182,8 +189,17 @@ class JobManager:
             root = Path(job.config.output_dir) / "checkpoints"
             records = [r for p in root.glob("step-*") if (r := read_manifest(p)) is not None] if root.is_dir() else []
             for r in sorted(records, key=lambda r: r.step):
-                out.append(checkpoint_pb(job.job_id, r.step, str(r.path), r.version, r.metrics, r.is_final,
-                                         (r.path / "manifest.json").stat().st_mtime))
+                out.append(
+                    checkpoint_pb(
+                        job.job_id,
+                        r.step,
+                        str(r.path),
+                        r.version,
+                        r.metrics,
+                        r.is_final,
+                        (r.path / "manifest.json").stat().st_mtime,
+                    )
+                )
         return out
 
     async def cancel(self, job_id: str) -> pb.Job:
@@ -200,8 +216,7 @@ class JobManager:
         with contextlib.suppress(TimeoutError):
             await self.wait(job_id, self.settings.cancel_grace_s)
         if not entry.done and entry.process is not None and entry.process.returncode is None:
-            log.warning("job %s did not stop within %.0fs of SIGTERM; killing it", job_id,
-                        self.settings.cancel_grace_s)
+            log.warning("job %s did not stop within %.0fs of SIGTERM; killing it", job_id, self.settings.cancel_grace_s)
             _kill_group(entry.process.pid, signal.SIGKILL)
             await self.wait(job_id, self.settings.cancel_grace_s)
         return entry.job
@@ -253,21 +268,34 @@ class JobManager:
                     self._end(entry, pb.JOB_STATE_CANCELLED, "")
                     return
                 if restarts >= self.settings.max_restarts:
-                    self._end(entry, pb.JOB_STATE_FAILED,
-                              f"the job's process died ({why}) {restarts + 1} time(s); the end of its log "
-                              f"({entry.dir / LOG_FILE}):\n{_log_tail(entry.dir / LOG_FILE)}")
+                    self._end(
+                        entry,
+                        pb.JOB_STATE_FAILED,
+                        f"the job's process died ({why}) {restarts + 1} time(s); the end of its log "
+                        f"({entry.dir / LOG_FILE}):\n{_log_tail(entry.dir / LOG_FILE)}",
+                    )
                     return
                 restarts += 1
-                log.warning("job %s: worker died (%s); restart %d/%d from its latest checkpoint",
-                            job.job_id, why, restarts, self.settings.max_restarts)
+                log.warning(
+                    "job %s: worker died (%s); restart %d/%d from its latest checkpoint",
+                    job.job_id,
+                    why,
+                    restarts,
+                    self.settings.max_restarts,
+                )
 
     async def _attempt(self, entry: Entry) -> bool:
         """Run the worker once; True when the job reported its end."""
         argv, env = self._command(entry.job)
         with open(entry.dir / LOG_FILE, "ab") as log_file:
             entry.process = await asyncio.create_subprocess_exec(
-                *argv, stdin=asyncio.subprocess.DEVNULL, stdout=log_file, stderr=asyncio.subprocess.STDOUT,
-                env=env, start_new_session=True)  # its own process group: cancel and kill reach torchrun's ranks
+                *argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=asyncio.subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )  # its own process group: cancel and kill reach torchrun's ranks
         (entry.dir / PID_FILE).write_text(str(entry.process.pid))
         wait = asyncio.create_task(entry.process.wait())
         try:
@@ -290,8 +318,10 @@ class JobManager:
         nproc = max(1, job.config.compute.cpu_processes)
         if nproc == 1:
             return [sys.executable, "-m", WORKER_MODULE, str(self.jobs_dir / job.job_id)], env
-        return (distributed.torchrun_command(nproc, WORKER_MODULE, [str(self.jobs_dir / job.job_id)]),
-                {**env, **distributed.torchrun_env()})
+        return (
+            distributed.torchrun_command(nproc, WORKER_MODULE, [str(self.jobs_dir / job.job_id)]),
+            {**env, **distributed.torchrun_env()},
+        )
 
     def _read_events(self, entry: Entry) -> bool:
         """Apply the worker's new event lines; True when one of them ended the job."""
@@ -301,7 +331,7 @@ class JobManager:
         with path.open("rb") as f:
             f.seek(entry.events_offset)
             chunk = f.read()
-        complete = chunk[:chunk.rfind(b"\n") + 1]  # a line still being written is read next time
+        complete = chunk[: chunk.rfind(b"\n") + 1]  # a line still being written is read next time
         entry.events_offset += len(complete)
         for line in complete.decode().splitlines():
             try:
@@ -318,15 +348,27 @@ class JobManager:
         kind = event.get("kind")
         now = timestamp(float(event.get("time", time.time())))  # type: ignore[arg-type]
         if kind == "progress":
-            job.progress.CopyFrom(pb.JobProgress(
-                step=int(event["step"]), total_steps=int(event["total_steps"]),  # type: ignore[arg-type]
-                epoch=float(event.get("epoch", 0.0)), loss=float(event["loss"]),  # type: ignore[arg-type]
-                metrics=event.get("metrics", {}), update_time=now))  # type: ignore[arg-type]
+            job.progress.CopyFrom(
+                pb.JobProgress(
+                    step=int(event["step"]),
+                    total_steps=int(event["total_steps"]),  # type: ignore[arg-type]
+                    epoch=float(event.get("epoch", 0.0)),
+                    loss=float(event["loss"]),  # type: ignore[arg-type]
+                    metrics=event.get("metrics", {}),
+                    update_time=now,
+                )
+            )  # type: ignore[arg-type]
             self._changed(entry, response=pb.StreamJobEventsResponse(event_time=now, progress=job.progress))
         elif kind == "checkpoint":
-            ckpt = checkpoint_pb(job.job_id, int(event["step"]), str(event["path"]),  # type: ignore[arg-type]
-                                 str(event["version"]), event.get("metrics", {}),  # type: ignore[arg-type]
-                                 bool(event.get("is_final")), float(event["time"]))  # type: ignore[arg-type]
+            ckpt = checkpoint_pb(
+                job.job_id,
+                int(event["step"]),
+                str(event["path"]),  # type: ignore[arg-type]
+                str(event["version"]),
+                event.get("metrics", {}),  # type: ignore[arg-type]
+                bool(event.get("is_final")),
+                float(event["time"]),
+            )  # type: ignore[arg-type]
             job.latest_checkpoint.CopyFrom(ckpt)
             self._changed(entry, response=pb.StreamJobEventsResponse(event_time=now, checkpoint=ckpt))
         elif kind in END_EVENTS:
@@ -342,16 +384,25 @@ class JobManager:
         if state == pb.JOB_STATE_SUCCEEDED and not job.HasField("latest_checkpoint"):
             record = latest_checkpoint(Path(job.config.output_dir) / "checkpoints")
             if record is not None:
-                job.latest_checkpoint.CopyFrom(checkpoint_pb(job.job_id, record.step, str(record.path),
-                                                             record.version, record.metrics, record.is_final,
-                                                             time.time()))
+                job.latest_checkpoint.CopyFrom(
+                    checkpoint_pb(
+                        job.job_id,
+                        record.step,
+                        str(record.path),
+                        record.version,
+                        record.metrics,
+                        record.is_final,
+                        time.time(),
+                    )
+                )
         log.info("job %s %s%s", job.job_id, pb.JobState.Name(state), f": {error}" if error else "")
         self._changed(entry, job_event=True)
         for q in entry.watchers:
             _offer(q, None)
 
-    def _changed(self, entry: Entry, *, job_event: bool = False,
-                 response: pb.StreamJobEventsResponse | None = None) -> None:
+    def _changed(
+        self, entry: Entry, *, job_event: bool = False, response: pb.StreamJobEventsResponse | None = None
+    ) -> None:
         self._save(entry)
         if job_event:
             response = pb.StreamJobEventsResponse(event_time=timestamp(time.time()), job=entry.job)
@@ -369,8 +420,9 @@ class JobManager:
         tmp.replace(entry.dir / JOB_FILE)
 
 
-def _offer(q: asyncio.Queue[pb.StreamJobEventsResponse | None], item: pb.StreamJobEventsResponse | None,
-           force: bool = False) -> bool:
+def _offer(
+    q: asyncio.Queue[pb.StreamJobEventsResponse | None], item: pb.StreamJobEventsResponse | None, force: bool = False
+) -> bool:
     """Put without blocking; a full queue (a watcher that stopped reading) is cut off: False."""
     try:
         q.put_nowait(item)
@@ -410,4 +462,3 @@ def _log_tail(path: Path, lines: int = 15) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return "(no log)"
-

@@ -19,8 +19,11 @@ async def build(settings: TrainerSettings) -> tuple[GrpcServer, JobManager]:
     manager = JobManager(settings)
     await manager.start()
     server = GrpcServer(settings, name="trainer")
-    server.add_service(trainer_pb2_grpc.add_TrainerServiceServicer_to_server, TrainerServicer(manager),
-                       "orchard.trainer.v1.TrainerService")
+    server.add_service(
+        trainer_pb2_grpc.add_TrainerServiceServicer_to_server,
+        TrainerServicer(manager),
+        "orchard.trainer.v1.TrainerService",
+    )
     server.on_stop(manager.stop)
     return server, manager
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from orchard.runtime.settings import ServiceSettings
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
+
+from orchard.runtime.settings import ServiceSettings
 
 
 class TrainerSettings(ServiceSettings):

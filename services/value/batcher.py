@@ -13,13 +13,17 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Protocol
 
-from orchard.errors import ResourceExhausted
 from prometheus_client import Histogram
+
+from orchard.errors import ResourceExhausted
 
 _log = logging.getLogger("orchard.value")
 
-BATCH_SIZE = Histogram("orchard_value_batch_size", "Candidates scored together in one value-model forward.",
-                       buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256))
+BATCH_SIZE = Histogram(
+    "orchard_value_batch_size",
+    "Candidates scored together in one value-model forward.",
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+)
 
 
 class Scorer(Protocol):
@@ -78,8 +82,10 @@ class Batcher:
     async def score(self, model: Scorer, texts: list[str]) -> list[float]:
         """The logits of `texts` under `model`, in order, from forwards shared with concurrent calls."""
         if len(self._pending) + len(texts) > self._max_queued:
-            raise ResourceExhausted(f"{len(self._pending)} candidates are waiting to be scored (limit "
-                                    f"{self._max_queued}); retry later", retry_after=1.0)
+            raise ResourceExhausted(
+                f"{len(self._pending)} candidates are waiting to be scored (limit {self._max_queued}); retry later",
+                retry_after=1.0,
+            )
         loop = asyncio.get_running_loop()
         items = [_Item(model, text, loop.create_future()) for text in texts]
         self._pending.extend(items)

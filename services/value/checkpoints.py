@@ -17,8 +17,10 @@ from orchard.value.model import CONFIG_FILE, HEAD_FILE, ValueModel
 
 _log = logging.getLogger("orchard.value")
 
-NO_MODEL = ("no value model is loaded; load a value checkpoint with LoadModel (checkpoint_path = the folder a value "
-            "job wrote) or start the service with --checkpoint")
+NO_MODEL = (
+    "no value model is loaded; load a value checkpoint with LoadModel (checkpoint_path = the folder a value "
+    "job wrote) or start the service with --checkpoint"
+)
 
 
 @dataclass(frozen=True)
@@ -38,13 +40,18 @@ class ServedModel:
 def check_value_checkpoint(path: Path) -> None:
     """Raise NotFound/InvalidArgument, naming the path, unless `path` is a value checkpoint folder."""
     if not path.exists():
-        raise NotFound(f"value checkpoint {path} not found; pass the folder a value job wrote (its "
-                       "checkpoints/step-<N>), as a path this service can read", field="checkpoint_path")
+        raise NotFound(
+            f"value checkpoint {path} not found; pass the folder a value job wrote (its "
+            "checkpoints/step-<N>), as a path this service can read",
+            field="checkpoint_path",
+        )
     missing = [name for name in ("config.json", CONFIG_FILE, HEAD_FILE) if not (path / name).is_file()]
     if missing:
-        raise InvalidArgument(f"{path} is not a value checkpoint (no {', '.join(missing)}); pass the folder a value "
-                              "job wrote: a Hugging Face backbone with value_head.safetensors and value_config.json",
-                              field="checkpoint_path")
+        raise InvalidArgument(
+            f"{path} is not a value checkpoint (no {', '.join(missing)}); pass the folder a value "
+            "job wrote: a Hugging Face backbone with value_head.safetensors and value_config.json",
+            field="checkpoint_path",
+        )
 
 
 def _manifest(path: Path) -> dict[str, Any]:
@@ -80,16 +87,27 @@ def load_checkpoint(path: Path, version: str, torch_threads: int) -> ServedModel
     except OrchardError:
         raise
     except Exception as err:  # noqa: BLE001 - a corrupt or foreign file: name it, keep the old model
-        raise InvalidArgument(f"cannot load value checkpoint {path}: {type(err).__name__}: {err}",
-                              field="checkpoint_path") from None
+        raise InvalidArgument(
+            f"cannot load value checkpoint {path}: {type(err).__name__}: {err}", field="checkpoint_path"
+        ) from None
     manifest = _manifest(path)
     job_id = str(manifest.get("job_id") or "")
     metrics = {**model.config.metrics, **manifest.get("metrics", {})}
-    served = ServedModel(model=model, version=version or recorded_version(path), checkpoint_path=str(path),
-                         job=model.config.job or (f"jobs/{job_id}" if job_id else ""),
-                         metrics={k: float(v) for k, v in metrics.items()}, load_time=time.time())
-    _log.info("loaded value model %s from %s in %.1fs", served.version, path, time.monotonic() - started,
-              extra={"version": served.version, "checkpoint_path": str(path), "job": served.job})
+    served = ServedModel(
+        model=model,
+        version=version or recorded_version(path),
+        checkpoint_path=str(path),
+        job=model.config.job or (f"jobs/{job_id}" if job_id else ""),
+        metrics={k: float(v) for k, v in metrics.items()},
+        load_time=time.time(),
+    )
+    _log.info(
+        "loaded value model %s from %s in %.1fs",
+        served.version,
+        path,
+        time.monotonic() - started,
+        extra={"version": served.version, "checkpoint_path": str(path), "job": served.job},
+    )
     return served
 
 
@@ -112,8 +130,9 @@ class ValueModels:
         """Serve the checkpoint at `checkpoint_path`; returns (the model now served, the version served before).
         Loading the version already served is a no-op. On failure the old model keeps serving."""
         if not checkpoint_path:
-            raise InvalidArgument("checkpoint_path is empty; give the folder a value job wrote",
-                                  field="checkpoint_path")
+            raise InvalidArgument(
+                "checkpoint_path is empty; give the folder a value job wrote", field="checkpoint_path"
+            )
         path = Path(checkpoint_path).expanduser().absolute()
         async with self._lock:
             await asyncio.to_thread(check_value_checkpoint, path)
@@ -125,6 +144,10 @@ class ValueModels:
             served = await asyncio.to_thread(load_checkpoint, path, version, self._torch_threads)
             self._served = served
             if previous is not None:
-                _log.info("now serving value model %s (was %s)", served.version, previous.version,
-                          extra={"version": served.version, "previous_version": previous.version})
+                _log.info(
+                    "now serving value model %s (was %s)",
+                    served.version,
+                    previous.version,
+                    extra={"version": served.version, "previous_version": previous.version},
+                )
             return served, previous.version if previous is not None else ""

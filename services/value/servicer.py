@@ -9,9 +9,10 @@ import logging
 from collections.abc import Sequence
 
 import grpc
-from google.protobuf.timestamp_pb2 import Timestamp
-from orchard.errors import InvalidArgument
+
 from orchard.chat.render import problem_statement
+from orchard.errors import InvalidArgument
+from orchard.prototime import timestamp
 from orchard.services.value.batcher import Batcher
 from orchard.services.value.checkpoints import ServedModel, ValueModels
 from orchard.services.value.settings import ValueSettings
@@ -23,9 +24,11 @@ from orchard.value.v1 import value_pb2_grpc
 _log = logging.getLogger("orchard.value")
 
 MODEL_NAME = "valueModel"
-CHECKS = (("patch_applies", "the patch does not apply"),
-          ("repro_tests_pass", "the reproduction tests fail"),
-          ("regression_tests_pass", "regression tests fail"))
+CHECKS = (
+    ("patch_applies", "the patch does not apply"),
+    ("repro_tests_pass", "the reproduction tests fail"),
+    ("regression_tests_pass", "regression tests fail"),
+)
 """Each CandidateChecks field, and the exclusion reason when it is set to false."""
 
 
@@ -46,17 +49,24 @@ def check_candidates(candidates: Sequence[pb.Candidate], limit: int) -> None:
     if not candidates:
         raise InvalidArgument("candidates is empty; give at least one", field="candidates")
     if len(candidates) > limit:
-        raise InvalidArgument(f"{len(candidates)} candidates exceed the limit of {limit} per request; split them "
-                              "(Rerank ranks one task's candidates)", field="candidates")
+        raise InvalidArgument(
+            f"{len(candidates)} candidates exceed the limit of {limit} per request; split them "
+            "(Rerank ranks one task's candidates)",
+            field="candidates",
+        )
     seen: dict[str, int] = {}
     for i, c in enumerate(candidates):
         field = f"candidates[{i}].candidate_id"
         if not c.candidate_id:
-            raise InvalidArgument(f"{field} is empty; give every candidate an id (its trajectory id is a good "
-                                  "choice)", field=field)
+            raise InvalidArgument(
+                f"{field} is empty; give every candidate an id (its trajectory id is a good choice)", field=field
+            )
         if c.candidate_id in seen:
-            raise InvalidArgument(f"candidate_id {c.candidate_id!r} is given twice (candidates[{seen[c.candidate_id]}]"
-                                  f" and candidates[{i}]); ids must be unique within a request", field=field)
+            raise InvalidArgument(
+                f"candidate_id {c.candidate_id!r} is given twice (candidates[{seen[c.candidate_id]}]"
+                f" and candidates[{i}]); ids must be unique within a request",
+                field=field,
+            )
         seen[c.candidate_id] = i
 
 
@@ -67,25 +77,35 @@ def render_all(candidates: Sequence[tuple[int, pb.Candidate]], problem: str, max
     for i, c in candidates:
         task = c.problem_statement or problem or problem_statement(c.trajectory)
         if not task.strip():
-            raise InvalidArgument(f"candidates[{i}] has no task statement: problem_statement is empty and its "
-                                  "trajectory has no user message; give the task", field=f"candidates[{i}]."
-                                  "problem_statement")
+            raise InvalidArgument(
+                f"candidates[{i}] has no task statement: problem_statement is empty and its "
+                "trajectory has no user message; give the task",
+                field=f"candidates[{i}].problem_statement",
+            )
         text = render_candidate(c.trajectory, problem=task, patch=c.patch)
         if len(text) > max_chars:
-            raise InvalidArgument(f"candidates[{i}] renders to {len(text)} characters, over the limit of {max_chars} "
-                                  "(max_text_chars); send fewer of its trajectory's steps",
-                                  field=f"candidates[{i}].trajectory")
+            raise InvalidArgument(
+                f"candidates[{i}] renders to {len(text)} characters, over the limit of {max_chars} "
+                "(max_text_chars); send fewer of its trajectory's steps",
+                field=f"candidates[{i}].trajectory",
+            )
         texts.append(text)
     return texts
 
 
 def model_proto(served: ServedModel) -> pb.ValueModel:
-    load_time = Timestamp()
-    load_time.FromNanoseconds(int(served.load_time * 1e9))
+    load_time = timestamp(served.load_time)
     config = served.model.config
-    return pb.ValueModel(name=MODEL_NAME, version=served.version, checkpoint_path=served.checkpoint_path,
-                         base_model=config.base_model, max_context_tokens=config.max_context_tokens, job=served.job,
-                         metrics=served.metrics, load_time=load_time)
+    return pb.ValueModel(
+        name=MODEL_NAME,
+        version=served.version,
+        checkpoint_path=served.checkpoint_path,
+        base_model=config.base_model,
+        max_context_tokens=config.max_context_tokens,
+        job=served.job,
+        metrics=served.metrics,
+        load_time=load_time,
+    )
 
 
 class ValueServicer(value_pb2_grpc.ValueServiceServicer):
@@ -108,9 +128,13 @@ class ValueServicer(value_pb2_grpc.ValueServiceServicer):
         texts = await asyncio.to_thread(render_all, list(enumerate(candidates)), "", self.settings.max_text_chars)
         served = self.models.served
         logits = await self._logits(served, texts)
-        return pb.ScoreResponse(scores=[pb.ScoredCandidate(candidate_id=c.candidate_id, score=sigmoid(x), logit=x)
-                                        for c, x in zip(candidates, logits, strict=True)],
-                                model_version=served.version)
+        return pb.ScoreResponse(
+            scores=[
+                pb.ScoredCandidate(candidate_id=c.candidate_id, score=sigmoid(x), logit=x)
+                for c, x in zip(candidates, logits, strict=True)
+            ],
+            model_version=served.version,
+        )
 
     async def Rerank(self, request: pb.RerankRequest, context: grpc.aio.ServicerContext) -> pb.RerankResponse:
         candidates = request.candidates
@@ -128,21 +152,36 @@ class ValueServicer(value_pb2_grpc.ValueServiceServicer):
         for (i, _), logit in zip(kept, await self._logits(served, texts) if texts else [], strict=True):
             scores[i] = sigmoid(logit)
         order = rank(scores, [patch_of(c) for c in candidates], [bool(r) for r in reasons], margin)
-        ranked = [pb.RankedCandidate(candidate_id=candidates[r.index].candidate_id, rank=place, score=r.score,
-                                     cluster_id=r.cluster, cluster_size=r.cluster_size, excluded=r.excluded,
-                                     exclusion_reason=reasons[r.index])
-                  for place, r in enumerate(order, start=1)]
+        ranked = [
+            pb.RankedCandidate(
+                candidate_id=candidates[r.index].candidate_id,
+                rank=place,
+                score=r.score,
+                cluster_id=r.cluster,
+                cluster_size=r.cluster_size,
+                excluded=r.excluded,
+                exclusion_reason=reasons[r.index],
+            )
+            for place, r in enumerate(order, start=1)
+        ]
         best = "" if ranked[0].excluded else ranked[0].candidate_id
-        _log.info("reranked task %s: %d candidates (%d excluded), best %s", request.task_id or "(unnamed)",
-                  len(candidates), len(candidates) - len(kept), best or "none",
-                  extra={"task_id": request.task_id, "candidates": len(candidates),
-                         "excluded": len(candidates) - len(kept), "best_candidate_id": best,
-                         "model_version": served.version})
-        return pb.RerankResponse(ranked=ranked, best_candidate_id=best, model_version=served.version,
-                                 tie_margin=margin)
+        _log.info(
+            "reranked task %s: %d candidates (%d excluded), best %s",
+            request.task_id or "(unnamed)",
+            len(candidates),
+            len(candidates) - len(kept),
+            best or "none",
+            extra={
+                "task_id": request.task_id,
+                "candidates": len(candidates),
+                "excluded": len(candidates) - len(kept),
+                "best_candidate_id": best,
+                "model_version": served.version,
+            },
+        )
+        return pb.RerankResponse(ranked=ranked, best_candidate_id=best, model_version=served.version, tie_margin=margin)
 
-    async def LoadModel(self, request: pb.LoadModelRequest, context: grpc.aio.ServicerContext
-                        ) -> pb.LoadModelResponse:
+    async def LoadModel(self, request: pb.LoadModelRequest, context: grpc.aio.ServicerContext) -> pb.LoadModelResponse:
         served, previous = await self.models.load(request.checkpoint_path, request.version)
         return pb.LoadModelResponse(model=model_proto(served), previous_version=previous)
 

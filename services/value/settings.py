@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from orchard.runtime.settings import ServiceSettings
-from orchard.value.metrics import TIE_MARGIN
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
+
+from orchard.runtime.settings import ServiceSettings
+from orchard.value.metrics import TIE_MARGIN
 
 
 class ValueSettings(ServiceSettings):
@@ -41,6 +42,8 @@ class ValueSettings(ServiceSettings):
     @model_validator(mode="after")
     def _check_queue(self) -> ValueSettings:
         if self.max_queued_candidates < self.max_candidates:
-            raise ValueError(f"max_queued_candidates ({self.max_queued_candidates}) must be at least max_candidates "
-                             f"({self.max_candidates}), or a full request could never be queued")
+            raise ValueError(
+                f"max_queued_candidates ({self.max_queued_candidates}) must be at least max_candidates "
+                f"({self.max_candidates}), or a full request could never be queued"
+            )
         return self

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from orchard.services.env.images import ImageStore, default_images_dir
 from orchard.tasks import load_instances
 
@@ -54,7 +55,7 @@ def _report_lines(output: str) -> list[str]:
     """The SWE-bench-style table a command printed: the header, one row per task, the summary line."""
     lines = output.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("TASK "))
-    return lines[start:start + len(TASKS) + 2]
+    return lines[start : start + len(TASKS) + 2]
 
 
 def _children(pid: int) -> list[int]:
@@ -73,10 +74,26 @@ def _children(pid: int) -> list[int]:
 def _rollout(run_id: str, env_port: int, nats_port: int, inference_port: int, out: Path) -> tuple[str, list[str]]:
     """`orchard rollout` with main.sh's budgets; checks its report and files, and returns its stdout and table."""
     rollout = subprocess.run(
-        [str(ORCHARD), "rollout", *ROLLOUT, "--env-address", f"127.0.0.1:{env_port}",
-         "--nats-url", f"nats://127.0.0.1:{nats_port}", "--inference-address", f"127.0.0.1:{inference_port}",
-         "--run-id", run_id, "--out", str(out)],
-        check=False, capture_output=True, text=True, timeout=900)
+        [
+            str(ORCHARD),
+            "rollout",
+            *ROLLOUT,
+            "--env-address",
+            f"127.0.0.1:{env_port}",
+            "--nats-url",
+            f"nats://127.0.0.1:{nats_port}",
+            "--inference-address",
+            f"127.0.0.1:{inference_port}",
+            "--run-id",
+            run_id,
+            "--out",
+            str(out),
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert rollout.returncode == 0, rollout.stdout + rollout.stderr
     table = _report_lines(rollout.stdout)
     assert table[0].split() == ["TASK", "RESOLVED", "PASS@1", f"PASS@{K}"]
@@ -91,7 +108,10 @@ def _rollout(run_id: str, env_port: int, nats_port: int, inference_port: int, ou
     assert f"stored {len(TASKS) * K} rollouts" in rollout.stdout and "published " in rollout.stdout
     report = json.loads((out / run_id / "report.json").read_text())
     assert (report["total_instances"], report["submitted_instances"], report["schema_version"]) == (
-        len(TASKS), len(TASKS) * K, 2)
+        len(TASKS),
+        len(TASKS) * K,
+        2,
+    )
     return rollout.stdout, table
 
 
@@ -112,11 +132,29 @@ def test_main_job(tmp_path: Path) -> None:
     experience_port, trainer_port, value_port = _free_port(), _free_port(), _free_port()
     with open(tmp_path / "up.log", "w+b") as log:
         stack = subprocess.Popen(
-            [str(ORCHARD), "up", "--env-port", str(env_port), "--nats-port", str(nats_port),
-             "--inference-port", str(inference_port), "--inference-http-port", str(openai_port),
-             "--experience-port", str(experience_port), "--trainer-port", str(trainer_port),
-             "--value-port", str(value_port),
-             "--state-dir", str(tmp_path / "state")], stdout=log, stderr=subprocess.STDOUT)
+            [
+                str(ORCHARD),
+                "up",
+                "--env-port",
+                str(env_port),
+                "--nats-port",
+                str(nats_port),
+                "--inference-port",
+                str(inference_port),
+                "--inference-http-port",
+                str(openai_port),
+                "--experience-port",
+                str(experience_port),
+                "--trainer-port",
+                str(trainer_port),
+                "--value-port",
+                str(value_port),
+                "--state-dir",
+                str(tmp_path / "state"),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         try:
             deadline = time.monotonic() + 120  # the inference service loads the embedded model (a few seconds)
             while b"stack is ready" not in (tmp_path / "up.log").read_bytes():
@@ -125,11 +163,20 @@ def test_main_job(tmp_path: Path) -> None:
                 time.sleep(0.1)
             services = _children(stack.pid)
             assert len(services) == 6  # nats-server, the env, experience, inference, trainer and value services
-            addresses = ["--env-address", f"127.0.0.1:{env_port}", "--nats-address", f"127.0.0.1:{nats_port}",
-                         "--inference-address", f"127.0.0.1:{inference_port}",
-                         "--experience-address", f"127.0.0.1:{experience_port}",
-                         "--trainer-address", f"127.0.0.1:{trainer_port}",
-                         "--value-address", f"127.0.0.1:{value_port}"]
+            addresses = [
+                "--env-address",
+                f"127.0.0.1:{env_port}",
+                "--nats-address",
+                f"127.0.0.1:{nats_port}",
+                "--inference-address",
+                f"127.0.0.1:{inference_port}",
+                "--experience-address",
+                f"127.0.0.1:{experience_port}",
+                "--trainer-address",
+                f"127.0.0.1:{trainer_port}",
+                "--value-address",
+                f"127.0.0.1:{value_port}",
+            ]
             status = subprocess.run([str(ORCHARD), "status", *addresses], check=False, capture_output=True, text=True)
             assert status.returncode == 0, status.stdout + status.stderr
             assert "SERVING, sandboxes: none" in status.stdout and status.stdout.count(" up ") == 6
@@ -138,9 +185,14 @@ def test_main_job(tmp_path: Path) -> None:
             assert "no model loaded" in status.stdout
             assert "SERVING, jobs: 0 (0 running)" in status.stdout
 
-            run = subprocess.run([sys.executable, str(ROOT / "examples" / "quickstart.py")],
-                                 env={**os.environ, "ORCHARD_ENV_ADDRESS": f"127.0.0.1:{env_port}"}, check=False,
-                                 capture_output=True, text=True, timeout=300)
+            run = subprocess.run(
+                [sys.executable, str(ROOT / "examples" / "quickstart.py")],
+                env={**os.environ, "ORCHARD_ENV_ADDRESS": f"127.0.0.1:{env_port}"},
+                check=False,
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
             assert run.returncode == 0, run.stderr
             first, second = run.stdout.split("test session starts")
             assert "FAILED tests/test_calc.py::test_median_even" in first
@@ -152,9 +204,22 @@ def test_main_job(tmp_path: Path) -> None:
             assert len(stored) == len(TASKS) * K
 
             # Every rollout is stored and queryable: the experience service gives back all of them, same report.
-            evaluated = subprocess.run([str(ORCHARD), "eval", "--run", "main-e2e", "--tasks", "toyrepair",
-                                        "--experience-address", f"127.0.0.1:{experience_port}"],
-                                       check=False, capture_output=True, text=True, timeout=120)
+            evaluated = subprocess.run(
+                [
+                    str(ORCHARD),
+                    "eval",
+                    "--run",
+                    "main-e2e",
+                    "--tasks",
+                    "toyrepair",
+                    "--experience-address",
+                    f"127.0.0.1:{experience_port}",
+                ],
+                check=False,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
             assert evaluated.returncode == 0, evaluated.stdout + evaluated.stderr
             assert _report_lines(evaluated.stdout) == table
             assert f"read {len(TASKS) * K} rollouts of run main-e2e back from the experience" in evaluated.stdout
@@ -164,13 +229,31 @@ def test_main_job(tmp_path: Path) -> None:
             assert base == {"SmolLM2-135M-Instruct"}  # the base model's id, before any update
 
             # One SFT step on the stored rollouts; its checkpoint is what the inference service serves next.
-            train = subprocess.run([str(ORCHARD), "train", "--run", "main-e2e", *TRAIN, "--push",
-                                    "--trainer-address", f"127.0.0.1:{trainer_port}",
-                                    "--inference-address", f"127.0.0.1:{inference_port}"],
-                                   check=False, capture_output=True, text=True, timeout=900)
+            train = subprocess.run(
+                [
+                    str(ORCHARD),
+                    "train",
+                    "--run",
+                    "main-e2e",
+                    *TRAIN,
+                    "--push",
+                    "--trainer-address",
+                    f"127.0.0.1:{trainer_port}",
+                    "--inference-address",
+                    f"127.0.0.1:{inference_port}",
+                ],
+                check=False,
+                capture_output=True,
+                text=True,
+                timeout=900,
+            )
             assert train.returncode == 0, train.stdout + train.stderr
-            done = re.search(rf"^job (\S+) SUCCEEDED in \d+s: 1 step on {len(TASKS) * K} samples, final loss "
-                             r"\d+\.\d+$", train.stdout, re.MULTILINE)
+            done = re.search(
+                rf"^job (\S+) SUCCEEDED in \d+s: 1 step on {len(TASKS) * K} samples, final loss "
+                r"\d+\.\d+$",
+                train.stdout,
+                re.MULTILINE,
+            )
             assert done is not None, train.stdout
             version = f"{done.group(1)}-step-1"
             assert f"checkpoint {version} at {tmp_path / 'state' / 'trainer' / done.group(1)}" in train.stdout
@@ -183,18 +266,37 @@ def test_main_job(tmp_path: Path) -> None:
             # The same rollouts on the trained weights, then both runs side by side.
             _, after = _rollout("main-e2e-after", env_port, nats_port, inference_port, tmp_path / "runs")
             assert _weights(tmp_path / "runs" / "main-e2e-after" / "trajectories.jsonl") == {version}
-            compared = subprocess.run([str(ORCHARD), "eval", "--run", "main-e2e-after", "--tasks", "toyrepair",
-                                       "--compare", "main-e2e", "--experience-address",
-                                       f"127.0.0.1:{experience_port}"],
-                                      check=False, capture_output=True, text=True, timeout=120)
+            compared = subprocess.run(
+                [
+                    str(ORCHARD),
+                    "eval",
+                    "--run",
+                    "main-e2e-after",
+                    "--tasks",
+                    "toyrepair",
+                    "--compare",
+                    "main-e2e",
+                    "--experience-address",
+                    f"127.0.0.1:{experience_port}",
+                ],
+                check=False,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
             assert compared.returncode == 0, compared.stdout + compared.stderr
             assert _report_lines(compared.stdout) == after
-            block = compared.stdout[compared.stdout.index("before/after:"):].splitlines()
+            block = compared.stdout[compared.stdout.index("before/after:") :].splitlines()
             print("\n".join(block))  # the figures, for whoever runs this
             before_line, after_line = table[-1].split(), after[-1].split()
             assert [line.split()[:2] for line in block] == [
-                ["before/after:", "run"], ["resolved", before_line[before_line.index("resolved") + 1]],
-                ["pass@1", before_line[1]], [f"pass@{K}", before_line[3]], ["mean", "reward"], ["weights", "SmolLM2-135M-Instruct"]]
+                ["before/after:", "run"],
+                ["resolved", before_line[before_line.index("resolved") + 1]],
+                ["pass@1", before_line[1]],
+                [f"pass@{K}", before_line[3]],
+                ["mean", "reward"],
+                ["weights", "SmolLM2-135M-Instruct"],
+            ]
             assert block[0] == "before/after: run main-e2e -> run main-e2e-after"
             assert block[1].endswith(f"-> {after_line[after_line.index('resolved') + 1]}")
             assert block[2].endswith(f"-> {after_line[1]}") and block[3].endswith(f"-> {after_line[3]}")
@@ -205,32 +307,99 @@ def test_main_job(tmp_path: Path) -> None:
             held_out = TASKS[-2:]
             history = []
             for q in ("2", "5", "8"):
-                ref = subprocess.run([str(ORCHARD), "rollout", "--tasks", "toyrepair", "--ids", *TASKS[:6],
-                                      "--policy", f"reference:0.{q}", "-n", "4", "--seed", "1", "--concurrency", "8",
-                                      "--env-address", f"127.0.0.1:{env_port}", "--nats-url",
-                                      f"nats://127.0.0.1:{nats_port}", "--run-id", f"main-e2e-ref-q{q}",
-                                      "--out", str(tmp_path / "runs")], check=False, capture_output=True, text=True,
-                                     timeout=600)
+                ref = subprocess.run(
+                    [
+                        str(ORCHARD),
+                        "rollout",
+                        "--tasks",
+                        "toyrepair",
+                        "--ids",
+                        *TASKS[:6],
+                        "--policy",
+                        f"reference:0.{q}",
+                        "-n",
+                        "4",
+                        "--seed",
+                        "1",
+                        "--concurrency",
+                        "8",
+                        "--env-address",
+                        f"127.0.0.1:{env_port}",
+                        "--nats-url",
+                        f"nats://127.0.0.1:{nats_port}",
+                        "--run-id",
+                        f"main-e2e-ref-q{q}",
+                        "--out",
+                        str(tmp_path / "runs"),
+                    ],
+                    check=False,
+                    capture_output=True,
+                    text=True,
+                    timeout=600,
+                )
                 assert ref.returncode == 0, ref.stdout + ref.stderr
                 assert "stored 24 rollouts" in ref.stdout
                 history += ["--run", f"main-e2e-ref-q{q}"]
             (tmp_path / "held-out.txt").write_text("\n".join(held_out) + "\n")
-            value = subprocess.run([str(ORCHARD), "train", "--kind", "value", *history, "--eval-tasks",
-                                    str(tmp_path / "held-out.txt"), *VALUE_TRAIN, "--push", "--trainer-address",
-                                    f"127.0.0.1:{trainer_port}", "--value-address", f"127.0.0.1:{value_port}"],
-                                   check=False, capture_output=True, text=True, timeout=900)
+            value = subprocess.run(
+                [
+                    str(ORCHARD),
+                    "train",
+                    "--kind",
+                    "value",
+                    *history,
+                    "--eval-tasks",
+                    str(tmp_path / "held-out.txt"),
+                    *VALUE_TRAIN,
+                    "--push",
+                    "--trainer-address",
+                    f"127.0.0.1:{trainer_port}",
+                    "--value-address",
+                    f"127.0.0.1:{value_port}",
+                ],
+                check=False,
+                capture_output=True,
+                text=True,
+                timeout=900,
+            )
             assert value.returncode == 0, value.stdout + value.stderr
             done = re.search(r"^checkpoint (\S+-step-\d+) at ", value.stdout, re.MULTILINE)
             assert done is not None and f"pushed {done.group(1)} to the value service" in value.stdout, value.stdout
             assert "held-out (1 tasks" in value.stdout  # the job's own held-out task among the 6
-            best = subprocess.run([str(ORCHARD), "eval", "--best-of", "8", "--tasks", "toyrepair", "--ids", *held_out,
-                                   "--policy", "reference:0.4", "--seed", "2", "--concurrency", "8", "--env-address",
-                                   f"127.0.0.1:{env_port}", "--nats-url", f"nats://127.0.0.1:{nats_port}",
-                                   "--value-address", f"127.0.0.1:{value_port}", "--run-id", "main-e2e-best-of-8",
-                                   "--out", str(tmp_path / "runs")], check=False, capture_output=True, text=True,
-                                  timeout=600)
+            best = subprocess.run(
+                [
+                    str(ORCHARD),
+                    "eval",
+                    "--best-of",
+                    "8",
+                    "--tasks",
+                    "toyrepair",
+                    "--ids",
+                    *held_out,
+                    "--policy",
+                    "reference:0.4",
+                    "--seed",
+                    "2",
+                    "--concurrency",
+                    "8",
+                    "--env-address",
+                    f"127.0.0.1:{env_port}",
+                    "--nats-url",
+                    f"nats://127.0.0.1:{nats_port}",
+                    "--value-address",
+                    f"127.0.0.1:{value_port}",
+                    "--run-id",
+                    "main-e2e-best-of-8",
+                    "--out",
+                    str(tmp_path / "runs"),
+                ],
+                check=False,
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
             assert best.returncode == 0, best.stdout + best.stderr
-            table = best.stdout[best.stdout.index("best-of-N over 2 tasks x up to 8 candidates"):].splitlines()
+            table = best.stdout[best.stdout.index("best-of-N over 2 tasks x up to 8 candidates") :].splitlines()
             print("\n".join(table))
             assert table[1].split() == ["N", "random@N", "best@N", "pass@N", "vote@N"]
             assert [row.split()[0] for row in table[2:6]] == ["1", "2", "4", "8"]

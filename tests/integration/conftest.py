@@ -14,6 +14,7 @@ import grpc
 import pytest
 from experience_helpers import NatsServer
 from google.protobuf.duration_pb2 import Duration
+
 from orchard.env.v1 import env_pb2 as pb
 from orchard.env.v1 import env_pb2_grpc
 from orchard.errors import FailedPrecondition
@@ -53,8 +54,9 @@ def image_built(name: str) -> bool:
 
 def needs_image(name: str) -> pytest.MarkDecorator:
     """Skip, saying which command builds it, unless sandbox image `name` is built."""
-    return pytest.mark.skipif(not image_built(name),
-                              reason=f"image {name} is not built: run `orchard image build {name}`")
+    return pytest.mark.skipif(
+        not image_built(name), reason=f"image {name} is not built: run `orchard image build {name}`"
+    )
 
 
 @dataclass
@@ -84,8 +86,13 @@ async def start_env(tmp_path: Path) -> AsyncIterator[StartEnv]:
     started: list[EnvServer] = []
 
     async def start(**overrides: Any) -> EnvServer:
-        options: dict[str, Any] = {"port": 0, "state_dir": tmp_path / f"state{len(started)}", "log_format": "text",
-                                   "grace_period_s": 1.0, **overrides}
+        options: dict[str, Any] = {
+            "port": 0,
+            "state_dir": tmp_path / f"state{len(started)}",
+            "log_format": "text",
+            "grace_period_s": 1.0,
+            **overrides,
+        }
         settings = EnvSettings(**options)
         server, manager = await build(settings)
         try:
@@ -141,8 +148,9 @@ async def sandbox(stub: env_pb2_grpc.EnvServiceStub) -> AsyncIterator[pb.Sandbox
     await delete_quietly(stub, created.sandbox_id)
 
 
-async def start(stub: env_pb2_grpc.EnvServiceStub, sandbox_id: str, cmd: str | list[str], *,
-                timeout: float = 0.0, **fields: Any) -> pb.Exec:
+async def start(
+    stub: env_pb2_grpc.EnvServiceStub, sandbox_id: str, cmd: str | list[str], *, timeout: float = 0.0, **fields: Any
+) -> pb.Exec:
     """StartExec: a str runs as a bash line, a list as argv; timeout in seconds; other fields as in the proto."""
     command: dict[str, Any] = {"shell": cmd} if isinstance(cmd, str) else {"argv": pb.ArgvCommand(args=cmd)}
     request = pb.StartExecRequest(sandbox_id=sandbox_id, timeout=duration(timeout), **command, **fields)

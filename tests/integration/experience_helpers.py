@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from google.protobuf.timestamp_pb2 import Timestamp
+
 from orchard import events
 from orchard.experience.v1 import experience_pb2 as pb
 from orchard.types.v1 import types_pb2 as tpb
@@ -36,8 +37,11 @@ class NatsServer:
         return f"nats://127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        self.proc = subprocess.Popen([str(NATS_SERVER), "-js", "-sd", str(self.store_dir), "-a", "127.0.0.1",
-                                      "-p", str(self.port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            [str(NATS_SERVER), "-js", "-sd", str(self.store_dir), "-a", "127.0.0.1", "-p", str(self.port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + 10
         while True:
             try:
@@ -65,25 +69,48 @@ def stamp(seconds: float) -> Timestamp:
 
 
 def outcome(status: int, value: float) -> tpb.Reward:
-    return tpb.Reward(kind=tpb.REWARD_KIND_OUTCOME, value=value, name="tests",
-                      outcome=tpb.OutcomeDetails(status=status))
+    return tpb.Reward(
+        kind=tpb.REWARD_KIND_OUTCOME, value=value, name="tests", outcome=tpb.OutcomeDetails(status=status)
+    )
 
 
-def rollout(run_id: str, trajectory_id: str, task_id: str, *, steps: int = 2, status: int = tpb.OUTCOME_STATUS_RESOLVED,
-            weights_version: str = "v1", end: float = 1_700_000_100.0, finish: bool = True) -> list[pb.RolloutEvent]:
+def rollout(
+    run_id: str,
+    trajectory_id: str,
+    task_id: str,
+    *,
+    steps: int = 2,
+    status: int = tpb.OUTCOME_STATUS_RESOLVED,
+    weights_version: str = "v1",
+    end: float = 1_700_000_100.0,
+    finish: bool = True,
+) -> list[pb.RolloutEvent]:
     """The events of one rollout: started, `steps` steps (token data included) and, when `finish`, finished."""
     base = tpb.Trajectory(
-        trajectory_id=trajectory_id, run_id=run_id, task_id=task_id, task_set="toy", harness="mini",
-        policy=tpb.Policy(model="smol", weights_version=weights_version), metadata={"source": "test"},
-        messages=[tpb.Message(role=tpb.ROLE_SYSTEM, content="be brief"), tpb.Message(role=tpb.ROLE_USER, content=task_id)],
-        prompt_tokens=tpb.TokenSpan(token_ids=[1, 2, 3], mask=[0, 0, 0]), start_time=stamp(end - 50),
-        tools=[tpb.ToolDefinition(name="bash", description="run", parameters='{"type": "object"}')])
+        trajectory_id=trajectory_id,
+        run_id=run_id,
+        task_id=task_id,
+        task_set="toy",
+        harness="mini",
+        policy=tpb.Policy(model="smol", weights_version=weights_version),
+        metadata={"source": "test"},
+        messages=[
+            tpb.Message(role=tpb.ROLE_SYSTEM, content="be brief"),
+            tpb.Message(role=tpb.ROLE_USER, content=task_id),
+        ],
+        prompt_tokens=tpb.TokenSpan(token_ids=[1, 2, 3], mask=[0, 0, 0]),
+        start_time=stamp(end - 50),
+        tools=[tpb.ToolDefinition(name="bash", description="run", parameters='{"type": "object"}')],
+    )
     out = [events.started(base)]
     step_list = []
     for i in range(steps):
-        step = tpb.Step(index=i, model_output=tpb.Message(role=tpb.ROLE_ASSISTANT, content=f"step {i}"),
-                        observations=[tpb.Observation(message=tpb.Message(role=tpb.ROLE_USER, content=f"obs {i}"))],
-                        tokens=tpb.TokenSpan(token_ids=[10 + i, 20 + i], logprobs=[-0.5, 0.0], mask=[1, 0]))
+        step = tpb.Step(
+            index=i,
+            model_output=tpb.Message(role=tpb.ROLE_ASSISTANT, content=f"step {i}"),
+            observations=[tpb.Observation(message=tpb.Message(role=tpb.ROLE_USER, content=f"obs {i}"))],
+            tokens=tpb.TokenSpan(token_ids=[10 + i, 20 + i], logprobs=[-0.5, 0.0], mask=[1, 0]),
+        )
         step_list.append(step)
         out.append(events.step(run_id, trajectory_id, step))
     if finish:
@@ -100,8 +127,9 @@ def rollout(run_id: str, trajectory_id: str, task_id: str, *, steps: int = 2, st
     return out
 
 
-async def publish_and_store(nats_url: str, published: list[pb.RolloutEvent], store: object,
-                            timeout_s: float = 20) -> None:
+async def publish_and_store(
+    nats_url: str, published: list[pb.RolloutEvent], store: object, timeout_s: float = 20
+) -> None:
     """Publish `published` to the bus and wait until the experience store holds every event."""
     import asyncio
 

@@ -22,9 +22,17 @@ MAX_GRAD_NORM = 0.5
 def tiny_llama() -> LlamaForCausalLM:
     """Seeded, so every rank builds the same weights; tied embeddings like SmolLM2."""
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                         tie_word_embeddings=True, attn_implementation="sdpa")
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+        attn_implementation="sdpa",
+    )
     return LlamaForCausalLM(config)
 
 
@@ -63,9 +71,11 @@ def main(out: Path) -> None:
         losses.append(distributed.global_sum(local, dist))
     distributed.save_pretrained(model, None, out / "model", dist)
     if dist.is_main:
-        (out / "result.json").write_text(json.dumps({"world_size": dist.world_size, "losses": losses,
-                                                     "grad_norms": grad_norms,
-                                                     "n_tokens": n_tokens}))
+        (out / "result.json").write_text(
+            json.dumps(
+                {"world_size": dist.world_size, "losses": losses, "grad_norms": grad_norms, "n_tokens": n_tokens}
+            )
+        )
     distributed.shutdown(dist)
 
 

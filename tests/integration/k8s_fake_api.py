@@ -41,8 +41,15 @@ def _now() -> str:
 
 
 def _status(code: int, reason: str, message: str) -> dict[str, Any]:
-    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message,
-            "reason": reason, "code": code}
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
 
 
 def selects(selector: str, labels: dict[str, str]) -> bool:
@@ -116,12 +123,21 @@ class FakeKubernetes:
 
     def kubeconfig(self, path: Path, namespace: str) -> Path:
         """Write a kubeconfig that points the client here; returns path."""
-        path.write_text(json.dumps({
-            "apiVersion": "v1", "kind": "Config", "current-context": "fake", "preferences": {},
-            "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
-            "users": [{"name": "fake", "user": {"token": "fake"}}],
-            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake", "namespace": namespace}}],
-        }))
+        path.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "current-context": "fake",
+                    "preferences": {},
+                    "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
+                    "users": [{"name": "fake", "user": {"token": "fake"}}],
+                    "contexts": [
+                        {"name": "fake", "context": {"cluster": "fake", "user": "fake", "namespace": namespace}}
+                    ],
+                }
+            )
+        )
         return path
 
     def start(self) -> None:
@@ -140,13 +156,19 @@ class FakeKubernetes:
 
     def pods(self, namespace: str, selector: str = "") -> list[dict[str, Any]]:
         with self._cond:
-            return [copy.deepcopy(o) for (res, ns, _), o in self.objects.items()
-                    if res == "pods" and ns == namespace and selects(selector, o["metadata"].get("labels") or {})]
+            return [
+                copy.deepcopy(o)
+                for (res, ns, _), o in self.objects.items()
+                if res == "pods" and ns == namespace and selects(selector, o["metadata"].get("labels") or {})
+            ]
 
     def policies(self, namespace: str) -> dict[str, dict[str, Any]]:
         with self._cond:
-            return {name: copy.deepcopy(o) for (res, ns, name), o in self.objects.items()
-                    if res == "networkpolicies" and ns == namespace}
+            return {
+                name: copy.deepcopy(o)
+                for (res, ns, name), o in self.objects.items()
+                if res == "networkpolicies" and ns == namespace
+            }
 
     def seed(self, resource: str, obj: dict[str, Any]) -> None:
         """Store an object as if an earlier process had made it (a pod is not started)."""
@@ -216,8 +238,9 @@ class FakeKubernetes:
         workdir = container.get("workingDir", "/")
         os.makedirs(workdir, exist_ok=True)  # as the container runtime does
         log = open(self.log_dir / f"{name}.log", "wb")  # noqa: SIM115 - the child holds it
-        proc = subprocess.Popen(argv, env=env, cwd=workdir, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            argv, env=env, cwd=workdir, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
+        )
         log.close()
         self.procs[namespace, name] = proc
         port = container["ports"][0]["containerPort"]
@@ -229,13 +252,29 @@ class FakeKubernetes:
             except OSError:
                 time.sleep(0.005)
         started = _now()
-        self._set_status(namespace, name, {
-            "phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}], "hostIP": "127.0.0.1", "startTime": started,
-            "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": started}],
-            "containerStatuses": [{"name": container["name"], "image": container["image"], "imageID": "",
-                                   "ready": True, "restartCount": 0, "started": True,
-                                   "state": {"running": {"startedAt": started}}}],
-        })
+        self._set_status(
+            namespace,
+            name,
+            {
+                "phase": "Running",
+                "podIP": ip,
+                "podIPs": [{"ip": ip}],
+                "hostIP": "127.0.0.1",
+                "startTime": started,
+                "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": started}],
+                "containerStatuses": [
+                    {
+                        "name": container["name"],
+                        "image": container["image"],
+                        "imageID": "",
+                        "ready": True,
+                        "restartCount": 0,
+                        "started": True,
+                        "state": {"running": {"startedAt": started}},
+                    }
+                ],
+            },
+        )
         code = proc.wait()
         with self._cond:
             self._free_ips.append(ip)
@@ -243,13 +282,34 @@ class FakeKubernetes:
             if pod_now is None or self.procs.get((namespace, name)) is not proc:
                 return  # deleted
         reason = "OOMKilled" if code == -signal.SIGKILL else ("Completed" if code == 0 else "Error")
-        self._set_status(namespace, name, {
-            "phase": "Failed" if code else "Succeeded", "podIP": ip, "podIPs": [{"ip": ip}], "startTime": started,
-            "containerStatuses": [{"name": container["name"], "image": container["image"], "imageID": "",
-                                   "ready": False, "restartCount": 0, "started": False, "state": {"terminated": {
-                                       "exitCode": 137 if code < 0 else code, "reason": reason,
-                                       "startedAt": started, "finishedAt": _now()}}}],
-        })
+        self._set_status(
+            namespace,
+            name,
+            {
+                "phase": "Failed" if code else "Succeeded",
+                "podIP": ip,
+                "podIPs": [{"ip": ip}],
+                "startTime": started,
+                "containerStatuses": [
+                    {
+                        "name": container["name"],
+                        "image": container["image"],
+                        "imageID": "",
+                        "ready": False,
+                        "restartCount": 0,
+                        "started": False,
+                        "state": {
+                            "terminated": {
+                                "exitCode": 137 if code < 0 else code,
+                                "reason": reason,
+                                "startedAt": started,
+                                "finishedAt": _now(),
+                            }
+                        },
+                    }
+                ],
+            },
+        )
 
     def _kill(self, key: tuple[str, str]) -> None:
         proc = self.procs.pop(key, None)
@@ -310,12 +370,16 @@ class FakeKubernetes:
                     return self._watch(ns, query)
                 selector = query.get("labelSelector", "")
                 with fake._cond:
-                    items = [copy.deepcopy(o) for (res, n, _), o in fake.objects.items()
-                             if res == resource and n == ns and selects(selector, o["metadata"].get("labels") or {})]
+                    items = [
+                        copy.deepcopy(o)
+                        for (res, n, _), o in fake.objects.items()
+                        if res == resource and n == ns and selects(selector, o["metadata"].get("labels") or {})
+                    ]
                     version = str(next(fake._rv))
                 kind, api = ("PodList", "v1") if resource == "pods" else ("NetworkPolicyList", "networking.k8s.io/v1")
-                self._reply(200, {"kind": kind, "apiVersion": api, "metadata": {"resourceVersion": version},
-                                  "items": items})
+                self._reply(
+                    200, {"kind": kind, "apiVersion": api, "metadata": {"resourceVersion": version}, "items": items}
+                )
 
             def _watch(self, ns: str, query: dict[str, str]) -> None:
                 selector, since = query.get("labelSelector", ""), int(query.get("resourceVersion") or 0)
@@ -348,8 +412,11 @@ class FakeKubernetes:
                         while True:
                             if fake._watch_epoch != epoch or time.monotonic() > deadline:
                                 return
-                            new = [(rv, kind, obj) for rv, n, kind, obj in fake.events if rv > since and n == ns
-                                   and selects(selector, obj["metadata"].get("labels") or {})]
+                            new = [
+                                (rv, kind, obj)
+                                for rv, n, kind, obj in fake.events
+                                if rv > since and n == ns and selects(selector, obj["metadata"].get("labels") or {})
+                            ]
                             if new:
                                 break
                             fake._cond.wait(0.5)
@@ -410,8 +477,11 @@ class FakeKubernetes:
                     current = fake.objects.get((resource, ns, name))
                     if current is None:
                         return self._reply(404, _status(404, "NotFound", f'{resource} "{name}" not found'))
-                    patched = (merge_patch(current, patch) if kind == "application/merge-patch+json"
-                               else json_patch(current, patch))
+                    patched = (
+                        merge_patch(current, patch)
+                        if kind == "application/merge-patch+json"
+                        else json_patch(current, patch)
+                    )
                     if self._invalid({k: v for k, v in patched.items() if k != "status"}):
                         return
                     stored = copy.deepcopy(fake._store(resource, ns, patched, "MODIFIED"))

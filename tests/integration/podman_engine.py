@@ -59,8 +59,11 @@ class PodmanEngine:
 
     def __init__(self, runc: str) -> None:
         # A short folder: unix socket paths under it must fit in sockaddr_un.
-        self.dir = Path(subprocess.run(["mktemp", "-d", "/tmp/orchard-podman.XXXXXX"], capture_output=True,
-                                       text=True, check=True).stdout.strip())
+        self.dir = Path(
+            subprocess.run(
+                ["mktemp", "-d", "/tmp/orchard-podman.XXXXXX"], capture_output=True, text=True, check=True
+            ).stdout.strip()
+        )
         (self.dir / "tmp").mkdir()
         runsc = shutil.which("runsc")
         extra = ""
@@ -72,17 +75,24 @@ class PodmanEngine:
         self.gvisor = runsc is not None
         (self.dir / "containers.conf").write_text(CONTAINERS_CONF.format(w=self.dir, runc=runc, extra_runtimes=extra))
         (self.dir / "storage.conf").write_text(STORAGE_CONF.format(w=self.dir))
-        self.env = {**os.environ, "CONTAINERS_CONF": str(self.dir / "containers.conf"),
-                    "CONTAINERS_STORAGE_CONF": str(self.dir / "storage.conf")}
+        self.env = {
+            **os.environ,
+            "CONTAINERS_CONF": str(self.dir / "containers.conf"),
+            "CONTAINERS_STORAGE_CONF": str(self.dir / "storage.conf"),
+        }
         self.socket = self.dir / "podman.sock"
         self.host = f"unix://{self.socket}"
         self._services = [self._serve(self.socket)]
         self._gvisor_host: str | None = None
 
     def _serve(self, socket: Path, *flags: str) -> subprocess.Popen[bytes]:
-        service = subprocess.Popen(["podman", *flags, "system", "service", "--time=0", f"unix://{socket}"],
-                                   env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                   stderr=subprocess.PIPE)
+        service = subprocess.Popen(
+            ["podman", *flags, "system", "service", "--time=0", f"unix://{socket}"],
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
         deadline = time.monotonic() + 10
         while not socket.exists():
             if service.poll() is not None:
@@ -103,14 +113,17 @@ class PodmanEngine:
             self._gvisor_host = f"unix://{socket}"
         return self._gvisor_host
 
-    def podman(self, *args: str, timeout: float = 120, input_bytes: bytes | None = None,
-               check: bool = True) -> subprocess.CompletedProcess[bytes]:
+    def podman(
+        self, *args: str, timeout: float = 120, input_bytes: bytes | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess[bytes]:
         """Run the podman CLI on this engine's config and storage."""
-        out = subprocess.run(["podman", *args], env=self.env, input=input_bytes, capture_output=True,
-                             timeout=timeout, check=False)
+        out = subprocess.run(
+            ["podman", *args], env=self.env, input=input_bytes, capture_output=True, timeout=timeout, check=False
+        )
         if check and out.returncode != 0:
-            raise AssertionError(f"podman {' '.join(args)} failed ({out.returncode}): "
-                                 f"{out.stderr.decode(errors='replace')[-3000:]}")
+            raise AssertionError(
+                f"podman {' '.join(args)} failed ({out.returncode}): {out.stderr.decode(errors='replace')[-3000:]}"
+            )
         return out
 
     def import_rootfs(self, rootfs: Path, ref: str, *changes: str) -> None:
@@ -118,15 +131,22 @@ class PodmanEngine:
         tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
         try:
             flags = [arg for change in changes for arg in ("--change", change)]
-            out = subprocess.run(["podman", "import", *flags, "-", ref], env=self.env, stdin=tar.stdout,
-                                 capture_output=True, timeout=300, check=False)
+            out = subprocess.run(
+                ["podman", "import", *flags, "-", ref],
+                env=self.env,
+                stdin=tar.stdout,
+                capture_output=True,
+                timeout=300,
+                check=False,
+            )
         finally:
             tar.stdout.close()  # type: ignore[union-attr]
             tar.wait()
         assert out.returncode == 0, f"podman import {ref} failed: {out.stderr.decode(errors='replace')[-2000:]}"
 
-    def build(self, context: Path, dockerfile: Path, tag: str, *, target: str = "", timeout: float = 900,
-              **build_args: str) -> None:
+    def build(
+        self, context: Path, dockerfile: Path, tag: str, *, target: str = "", timeout: float = 900, **build_args: str
+    ) -> None:
         """Build an image from a Dockerfile on the host network (pip and apt reach their registries)."""
         args = ["build", "--format", "docker", "--network", "host", "-f", str(dockerfile), "-t", tag]
         if target:

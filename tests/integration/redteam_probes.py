@@ -19,24 +19,67 @@ libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
 BLOCKED = {errno.EPERM, errno.EACCES, errno.EROFS, errno.ENOSYS, errno.ENOENT, errno.ENODEV, errno.ENXIO}
 NR = {  # x86_64 syscall numbers
-    "add_key": 248, "request_key": 249, "keyctl": 250, "unshare": 272, "mount": 165, "umount2": 166,
-    "pivot_root": 155, "bpf": 321, "perf_event_open": 298, "userfaultfd": 323, "kexec_load": 246,
-    "init_module": 175, "finit_module": 313, "delete_module": 176, "io_uring_setup": 425, "iopl": 172,
-    "ioperm": 173, "setns": 308, "fsopen": 430, "open_tree": 428, "clone3": 435, "open_by_handle_at": 304,
-    "kcmp": 312, "swapoff": 168, "acct": 163, "syslog": 103, "quotactl": 179,
+    "add_key": 248,
+    "request_key": 249,
+    "keyctl": 250,
+    "unshare": 272,
+    "mount": 165,
+    "umount2": 166,
+    "pivot_root": 155,
+    "bpf": 321,
+    "perf_event_open": 298,
+    "userfaultfd": 323,
+    "kexec_load": 246,
+    "init_module": 175,
+    "finit_module": 313,
+    "delete_module": 176,
+    "io_uring_setup": 425,
+    "iopl": 172,
+    "ioperm": 173,
+    "setns": 308,
+    "fsopen": 430,
+    "open_tree": 428,
+    "clone3": 435,
+    "open_by_handle_at": 304,
+    "kcmp": 312,
+    "swapoff": 168,
+    "acct": 163,
+    "syslog": 103,
+    "quotactl": 179,
 }
-CLONE = {"NEWUSER": 0x10000000, "NEWNS": 0x00020000, "NEWNET": 0x40000000, "NEWPID": 0x20000000,
-         "NEWUTS": 0x04000000, "NEWIPC": 0x08000000, "NEWCGROUP": 0x02000000, "NEWTIME": 0x00000080}
-MASKED = ["/proc/kcore", "/proc/keys", "/proc/key-users", "/proc/timer_list", "/proc/sched_debug",
-          "/proc/latency_stats", "/proc/timer_stats", "/proc/acpi", "/proc/scsi", "/proc/asound",
-          "/proc/interrupts", "/proc/kallsyms", "/sys/firmware", "/sys/devices/virtual/powercap", "/sys/kernel",
-          "/proc/sysrq-trigger"]
+CLONE = {
+    "NEWUSER": 0x10000000,
+    "NEWNS": 0x00020000,
+    "NEWNET": 0x40000000,
+    "NEWPID": 0x20000000,
+    "NEWUTS": 0x04000000,
+    "NEWIPC": 0x08000000,
+    "NEWCGROUP": 0x02000000,
+    "NEWTIME": 0x00000080,
+}
+MASKED = [
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/key-users",
+    "/proc/timer_list",
+    "/proc/sched_debug",
+    "/proc/latency_stats",
+    "/proc/timer_stats",
+    "/proc/acpi",
+    "/proc/scsi",
+    "/proc/asound",
+    "/proc/interrupts",
+    "/proc/kallsyms",
+    "/sys/firmware",
+    "/sys/devices/virtual/powercap",
+    "/sys/kernel",
+    "/proc/sysrq-trigger",
+]
 READONLY = ["/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs"]
 
 
 def report(cls, target, through, detail=""):
-    print(json.dumps({"cls": cls, "target": target, "through": bool(through), "detail": str(detail)[:200]}),
-          flush=True)
+    print(json.dumps({"cls": cls, "target": target, "through": bool(through), "detail": str(detail)[:200]}), flush=True)
 
 
 def syscall(name, *args):
@@ -70,16 +113,25 @@ def sysctls():
             try:
                 fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
             except OSError as err:
-                report("writable-sysctl", path, err.errno not in BLOCKED and err.errno != errno.EINVAL,
-                       errno.errorcode.get(err.errno, err.errno))
+                report(
+                    "writable-sysctl",
+                    path,
+                    err.errno not in BLOCKED and err.errno != errno.EINVAL,
+                    errno.errorcode.get(err.errno, err.errno),
+                )
                 continue
             os.close(fd)  # opened: that is the hole (nothing was written)
             report("writable-sysctl", path, True, "opened for writing")
 
 
 def core_pattern():
-    for path in ("/proc/sys/kernel/core_pattern", "/proc/sys/kernel/modprobe", "/proc/sys/fs/binfmt_misc/register",
-                 "/proc/sys/kernel/panic", "/proc/sys/vm/drop_caches"):
+    for path in (
+        "/proc/sys/kernel/core_pattern",
+        "/proc/sys/kernel/modprobe",
+        "/proc/sys/fs/binfmt_misc/register",
+        "/proc/sys/kernel/panic",
+        "/proc/sys/vm/drop_caches",
+    ):
         try:
             fd = os.open(path, os.O_WRONLY)
             os.close(fd)
@@ -101,8 +153,12 @@ def masked_paths():
                     got = f.read(4096)
             report("masked-path", path, bool(got), f"{len(got)} entries/bytes")
         except OSError as err:
-            report("masked-path", path, err.errno not in BLOCKED and err.errno != errno.EIO,
-                   errno.errorcode.get(err.errno, err.errno))
+            report(
+                "masked-path",
+                path,
+                err.errno not in BLOCKED and err.errno != errno.EIO,
+                errno.errorcode.get(err.errno, err.errno),
+            )
 
 
 def keyrings():
@@ -146,11 +202,13 @@ def mounts():
 
 
 def raw_sockets():
-    for family, kind, proto, name in ((socket.AF_PACKET, socket.SOCK_RAW, 0x0300, "AF_PACKET raw"),
-                                      (socket.AF_PACKET, socket.SOCK_DGRAM, 0x0300, "AF_PACKET dgram"),
-                                      (socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP, "AF_INET raw ICMP"),
-                                      (socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW, "AF_INET raw"),
-                                      (socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_ICMPV6, "AF_INET6 raw")):
+    for family, kind, proto, name in (
+        (socket.AF_PACKET, socket.SOCK_RAW, 0x0300, "AF_PACKET raw"),
+        (socket.AF_PACKET, socket.SOCK_DGRAM, 0x0300, "AF_PACKET dgram"),
+        (socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP, "AF_INET raw ICMP"),
+        (socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW, "AF_INET raw"),
+        (socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_ICMPV6, "AF_INET6 raw"),
+    ):
         try:
             socket.socket(family, kind, proto).close()
             report("raw-socket", name, True, "opened")
@@ -186,8 +244,18 @@ def kernel_calls():
 def egress(targets):
     """TCP to the host's own addresses, the cloud metadata service, public resolvers and private ranges; UDP DNS;
     name resolution. None may answer."""
-    tcp = [*targets, "169.254.169.254:80", "1.1.1.1:53", "8.8.8.8:443", "10.0.0.1:80", "172.17.0.1:2375",
-           "10.88.0.1:80", "192.168.0.1:80", "[2606:4700:4700::1111]:443", "[fd00::1]:80"]
+    tcp = [
+        *targets,
+        "169.254.169.254:80",
+        "1.1.1.1:53",
+        "8.8.8.8:443",
+        "10.0.0.1:80",
+        "172.17.0.1:2375",
+        "10.88.0.1:80",
+        "192.168.0.1:80",
+        "[2606:4700:4700::1111]:443",
+        "[fd00::1]:80",
+    ]
     for target in tcp:
         host, port = target.rsplit(":", 1)
         host = host.strip("[]")

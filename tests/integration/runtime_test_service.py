@@ -102,7 +102,9 @@ def add_demo_servicer(servicer: DemoServicer, server: grpc.aio.Server) -> None:
         "Legacy": (grpc.unary_unary_rpc_method_handler, servicer.legacy),
     }
     handlers = {
-        name: factory(fn, request_deserializer=StringValue.FromString, response_serializer=StringValue.SerializeToString)
+        name: factory(
+            fn, request_deserializer=StringValue.FromString, response_serializer=StringValue.SerializeToString
+        )
         for name, (factory, fn) in kinds.items()
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))

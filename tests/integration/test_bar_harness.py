@@ -11,6 +11,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 from conftest import EnvServer, needs_image, needs_sandboxes
+from prometheus_client import REGISTRY
+
 from orchard.harness import AgentLoop, Limits, SamplingConfig, ScriptedModel, SWEHarness
 from orchard.sdk import AsyncSandboxClient
 from orchard.tasks import TaskInstance, load_instances
@@ -18,7 +20,6 @@ from orchard.tasks.grading import patched_files
 from orchard.trainers.bar import BarConfig, Mode, Status, collect_batch
 from orchard.trainers.bar_source import HarnessRolloutSource
 from orchard.types.v1 import types_pb2 as tpb
-from prometheus_client import REGISTRY
 
 TASKS = {t.instance_id: t for t in load_instances("toyrepair")}
 NEVER, COIN, ALWAYS = "toyrepair-trivial-max-retries", "toyrepair-chunks-off-by-one", "toyrepair-leap-year-logic"
@@ -47,6 +48,7 @@ def coin_fixer(tasks: list[TaskInstance]):  # type: ignore[no-untyped-def]
         if rngs[task.instance_id].random() < P_SOLVE[task.instance_id]:
             return tool_call("bash", command=f"cat > /tmp/fix.patch <<'EOF'\n{task.patch}EOF\ngit apply /tmp/fix.patch")
         return tool_call("bash", command=f"echo '{WRONG}' >> {patched_files(task.patch)[0]}")
+
     return policy
 
 
@@ -108,5 +110,7 @@ async def test_bar_balances_harness_rollouts(client: AsyncSandboxClient) -> None
         indices = sorted(t.sample_index for t in trajectories if t.task_id == task.instance_id)
         assert indices == list(range(result.generated))
     assert model.max_in_flight <= 4
-    print(f"{len(trajectories)} graded rollouts in {elapsed:.1f}s (coin task: {positives}/4 positive, "
-          f"{coin.rounds} round(s); {model.max_in_flight} generating at once)")
+    print(
+        f"{len(trajectories)} graded rollouts in {elapsed:.1f}s (coin task: {positives}/4 positive, "
+        f"{coin.rounds} round(s); {model.max_in_flight} generating at once)"
+    )

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from conftest import needs_sandboxes
+
 from orchard.services.env.settings import EnvSettings
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
@@ -19,8 +20,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 def run_bench(script: str, args: list[str], key: str) -> dict[str, object]:
     """Run bench/<script>; it exits 0 and its stdout is exactly one JSON object with `key`."""
-    run = subprocess.run([sys.executable, str(BENCH / script), *args], capture_output=True, text=True, timeout=280,
-                         check=False)
+    run = subprocess.run(
+        [sys.executable, str(BENCH / script), *args], capture_output=True, text=True, timeout=280, check=False
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     report = json.loads(run.stdout)
     assert isinstance(report, dict) and key in report
@@ -28,12 +30,15 @@ def run_bench(script: str, args: list[str], key: str) -> dict[str, object]:
 
 
 @needs_sandboxes
-@pytest.mark.parametrize(("script", "args", "key"), [
-    ("env_latency.py", ["--execs", "20", "--creates", "3", "--clients", "4", "--rounds", "2"], "exec_true_sdk"),
-    ("env_stress.py", ["--sandboxes", "12", "--concurrency", "4", "--image", "host"], "success_rate"),
-    ("env_network.py", ["--creates", "2"], "create_ready_with_policy"),
-    ("env_fork.py", ["--snapshots", "1", "--creates", "2", "--image", "host"], "images"),
-])
+@pytest.mark.parametrize(
+    ("script", "args", "key"),
+    [
+        ("env_latency.py", ["--execs", "20", "--creates", "3", "--clients", "4", "--rounds", "2"], "exec_true_sdk"),
+        ("env_stress.py", ["--sandboxes", "12", "--concurrency", "4", "--image", "host"], "success_rate"),
+        ("env_network.py", ["--creates", "2"], "create_ready_with_policy"),
+        ("env_fork.py", ["--snapshots", "1", "--creates", "2", "--image", "host"], "images"),
+    ],
+)
 def test_benchmark_prints_one_json_object(script: str, args: list[str], key: str) -> None:
     """The benchmark exits 0 and its stdout is exactly one JSON object with its main figure."""
     report = run_bench(script, args, key)
@@ -41,14 +46,32 @@ def test_benchmark_prints_one_json_object(script: str, args: list[str], key: str
         assert report["success_rate"] == 1.0, report
 
 
-@pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"browser sandboxes need {CHROMIUM} (apt-get install "
-                    "chromium)")
+@pytest.mark.skipif(
+    not os.path.exists(CHROMIUM), reason=f"browser sandboxes need {CHROMIUM} (apt-get install chromium)"
+)
 def test_browser_benchmark() -> None:
     """Every browser figure comes with its direct-Playwright baseline from the same run, and the memory line
     predicts the memory with a second Chromium process (2 contexts per process) within 50 %."""
-    report = run_bench("browser.py", ["--creates", "2", "--actions", "1", "--screenshots", "2", "--concurrent", "2",
-                                      "--memory-sandboxes", "2", "--verify-sandboxes", "3",
-                                      "--contexts-per-process", "2"], "cold_start_ms")
+    report = run_bench(
+        "browser.py",
+        [
+            "--creates",
+            "2",
+            "--actions",
+            "1",
+            "--screenshots",
+            "2",
+            "--concurrent",
+            "2",
+            "--memory-sandboxes",
+            "2",
+            "--verify-sandboxes",
+            "3",
+            "--contexts-per-process",
+            "2",
+        ],
+        "cold_start_ms",
+    )
     assert float(report["cold_start_ms"]) > 0 and float(report["baseline_direct_cold_start_ms"]) > 0, report
     assert float(report["create_p50_ratio_to_baseline"]) > 0, report
     actions, shots, memory = report["actions"], report["screenshots_per_s"], report["memory"]
@@ -78,8 +101,11 @@ def test_inference_throughput_benchmark() -> None:
 
 def test_learning_proofs_benchmark() -> None:
     """CPU only, one seed at tiny sizes: every recipe's figure comes with its baseline from the same run."""
-    report = run_bench("learning_proofs.py", ["--seeds", "1", "--env-steps", "3000", "--sft-samples", "10",
-                                              "--opd-steps", "2", "--rpr-groups", "8"], "bar_grpo")
+    report = run_bench(
+        "learning_proofs.py",
+        ["--seeds", "1", "--env-steps", "3000", "--sft-samples", "10", "--opd-steps", "2", "--rpr-groups", "8"],
+        "bar_grpo",
+    )
     bar, ca_sft, opd, rpr = report["bar_grpo"], report["ca_sft"], report["opd"], report["rpr"]
     assert isinstance(bar, dict) and isinstance(ca_sft, dict) and isinstance(opd, dict) and isinstance(rpr, dict)
     assert bar["env_step_budget"] == 3000 and isinstance(bar["baseline_fixed_n"], dict), report

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from conftest import EnvServer, needs_image, needs_sandboxes
+
 from orchard.assistant import TOOLS
 from orchard.services.proxy.records import read_records
 from orchard.services.proxy.server import RecordingProxy
@@ -48,15 +49,33 @@ class ScriptedClaw:
                 n = sum(m["role"] == "assistant" for m in body["messages"])
                 if n < len(task.solution):
                     step = task.solution[n]
-                    message = {"role": "assistant", "content": None, "tool_calls": [{
-                        "id": f"call_{n}", "type": "function",
-                        "function": {"name": step["tool"], "arguments": json.dumps(step["args"])}}]}
+                    message = {
+                        "role": "assistant",
+                        "content": None,
+                        "tool_calls": [
+                            {
+                                "id": f"call_{n}",
+                                "type": "function",
+                                "function": {"name": step["tool"], "arguments": json.dumps(step["args"])},
+                            }
+                        ],
+                    }
                 else:
                     message = {"role": "assistant", "content": task.answer}
-                reply = {"id": f"chatcmpl-{n}", "object": "chat.completion", "created": int(time.time()),
-                         "model": body["model"], "choices": [{"index": 0, "message": message, "finish_reason":
-                                                              "tool_calls" if "tool_calls" in message else "stop"}],
-                         "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+                reply = {
+                    "id": f"chatcmpl-{n}",
+                    "object": "chat.completion",
+                    "created": int(time.time()),
+                    "model": body["model"],
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": message,
+                            "finish_reason": "tool_calls" if "tool_calls" in message else "stop",
+                        }
+                    ],
+                    "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+                }
                 data = json.dumps(reply).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
@@ -93,16 +112,41 @@ def scripted(tasks: list[AssistantTask]) -> Iterator[ScriptedClaw]:
 
 
 async def test_the_external_harness_solves_tasks_through_the_recording_proxy(
-        env: EnvServer, tasks: list[AssistantTask], scripted: ScriptedClaw, tmp_path: Path) -> None:
+    env: EnvServer, tasks: list[AssistantTask], scripted: ScriptedClaw, tmp_path: Path
+) -> None:
     records = tmp_path / "records"
-    proxy = RecordingProxy(ProxySettings(port=0, upstream_url=scripted.api_base, records_dir=records,
-                                         require_rollout_id=True, log_format="text", grace_period_s=1.0))
+    proxy = RecordingProxy(
+        ProxySettings(
+            port=0,
+            upstream_url=scripted.api_base,
+            records_dir=records,
+            require_rollout_id=True,
+            log_format="text",
+            grace_period_s=1.0,
+        )
+    )
     await proxy.start()
     try:
         process = await asyncio.create_subprocess_exec(
-            sys.executable, str(EXAMPLE), "--base-url", f"http://127.0.0.1:{proxy.port}/v1", "--model", "scripted",
-            "--api-key", "sk-upstream", "--env-address", f"127.0.0.1:{env.server.port}", "--ids", *IDS,
-            "--max-steps", "8", "--run-id", "ext", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+            sys.executable,
+            str(EXAMPLE),
+            "--base-url",
+            f"http://127.0.0.1:{proxy.port}/v1",
+            "--model",
+            "scripted",
+            "--api-key",
+            "sk-upstream",
+            "--env-address",
+            f"127.0.0.1:{env.server.port}",
+            "--ids",
+            *IDS,
+            "--max-steps",
+            "8",
+            "--run-id",
+            "ext",
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
         async with asyncio.timeout(240):
             out, _ = await process.communicate()
     finally:
@@ -112,8 +156,9 @@ async def test_the_external_harness_solves_tasks_through_the_recording_proxy(
 
     # 1. Every task scored 1.0 by the Claw-Eval grader, after exactly its solution's tool calls.
     for task in tasks:
-        assert f"{task.task_id}: score 1.00 after {len(task.solution)} tool calls (rollout ext-{task.task_id})" \
-            in output, output
+        assert (
+            f"{task.task_id}: score 1.00 after {len(task.solution)} tool calls (rollout ext-{task.task_id})" in output
+        ), output
     assert "mean score 1.000 over 3 tasks" in output
 
     # 2. One rollout per task: each model call recorded in order, the tool calls out and the tool results back.
@@ -121,8 +166,7 @@ async def test_the_external_harness_solves_tasks_through_the_recording_proxy(
     for task in tasks:
         rollout = read_records(records, f"ext-{task.task_id}")
         assert [r["seq"] for r in rollout] == list(range(len(task.solution) + 1))
-        assert all(r["status"] == 200 and r["path"] == "/v1/chat/completions" and r["error"] is None
-                   for r in rollout)
+        assert all(r["status"] == 200 and r["path"] == "/v1/chat/completions" and r["error"] is None for r in rollout)
         for n, record in enumerate(rollout):
             request, message = record["request"], record["response"]["choices"][0]["message"]
             assert request["model"] == "scripted" and request["tools"] == TOOLS

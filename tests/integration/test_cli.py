@@ -38,8 +38,11 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, sub
     """`orchard serve env` on a free port with its own state dir; yields (address, process, state dir)."""
     port = _free_port()
     state = tmp_path_factory.mktemp("cli-state")
-    proc = subprocess.Popen([ORCHARD, "serve", "env", "--port", str(port), "--state-dir", str(state),
-                             "--log-format", "text"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [ORCHARD, "serve", "env", "--port", str(port), "--state-dir", str(state), "--log-format", "text"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     address = f"127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     with grpc.insecure_channel(address) as channel:
@@ -122,12 +125,16 @@ def test_sigterm_drains_and_removes_sandboxes(service: tuple[str, subprocess.Pop
 def test_serve_inference_grpc_and_openai() -> None:
     """`orchard serve inference --http-port` serves the embedded model over gRPC and to the real openai client."""
     import openai
+
     from orchard.inference.v1 import inference_pb2, inference_pb2_grpc
     from orchard.types.v1 import types_pb2
 
     port, http_port = _free_port(), _free_port()
-    proc = subprocess.Popen([ORCHARD, "serve", "inference", "--port", str(port), "--http-port", str(http_port),
-                             "--log-format", "text"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [ORCHARD, "serve", "inference", "--port", str(port), "--http-port", str(http_port), "--log-format", "text"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         deadline = time.monotonic() + 150
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
@@ -142,12 +149,20 @@ def test_serve_inference_grpc_and_openai() -> None:
                 assert time.monotonic() < deadline, "orchard serve inference did not become healthy"
                 time.sleep(0.2)
             question = types_pb2.Message(role=types_pb2.ROLE_USER, content="What is the capital of France?")
-            chat = inference_pb2_grpc.InferenceServiceStub(channel).Chat(inference_pb2.ChatRequest(
-                messages=[question], sampling=inference_pb2.SamplingParams(max_tokens=12, temperature=0)), timeout=60)
+            chat = inference_pb2_grpc.InferenceServiceStub(channel).Chat(
+                inference_pb2.ChatRequest(
+                    messages=[question], sampling=inference_pb2.SamplingParams(max_tokens=12, temperature=0)
+                ),
+                timeout=60,
+            )
         assert "Paris" in chat.choices[0].message.content
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{http_port}/v1", api_key="unused", max_retries=0)
-        reply = client.chat.completions.create(model="SmolLM2-135M-Instruct", max_tokens=12, temperature=0,
-                                               messages=[{"role": "user", "content": "What is the capital of France?"}])
+        reply = client.chat.completions.create(
+            model="SmolLM2-135M-Instruct",
+            max_tokens=12,
+            temperature=0,
+            messages=[{"role": "user", "content": "What is the capital of France?"}],
+        )
         assert reply.choices[0].message.content == chat.choices[0].message.content
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
@@ -159,8 +174,12 @@ def test_serve_inference_grpc_and_openai() -> None:
 
 def _task_file(path: Path, ids: list[str]) -> Path:
     """A task set naming `ids` (enough for reports over stored rollouts; nothing here runs them)."""
-    path.write_text("".join(json.dumps({"instance_id": i, "repo": "o/r", "problem_statement": "p",
-                                        "FAIL_TO_PASS": ["t::a"]}) + "\n" for i in ids))
+    path.write_text(
+        "".join(
+            json.dumps({"instance_id": i, "repo": "o/r", "problem_statement": "p", "FAIL_TO_PASS": ["t::a"]}) + "\n"
+            for i in ids
+        )
+    )
     return path
 
 
@@ -169,20 +188,27 @@ async def experience(tmp_path: Path, nats_server: NatsServer) -> AsyncIterator[s
     """A real experience service holding run "before" (task-a resolved once of 2, task-b never; weights v1) and run
     "after" (both tasks resolved once of 2; weights v2); yields its address."""
     from experience_helpers import publish_and_store, rollout
+
     from orchard.services.experience.server import build
     from orchard.services.experience.settings import ExperienceSettings
     from orchard.types.v1 import types_pb2 as tpb
 
-    settings = ExperienceSettings(port=0, nats_url=nats_server.url, store_url=f"sqlite:///{tmp_path / 'e.db'}",
-                                  log_format="text", grace_period_s=1)
+    settings = ExperienceSettings(
+        port=0,
+        nats_url=nats_server.url,
+        store_url=f"sqlite:///{tmp_path / 'e.db'}",
+        log_format="text",
+        grace_period_s=1,
+    )
     server, store = await build(settings)
     port = await server.start()
     yes, no = tpb.OUTCOME_STATUS_RESOLVED, tpb.OUTCOME_STATUS_UNRESOLVED
     published = []
     for run, version, statuses in [("before", "v1", [yes, no, no, no]), ("after", "v2", [yes, no, yes, no])]:
         for i, status in enumerate(statuses):
-            published += rollout(run, f"{run}-{i}", ["task-a", "task-b"][i // 2], status=status,
-                                 weights_version=version)
+            published += rollout(
+                run, f"{run}-{i}", ["task-a", "task-b"][i // 2], status=status, weights_version=version
+            )
     await publish_and_store(nats_server.url, published, store)
     yield f"127.0.0.1:{port}"
     await server.stop()
@@ -190,8 +216,9 @@ async def experience(tmp_path: Path, nats_server: NatsServer) -> AsyncIterator[s
 
 async def orchard_async(*args: str, timeout: float = 120) -> tuple[int, str, str]:
     """The CLI in a subprocess while this test's event loop keeps serving the in-process services."""
-    proc = await asyncio.create_subprocess_exec(ORCHARD, *args, stdout=asyncio.subprocess.PIPE,
-                                                stderr=asyncio.subprocess.PIPE)
+    proc = await asyncio.create_subprocess_exec(
+        ORCHARD, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
     async with asyncio.timeout(timeout):
         out, err = await proc.communicate()
     assert proc.returncode is not None
@@ -203,10 +230,11 @@ async def orchard_async(*args: str, timeout: float = 120) -> tuple[int, str, str
 async def test_eval_compare_sets_two_runs_side_by_side(experience: str, tmp_path: Path) -> None:
     """`orchard eval --run after --compare before`: the usual report, then each figure of both runs."""
     tasks = _task_file(tmp_path / "tasks.jsonl", ["task-a", "task-b"])
-    code, out, err = await orchard_async("eval", "--run", "after", "--compare", "before", "--tasks", str(tasks),
-                                         "--experience-address", experience)
+    code, out, err = await orchard_async(
+        "eval", "--run", "after", "--compare", "before", "--tasks", str(tasks), "--experience-address", experience
+    )
     assert code == 0, out + err
-    block = out[out.index("before/after:"):].splitlines()
+    block = out[out.index("before/after:") :].splitlines()
     assert [line.split() for line in block] == [
         ["before/after:", "run", "before", "->", "run", "after"],
         ["resolved", "1/4", "->", "2/4"],
@@ -216,8 +244,19 @@ async def test_eval_compare_sets_two_runs_side_by_side(experience: str, tmp_path
         ["weights", "v1", "->", "v2"],
     ]
     assert out.index("resolved 2/4") < out.index("before/after:")  # after the after-run's own report
-    code, out, err = await orchard_async("eval", "--run", "after", "--compare", "nope", "--tasks", str(tasks),
-                                         "--experience-address", experience, "--wait", "0")
+    code, out, err = await orchard_async(
+        "eval",
+        "--run",
+        "after",
+        "--compare",
+        "nope",
+        "--tasks",
+        str(tasks),
+        "--experience-address",
+        experience,
+        "--wait",
+        "0",
+    )
     assert code == 1 and "run 'nope' has no rollouts" in err
 
 
@@ -227,6 +266,8 @@ async def test_train_follows_the_job_and_pushes_its_checkpoint(experience: str, 
     """`orchard train --push` against real experience, trainer and inference services (a tiny model, so steps take
     milliseconds): progress per step, the result, the new weights served; a failed job exits 1 with its error;
     Ctrl-C cancels the job."""
+    from trainer_service_helpers import tiny_model
+
     from orchard.inference.v1 import inference_pb2, inference_pb2_grpc
     from orchard.services.inference import server as inference_server
     from orchard.services.inference.settings import InferenceSettings
@@ -234,23 +275,49 @@ async def test_train_follows_the_job_and_pushes_its_checkpoint(experience: str, 
     from orchard.services.trainer.settings import TrainerSettings
     from orchard.trainer.v1 import trainer_pb2 as pb
     from orchard.trainer.v1 import trainer_pb2_grpc
-    from trainer_service_helpers import tiny_model
 
     tiny = tiny_model(tmp_path / "tiny")
-    inference, _ = await inference_server.build(InferenceSettings(port=0, model=str(tiny), log_format="text",
-                                                                  grace_period_s=1))
+    inference, _ = await inference_server.build(
+        InferenceSettings(port=0, model=str(tiny), log_format="text", grace_period_s=1)
+    )
     inference_address = f"127.0.0.1:{await inference.start()}"
-    trainer, _ = await trainer_server.build(TrainerSettings(
-        port=0, jobs_dir=tmp_path / "jobs", log_format="text", grace_period_s=1, experience_address=experience,
-        inference_address=inference_address))
+    trainer, _ = await trainer_server.build(
+        TrainerSettings(
+            port=0,
+            jobs_dir=tmp_path / "jobs",
+            log_format="text",
+            grace_period_s=1,
+            experience_address=experience,
+            inference_address=inference_address,
+        )
+    )
     trainer_address = f"127.0.0.1:{await trainer.start()}"
     try:
         async with grpc.aio.insecure_channel(trainer_address) as channel:
             stub = trainer_pb2_grpc.TrainerServiceStub(channel)
-            addresses = ["--trainer-address", trainer_address, "--inference-address", inference_address,
-                         "--base-model", str(tiny)]
-            code, out, err = await orchard_async("train", "--run", "before", "--epochs", "2", "--batch", "2",
-                                                 "--lr", "1e-3", "--job-id", "cli-sft", "--push", *addresses)
+            addresses = [
+                "--trainer-address",
+                trainer_address,
+                "--inference-address",
+                inference_address,
+                "--base-model",
+                str(tiny),
+            ]
+            code, out, err = await orchard_async(
+                "train",
+                "--run",
+                "before",
+                "--epochs",
+                "2",
+                "--batch",
+                "2",
+                "--lr",
+                "1e-3",
+                "--job-id",
+                "cli-sft",
+                "--push",
+                *addresses,
+            )
             assert code == 0, out + err
             assert "job cli-sft: sft of" in err and "rollouts of run before" in err
             steps = [line for line in err.splitlines() if line.startswith("[")]
@@ -262,10 +329,12 @@ async def test_train_follows_the_job_and_pushes_its_checkpoint(experience: str, 
             assert "served weights version: cli-sft-step-4" in out
             async with grpc.aio.insecure_channel(inference_address) as channel:
                 models = await inference_pb2_grpc.InferenceServiceStub(channel).ListModels(
-                    inference_pb2.ListModelsRequest(), timeout=10)
+                    inference_pb2.ListModelsRequest(), timeout=10
+                )
             assert [m.weights_version for m in models.models] == ["cli-sft-step-4"]
-            status = await orchard_async("status", "--env-address", f"127.0.0.1:{_free_port()}",
-                                         "--trainer-address", trainer_address)
+            status = await orchard_async(
+                "status", "--env-address", f"127.0.0.1:{_free_port()}", "--trainer-address", trainer_address
+            )
             assert "SERVING, jobs: 1 (0 running)" in status[1]
 
             # A job that fails: non-zero exit with the job's error.
@@ -280,9 +349,21 @@ async def test_train_follows_the_job_and_pushes_its_checkpoint(experience: str, 
                 signal.signal(signal.SIGINT, signal.SIG_DFL)
 
             proc = await asyncio.create_subprocess_exec(
-                ORCHARD, "train", "--run", "before", "--epochs", "100000", "--batch", "2", "--job-id", "cli-long",
-                *addresses, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-                preexec_fn=default_sigint)
+                ORCHARD,
+                "train",
+                "--run",
+                "before",
+                "--epochs",
+                "100000",
+                "--batch",
+                "2",
+                "--job-id",
+                "cli-long",
+                *addresses,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                preexec_fn=default_sigint,
+            )
             assert proc.stderr is not None and proc.stdout is not None
             lines: list[bytes] = []
 
@@ -301,16 +382,19 @@ async def test_train_follows_the_job_and_pushes_its_checkpoint(experience: str, 
                     await proc.wait()
                     await reader
             except TimeoutError:  # say where it hung: what it printed last, its signal state, the job's state
-                status = Path(f"/proc/{proc.pid}/status").read_text() if Path(f"/proc/{proc.pid}/status").exists() \
-                    else ""
+                status = (
+                    Path(f"/proc/{proc.pid}/status").read_text() if Path(f"/proc/{proc.pid}/status").exists() else ""
+                )
                 signals = [line for line in status.splitlines() if line.startswith(("SigBlk", "SigIgn", "SigCgt"))]
                 proc.kill()
                 await proc.wait()
                 reader.cancel()
                 job = (await stub.GetJob(pb.GetJobRequest(job_id="cli-long"))).job
-                raise AssertionError(f"orchard train did not exit within 90 s of SIGINT (job "
-                                     f"{pb.JobState.Name(job.state)}, step {job.progress.step}; {signals}); its "
-                                     f"stderr ends: {b''.join(lines).decode()[-1500:]}") from None
+                raise AssertionError(
+                    f"orchard train did not exit within 90 s of SIGINT (job "
+                    f"{pb.JobState.Name(job.state)}, step {job.progress.step}; {signals}); its "
+                    f"stderr ends: {b''.join(lines).decode()[-1500:]}"
+                ) from None
             await proc.stdout.read()
             err_b = b"".join(lines)
             assert proc.returncode == 130, err_b.decode()
@@ -322,13 +406,16 @@ async def test_train_follows_the_job_and_pushes_its_checkpoint(experience: str, 
         await inference.stop()
 
 
-@pytest.mark.parametrize(("args", "words"), [
-    (["train"], "the following arguments are required: --run"),
-    (["train", "--run", "r", "--epochs", "0"], "--epochs: must be at least 1, got 0"),
-    (["train", "--run", "r", "--lr=-1"], "--lr: must be above 0"),
-    (["train", "--run", "r", "--batch", "two"], "--batch: 'two' is not a whole number"),
-    (["train", "--run", "r", "--kind", "rl"], "invalid choice: 'rl'"),
-])
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["train"], "the following arguments are required: --run"),
+        (["train", "--run", "r", "--epochs", "0"], "--epochs: must be at least 1, got 0"),
+        (["train", "--run", "r", "--lr=-1"], "--lr: must be above 0"),
+        (["train", "--run", "r", "--batch", "two"], "--batch: 'two' is not a whole number"),
+        (["train", "--run", "r", "--kind", "rl"], "invalid choice: 'rl'"),
+    ],
+)
 def test_train_refuses_bad_arguments(args: list[str], words: str) -> None:
     bad = orchard(*args)
     assert bad.returncode == 2 and words in bad.stderr, bad.stderr

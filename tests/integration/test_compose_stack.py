@@ -22,13 +22,14 @@ import grpc
 import pytest
 from experience_helpers import rollout
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from podman_engine import PodmanEngine, skip_unless_podman
+from test_deploy_files import COMPOSE, COMPOSE_FILE, ROOT
+
 from orchard.events import EventPublisher
 from orchard.experience.v1 import experience_pb2 as xpb
 from orchard.experience.v1 import experience_pb2_grpc
 from orchard.sdk.sync import SandboxClient
 from orchard.services.env.images import default_images_dir
-from podman_engine import PodmanEngine, skip_unless_podman
-from test_deploy_files import COMPOSE, COMPOSE_FILE, ROOT
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -56,10 +57,19 @@ def stack() -> Iterator[tuple[PodmanEngine, dict[str, str]]]:
 
     engine = PodmanEngine(runc)
     try:
-        env = {**os.environ, "DOCKER_HOST": engine.host, "NATS_IMAGE": NATS_REF, "ORCHARD_TAG": TAG,
-               "ORCHARD_BASE_IMAGE": BASE_REF, "ORCHARD_IMAGES_VOLUME": str(default_images_dir()),
-               # 0: the engine picks free host ports (read back with `docker compose port`).
-               "NATS_PORT": "0", "NATS_MONITOR_PORT": "0", "ENV_GRPC_PORT": "0", "ENV_METRICS_PORT": "0"}
+        env = {
+            **os.environ,
+            "DOCKER_HOST": engine.host,
+            "NATS_IMAGE": NATS_REF,
+            "ORCHARD_TAG": TAG,
+            "ORCHARD_BASE_IMAGE": BASE_REF,
+            "ORCHARD_IMAGES_VOLUME": str(default_images_dir()),
+            # 0: the engine picks free host ports (read back with `docker compose port`).
+            "NATS_PORT": "0",
+            "NATS_MONITOR_PORT": "0",
+            "ENV_GRPC_PORT": "0",
+            "ENV_METRICS_PORT": "0",
+        }
         engine.import_rootfs(rootfs, BASE_REF, 'CMD ["/bin/bash"]')
         nats_root = engine.dir / "nats-rootfs"
         (nats_root / "tmp").mkdir(parents=True)
@@ -75,20 +85,38 @@ def stack() -> Iterator[tuple[PodmanEngine, dict[str, str]]]:
             if "build" not in service:
                 continue
             build = service["build"]
-            engine.build(Path(build["context"]), Path(build["context"]) / build["dockerfile"], service["image"],
-                         target=build.get("target", ""), **build.get("args", {}))
+            engine.build(
+                Path(build["context"]),
+                Path(build["context"]) / build["dockerfile"],
+                service["image"],
+                target=build.get("target", ""),
+                **build.get("args", {}),
+            )
         yield engine, env
     finally:
-        subprocess.run([COMPOSE, "-p", PROJECT, "-f", str(COMPOSE_FILE), "down", "-v", "-t", "2"],
-                       env=env, capture_output=True, timeout=120, check=False)
+        subprocess.run(
+            [COMPOSE, "-p", PROJECT, "-f", str(COMPOSE_FILE), "down", "-v", "-t", "2"],
+            env=env,
+            capture_output=True,
+            timeout=120,
+            check=False,
+        )
         engine.close()
 
 
-def compose(env: dict[str, str], *args: str, timeout: float = 180, check: bool = True
-            ) -> subprocess.CompletedProcess[str]:
+def compose(
+    env: dict[str, str], *args: str, timeout: float = 180, check: bool = True
+) -> subprocess.CompletedProcess[str]:
     """The Compose v2 binary on the project file; with `check`, fails the test with its output on a non-zero exit."""
-    out = subprocess.run([COMPOSE, "-p", PROJECT, "-f", str(COMPOSE_FILE), *args], env=env, cwd=ROOT,
-                         capture_output=True, text=True, timeout=timeout, check=False)
+    out = subprocess.run(
+        [COMPOSE, "-p", PROJECT, "-f", str(COMPOSE_FILE), *args],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
     assert not check or out.returncode == 0, f"docker compose {' '.join(args)} failed: {out.stderr[-3000:]}"
     return out
 
@@ -104,8 +132,10 @@ def wait_serving(env: dict[str, str], service: str, port: int, timeout_s: float 
         stub = health_pb2_grpc.HealthStub(channel)
         while True:
             try:
-                if stub.Check(health_pb2.HealthCheckRequest(), timeout=2).status == \
-                        health_pb2.HealthCheckResponse.SERVING:
+                if (
+                    stub.Check(health_pb2.HealthCheckRequest(), timeout=2).status
+                    == health_pb2.HealthCheckResponse.SERVING
+                ):
                     return
             except grpc.RpcError as err:
                 last: Any = err
@@ -113,20 +143,25 @@ def wait_serving(env: dict[str, str], service: str, port: int, timeout_s: float 
                 last = "not SERVING"
             if time.monotonic() >= deadline:
                 logs = compose(env, "logs", "--tail", "40", service, timeout=60, check=False)
-                pytest.fail(f"the composed {service} service did not serve within {timeout_s}s: {last}\n"
-                            f"its log:\n{logs.stdout[-4000:]}{logs.stderr[-2000:]}")
+                pytest.fail(
+                    f"the composed {service} service did not serve within {timeout_s}s: {last}\n"
+                    f"its log:\n{logs.stdout[-4000:]}{logs.stderr[-2000:]}"
+                )
             time.sleep(0.5)
 
 
 async def test_compose_up_runs_a_sandbox_command_and_stores_a_rollout(
-        stack: tuple[PodmanEngine, dict[str, str]]) -> None:
+    stack: tuple[PodmanEngine, dict[str, str]],
+) -> None:
     """`docker compose up` starts NATS (JetStream), env and experience from the project's images; env reaches
     NATS by service name and passes its own health check; a sandbox command runs through the stack; a rollout's
     events published to the stack's NATS are stored by its experience service and read back over gRPC."""
     engine, env = stack
     compose(env, "up", "-d", "--no-build", *SERVICES)
-    states = {row["Service"]: row["State"] for row in map(json.loads, compose(
-        env, "ps", "--format", "json").stdout.splitlines())}
+    states = {
+        row["Service"]: row["State"]
+        for row in map(json.loads, compose(env, "ps", "--format", "json").stdout.splitlines())
+    }
     assert states == dict.fromkeys(SERVICES, "running"), states
 
     env_port = published_port(env, "env", 50051)
@@ -136,8 +171,10 @@ async def test_compose_up_runs_a_sandbox_command_and_stores_a_rollout(
     # The image's health check command (podman runs no health checks without systemd, so run it by hand).
     compose(env, "exec", "-T", "env", "python", "-m", "orchard.runtime.healthcheck", "50051")
     # NATS with JetStream, reached from the env container by its compose service name.
-    probe = ("import json, socket; s = socket.create_connection(('nats', 4222), 5); "
-             "info = json.loads(s.recv(4096).decode().split(' ', 1)[1]); print(json.dumps(info))")
+    probe = (
+        "import json, socket; s = socket.create_connection(('nats', 4222), 5); "
+        "info = json.loads(s.recv(4096).decode().split(' ', 1)[1]); print(json.dumps(info))"
+    )
     info = json.loads(compose(env, "exec", "-T", "env", "python", "-c", probe).stdout)
     assert info["jetstream"] is True, info
 
@@ -157,11 +194,14 @@ async def test_compose_up_runs_a_sandbox_command_and_stores_a_rollout(
         deadline = time.monotonic() + 120  # a busy machine slows containers a lot: poll, don't time one call
         while True:
             try:
-                listed = await stub.ListTrajectories(xpb.ListTrajectoriesRequest(
-                    filter=xpb.TrajectoryFilter(run_ids=["compose-run"])), timeout=30)
+                listed = await stub.ListTrajectories(
+                    xpb.ListTrajectoriesRequest(filter=xpb.TrajectoryFilter(run_ids=["compose-run"])), timeout=30
+                )
             except grpc.aio.AioRpcError as err:
-                if err.code() not in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE) or \
-                        time.monotonic() > deadline:
+                if (
+                    err.code() not in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE)
+                    or time.monotonic() > deadline
+                ):
                     raise
                 continue
             if listed.trajectories or time.monotonic() > deadline:

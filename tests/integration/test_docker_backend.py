@@ -5,9 +5,8 @@ localhost/orchard-python:3.11-slim, and the native agent (agent-rs/) bound into 
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
 import contextlib
+import os
 import signal
 import socket
 import subprocess
@@ -21,18 +20,20 @@ import grpc
 import pytest
 from conftest import EnvServer, StartEnv, duration, run
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from podman_engine import PodmanEngine, skip_unless_podman
+from test_env_service import REPO_SETUP, download, rpc_error, upload
+
 from orchard.env.v1 import env_pb2 as pb
 from orchard.env.v1 import env_pb2_grpc
 from orchard.services.env.images import default_images_dir
 from orchard.services.env.models import sandbox_key  # another tenant's containers carry its internal key
-from podman_engine import PodmanEngine, skip_unless_podman
-from test_env_service import REPO_SETUP, download, rpc_error, upload
 
 pytestmark = [pytest.mark.timeout(90)]
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGE = "python:3.11-slim"
 REF = f"localhost/orchard-{IMAGE}"
+
 
 @pytest.fixture(scope="module")
 def podman(engine: PodmanEngine) -> str:
@@ -78,8 +79,9 @@ async def _start_docker(start_env: StartEnv, podman: str, **overrides: Any) -> E
 
 
 async def _create(env: EnvServer, **resources: int) -> str:
-    created = await env.stub.CreateSandbox(pb.CreateSandboxRequest(image=IMAGE, resources=pb.Resources(**resources)),
-                                           timeout=30)
+    created = await env.stub.CreateSandbox(
+        pb.CreateSandboxRequest(image=IMAGE, resources=pb.Resources(**resources)), timeout=30
+    )
     return created.sandbox.sandbox_id
 
 
@@ -87,8 +89,10 @@ async def test_sandbox_in_a_container(podman: str, start_env: StartEnv) -> None:
     """Create, exec, files, a patch with git, a memory limit, no network but lo, and delete removes the container."""
     env = await _start_docker(start_env, podman)
     stub = env.stub
-    created = await stub.CreateSandbox(pb.CreateSandboxRequest(
-        image=IMAGE, resources=pb.Resources(memory_bytes=256 << 20, cpu_millis=1000)), timeout=30)
+    created = await stub.CreateSandbox(
+        pb.CreateSandboxRequest(image=IMAGE, resources=pb.Resources(memory_bytes=256 << 20, cpu_millis=1000)),
+        timeout=30,
+    )
     sid = created.sandbox.sandbox_id
     assert len(_containers(podman, sid)) == 1
 
@@ -100,16 +104,19 @@ async def test_sandbox_in_a_container(podman: str, start_env: StartEnv) -> None:
     assert copied.state == pb.EXEC_STATE_SUCCEEDED, copied.stderr
     assert b"".join((await download(stub, sid, "data/out.txt"))[1]) == b"hello from the host\nmore\n"
 
-    made = await run(stub, sid, "git config --global user.email t@t && git config --global user.name t && "
-                     + REPO_SETUP)
+    made = await run(
+        stub, sid, "git config --global user.email t@t && git config --global user.name t && " + REPO_SETUP
+    )
     assert made.state == pb.EXEC_STATE_SUCCEEDED, made.stderr
-    applied = await stub.ApplyPatch(pb.ApplyPatchRequest(sandbox_id=sid, patch=made.stdout.decode(), cwd="repo"),
-                                    timeout=30)
+    applied = await stub.ApplyPatch(
+        pb.ApplyPatchRequest(sandbox_id=sid, patch=made.stdout.decode(), cwd="repo"), timeout=30
+    )
     assert sorted(applied.files) == ["a.txt", "c.txt", "pkg/b.py"]
     assert b"".join((await download(stub, sid, "repo/a.txt"))[1]) == b"one\nTWO\nthree\n"
 
-    limit = await run(stub, sid, "cat /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null"
-                                 " || cat /sys/fs/cgroup/memory.max")
+    limit = await run(
+        stub, sid, "cat /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null || cat /sys/fs/cgroup/memory.max"
+    )
     assert limit.state == pb.EXEC_STATE_SUCCEEDED, limit.stderr
     assert int(limit.stdout) == 256 << 20
 
@@ -176,14 +183,19 @@ async def test_cpu_and_pids_limits_hold(podman: str, start_env: StartEnv) -> Non
     env = await _start_docker(start_env, podman)
     sid = await _create(env, cpu_millis=500, pids=32, memory_bytes=128 << 20)
     cg = "/sys/fs/cgroup"
-    limits = await run(env.stub, sid, f"cat {cg}/cpu/cpu.cfs_quota_us {cg}/cpu/cpu.cfs_period_us "
-                                      f"{cg}/pids/pids.max {cg}/memory/memory.limit_in_bytes")
+    limits = await run(
+        env.stub,
+        sid,
+        f"cat {cg}/cpu/cpu.cfs_quota_us {cg}/cpu/cpu.cfs_period_us "
+        f"{cg}/pids/pids.max {cg}/memory/memory.limit_in_bytes",
+    )
     assert limits.stdout.split() == [b"50000", b"100000", b"32", str(128 << 20).encode()], limits.stderr
 
     busy = await run(env.stub, sid, ["python3", "-c", BUSY_HALF_A_SECOND])
     assert float(busy.stdout) >= 0.8, busy.stdout  # unthrottled: 0.5 s
-    stat = dict(line.split() for line in (await run(env.stub, sid, f"cat {cg}/cpu/cpu.stat")).stdout.decode()
-                .splitlines())
+    stat = dict(
+        line.split() for line in (await run(env.stub, sid, f"cat {cg}/cpu/cpu.stat")).stdout.decode().splitlines()
+    )
     assert int(stat["nr_throttled"]) > 0, stat
 
     forked = await run(env.stub, sid, ["python3", "-c", FORK_UNTIL_REFUSED])
@@ -198,21 +210,31 @@ async def test_what_the_backend_refuses(podman: str, start_env: StartEnv) -> Non
     env = await _start_docker(start_env, podman)
     stub = env.stub
     rule = pb.EgressRule(cidr="169.254.0.250/32", port=80)
-    networked = await rpc_error(stub.CreateSandbox(pb.CreateSandboxRequest(
-        image=IMAGE, network_policy=pb.NetworkPolicy(allow=[rule])), timeout=30))
+    networked = await rpc_error(
+        stub.CreateSandbox(
+            pb.CreateSandboxRequest(image=IMAGE, network_policy=pb.NetworkPolicy(allow=[rule])), timeout=30
+        )
+    )
     assert networked.code() is grpc.StatusCode.FAILED_PRECONDITION
     assert "no network at all" in (networked.details() or "")
-    capped = await rpc_error(stub.CreateSandbox(pb.CreateSandboxRequest(
-        image=IMAGE, resources=pb.Resources(disk_bytes=64 << 20)), timeout=30))
+    capped = await rpc_error(
+        stub.CreateSandbox(
+            pb.CreateSandboxRequest(image=IMAGE, resources=pb.Resources(disk_bytes=64 << 20)), timeout=30
+        )
+    )
     assert capped.code() is grpc.StatusCode.FAILED_PRECONDITION
     assert "disk_bytes 0" in (capped.details() or ""), capped.details()
 
     sid = await _create(env)
-    policy = await rpc_error(stub.SetNetworkPolicy(pb.SetNetworkPolicyRequest(
-        sandbox_id=sid, network_policy=pb.NetworkPolicy(allow=[rule])), timeout=30))
+    policy = await rpc_error(
+        stub.SetNetworkPolicy(
+            pb.SetNetworkPolicyRequest(sandbox_id=sid, network_policy=pb.NetworkPolicy(allow=[rule])), timeout=30
+        )
+    )
     assert policy.code() is grpc.StatusCode.FAILED_PRECONDITION
-    await stub.SetNetworkPolicy(pb.SetNetworkPolicyRequest(sandbox_id=sid, network_policy=pb.NetworkPolicy()),
-                                timeout=30)
+    await stub.SetNetworkPolicy(
+        pb.SetNetworkPolicyRequest(sandbox_id=sid, network_policy=pb.NetworkPolicy()), timeout=30
+    )
     assert [c.labels["orchard.sandbox_id"] for c in _containers(podman)] == [sid]  # failed creates left none
 
 
@@ -226,8 +248,22 @@ async def _serve(state: Path, podman: str, tokens: Path) -> tuple[asyncio.subpro
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = await asyncio.create_subprocess_exec(
-        ORCHARD, "serve", "env", "--port", str(port), "--state-dir", str(state), "--backend", "docker",
-        "--docker-host", podman, "--auth-tokens-file", str(tokens), "--log-level", "WARNING")
+        ORCHARD,
+        "serve",
+        "env",
+        "--port",
+        str(port),
+        "--state-dir",
+        str(state),
+        "--backend",
+        "docker",
+        "--docker-host",
+        podman,
+        "--auth-tokens-file",
+        str(tokens),
+        "--log-level",
+        "WARNING",
+    )
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
         health = health_pb2_grpc.HealthStub(channel)
         deadline = time.monotonic() + 30
@@ -255,12 +291,23 @@ async def test_sandboxes_outlive_a_crash(podman: str, tmp_path: Path) -> None:
         procs.append(proc)
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
             stub = env_pb2_grpc.EnvServiceStub(channel)
-            kept = (await stub.CreateSandbox(pb.CreateSandboxRequest(
-                image=IMAGE, labels={"task": "t1"}, ttl=duration(600)), metadata=alice, timeout=30)).sandbox
-            short = (await stub.CreateSandbox(pb.CreateSandboxRequest(
-                image=IMAGE, ttl=duration(3)), metadata=alice, timeout=30)).sandbox
-            wrote = await stub.StartExec(pb.StartExecRequest(sandbox_id=kept.sandbox_id, shell="echo hi > note.txt",
-                                                             wait=duration(10)), metadata=alice, timeout=30)
+            kept = (
+                await stub.CreateSandbox(
+                    pb.CreateSandboxRequest(image=IMAGE, labels={"task": "t1"}, ttl=duration(600)),
+                    metadata=alice,
+                    timeout=30,
+                )
+            ).sandbox
+            short = (
+                await stub.CreateSandbox(
+                    pb.CreateSandboxRequest(image=IMAGE, ttl=duration(3)), metadata=alice, timeout=30
+                )
+            ).sandbox
+            wrote = await stub.StartExec(
+                pb.StartExecRequest(sandbox_id=kept.sandbox_id, shell="echo hi > note.txt", wait=duration(10)),
+                metadata=alice,
+                timeout=30,
+            )
             assert wrote.exec.state == pb.EXEC_STATE_SUCCEEDED
         [container] = _containers(podman, sandbox_key("alice", kept.sandbox_id))
         assert container.labels["orchard.tenant"] == "alice"
@@ -280,11 +327,15 @@ async def test_sandboxes_outlive_a_crash(podman: str, tmp_path: Path) -> None:
             back = listed.sandboxes[0]
             assert (back.tenant, dict(back.labels), back.state) == ("alice", {"task": "t1"}, pb.SANDBOX_STATE_READY)
             assert back.create_time == kept.create_time and back.expire_time == kept.expire_time
-            read = await stub.StartExec(pb.StartExecRequest(sandbox_id=kept.sandbox_id, shell="cat note.txt",
-                                                            wait=duration(10)), metadata=alice, timeout=30)
+            read = await stub.StartExec(
+                pb.StartExecRequest(sandbox_id=kept.sandbox_id, shell="cat note.txt", wait=duration(10)),
+                metadata=alice,
+                timeout=30,
+            )
             assert read.exec.stdout == b"hi\n"
-            gone = await rpc_error(stub.GetSandbox(pb.GetSandboxRequest(sandbox_id=short.sandbox_id),
-                                                   metadata=alice, timeout=10))
+            gone = await rpc_error(
+                stub.GetSandbox(pb.GetSandboxRequest(sandbox_id=short.sandbox_id), metadata=alice, timeout=10)
+            )
             assert gone.code() is grpc.StatusCode.NOT_FOUND and "expired after ttl 3s" in (gone.details() or "")
         assert _containers(podman, sandbox_key("alice", short.sandbox_id)) == []
     finally:
@@ -337,12 +388,14 @@ async def test_gvisor_isolation_runs_on_a_user_space_kernel(engine: PodmanEngine
         pytest.skip("gVisor (runsc) is not installed: apt-get install runsc (scripts/install.sh does)")
     ignored = await _start_docker(start_env, engine.host)
     with pytest.raises(grpc.aio.AioRpcError) as info:
-        await ignored.stub.CreateSandbox(pb.CreateSandboxRequest(image=IMAGE, isolation=pb.ISOLATION_GVISOR),
-                                         timeout=60)
+        await ignored.stub.CreateSandbox(
+            pb.CreateSandboxRequest(image=IMAGE, isolation=pb.ISOLATION_GVISOR), timeout=60
+        )
     assert info.value.code() is grpc.StatusCode.FAILED_PRECONDITION and "ignored" in (info.value.details() or "")
     env = await _start_docker(start_env, engine.host, docker_gvisor_host=engine.gvisor_host)
-    created = await env.stub.CreateSandbox(pb.CreateSandboxRequest(image=IMAGE, isolation=pb.ISOLATION_GVISOR),
-                                           timeout=60)
+    created = await env.stub.CreateSandbox(
+        pb.CreateSandboxRequest(image=IMAGE, isolation=pb.ISOLATION_GVISOR), timeout=60
+    )
     sid = created.sandbox.sandbox_id
     assert created.sandbox.isolation == pb.ISOLATION_GVISOR
     kernel = await run(env.stub, sid, "uname -r; dmesg 2>/dev/null | head -1; python3 -c 'print(6*7)'")
@@ -351,8 +404,12 @@ async def test_gvisor_isolation_runs_on_a_user_space_kernel(engine: PodmanEngine
     assert kernel.stdout.rstrip().endswith(b"42")
     await upload(env.stub, sid, "repo/a.txt", b"one\n")
     assert b"".join((await download(env.stub, sid, "repo/a.txt"))[1]) == b"one\n"
-    quick = await run(env.stub, sid, "cd repo && git init -q && git add -A && git -c user.email=a@b -c user.name=a "
-                      "commit -qm one && echo two > a.txt && git diff --stat")
+    quick = await run(
+        env.stub,
+        sid,
+        "cd repo && git init -q && git add -A && git -c user.email=a@b -c user.name=a "
+        "commit -qm one && echo two > a.txt && git diff --stat",
+    )
     assert quick.exit_code == 0 and b"1 file changed" in quick.stdout
     plain = await env.stub.CreateSandbox(pb.CreateSandboxRequest(image=IMAGE), timeout=60)
     assert plain.sandbox.isolation == pb.ISOLATION_CONTAINER
@@ -371,15 +428,18 @@ async def test_the_quick_start_runs_on_gvisor(engine: PodmanEngine, start_env: S
     patch applies, pytest passes."""
     if not engine.gvisor:
         pytest.skip("gVisor (runsc) is not installed: apt-get install runsc (scripts/install.sh does)")
-    env = await _start_docker(start_env, engine.host, docker_gvisor_host=engine.gvisor_host,
-                              default_isolation="gvisor")
+    env = await _start_docker(start_env, engine.host, docker_gvisor_host=engine.gvisor_host, default_isolation="gvisor")
     probe = (await env.stub.CreateSandbox(pb.CreateSandboxRequest(image=IMAGE), timeout=60)).sandbox
     assert probe.isolation == pb.ISOLATION_GVISOR  # the service's default
     assert os.uname().release.encode() not in (await run(env.stub, probe.sandbox_id, "uname -r")).stdout
     await env.stub.DeleteSandbox(pb.DeleteSandboxRequest(sandbox_id=probe.sandbox_id), timeout=30)
     quick = await asyncio.create_subprocess_exec(
-        sys.executable, str(ROOT / "examples" / "quickstart.py"), stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT, env={**os.environ, "ORCHARD_ENV_ADDRESS": f"127.0.0.1:{env.server.port}"})
+        sys.executable,
+        str(ROOT / "examples" / "quickstart.py"),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        env={**os.environ, "ORCHARD_ENV_ADDRESS": f"127.0.0.1:{env.server.port}"},
+    )
     out, _ = await asyncio.wait_for(quick.communicate(), 240)
     text = out.decode()
     assert quick.returncode == 0, text
@@ -397,12 +457,16 @@ RUN mkdir -p /testbed/tests && cd /testbed && git init -q \\
 RUN python3 -m venv --system-site-packages /opt/venv
 WORKDIR /testbed
 """
-GOLD = "diff --git a/calc.py b/calc.py\n--- a/calc.py\n+++ b/calc.py\n@@ -1,2 +1,2 @@\n def add(a, b):\n-    return a - b\n+    return a + b\n"
+GOLD = (
+    "diff --git a/calc.py b/calc.py\n--- a/calc.py\n+++ b/calc.py\n@@ -1,2 +1,2 @@\n def add(a, b):\n"
+    "-    return a - b\n+    return a + b\n"
+)
 
 
 @pytest.mark.timeout(600)
-async def test_an_image_built_by_podman_becomes_a_sandbox_image(engine: PodmanEngine, start_env: StartEnv,
-                                                                tmp_path: Path) -> None:
+async def test_an_image_built_by_podman_becomes_a_sandbox_image(
+    engine: PodmanEngine, start_env: StartEnv, tmp_path: Path
+) -> None:
     """A SWE-bench-style image (the repository at /testbed, a venv) built by podman from a Dockerfile: saved as a
     docker archive and as an OCI archive, imported, it runs local sandboxes, and its task grades as SWE-bench's
     would (gold resolved, empty not); the docker backend runs the same image with its agent injected."""
@@ -429,14 +493,22 @@ async def test_an_image_built_by_podman_becomes_a_sandbox_image(engine: PodmanEn
             head = (await sandbox.exec("git rev-parse HEAD", cwd="/testbed")).stdout.strip()
             failing = await sandbox.exec("/opt/venv/bin/python -m pytest -q", cwd="/testbed")
         assert failing.exit_code == 1 and "1 failed" in failing.stdout
-        task = TaskInstance(instance_id="swe-calc-1", repo="local/calc", base_commit=head, problem_statement="add",
-                            patch=GOLD, FAIL_TO_PASS=["tests/test_calc.py::test_add"], image="swe-calc",
-                            test_cmd="/opt/venv/bin/python -m pytest -rA -p no:cacheprovider")
+        task = TaskInstance(
+            instance_id="swe-calc-1",
+            repo="local/calc",
+            base_commit=head,
+            problem_statement="add",
+            patch=GOLD,
+            FAIL_TO_PASS=["tests/test_calc.py::test_add"],
+            image="swe-calc",
+            test_cmd="/opt/venv/bin/python -m pytest -rA -p no:cacheprovider",
+        )
         gold, empty = await grade(client, task, GOLD), await grade(client, task, "")
     assert gold.resolved and not empty.resolved, (gold.log_tail, empty.log_tail)
     docker_env = await _start_docker(start_env, engine.host)
-    created = await docker_env.stub.CreateSandbox(pb.CreateSandboxRequest(image="swe-calc", workdir="/testbed"),
-                                                  timeout=60)
+    created = await docker_env.stub.CreateSandbox(
+        pb.CreateSandboxRequest(image="swe-calc", workdir="/testbed"), timeout=60
+    )
     ran = await run(docker_env.stub, created.sandbox.sandbox_id, "git log --format=%H; ls /opt/venv/bin/python")
     assert ran.exit_code == 0 and head.encode() in ran.stdout
 

@@ -18,9 +18,28 @@ pytestmark = [needs_sandboxes, pytest.mark.timeout(120)]
 
 Code = grpc.StatusCode
 SERVICE = "/orchard.env.v1.EnvService/"
-UNARY = ["CreateSandbox", "GetSandbox", "ListSandboxes", "DeleteSandbox", "Heartbeat", "SetNetworkPolicy",
-         "SnapshotSandbox", "GetSnapshot", "ListSnapshots", "DeleteSnapshot", "StartExec", "GetExec", "WaitExec",
-         "ReadExecOutput", "CancelExec", "ApplyPatch", "ListFiles", "Screenshot", "Act", "GetPageContent"]
+UNARY = [
+    "CreateSandbox",
+    "GetSandbox",
+    "ListSandboxes",
+    "DeleteSandbox",
+    "Heartbeat",
+    "SetNetworkPolicy",
+    "SnapshotSandbox",
+    "GetSnapshot",
+    "ListSnapshots",
+    "DeleteSnapshot",
+    "StartExec",
+    "GetExec",
+    "WaitExec",
+    "ReadExecOutput",
+    "CancelExec",
+    "ApplyPatch",
+    "ListFiles",
+    "Screenshot",
+    "Act",
+    "GetPageContent",
+]
 
 
 @pytest.mark.parametrize("method", UNARY)
@@ -33,8 +52,10 @@ async def test_undecodable_stream_messages_are_invalid_argument(env: EnvServer) 
     async def garbage():  # type: ignore[no-untyped-def]
         yield b"\x0a\xff\xff"
 
-    for method, call in (("StreamExec", env.channel.unary_stream(SERVICE + "StreamExec")(b"\xff\xff")),
-                         ("DownloadFile", env.channel.unary_stream(SERVICE + "DownloadFile")(b"\xff\xff"))):
+    for method, call in (
+        ("StreamExec", env.channel.unary_stream(SERVICE + "StreamExec")(b"\xff\xff")),
+        ("DownloadFile", env.channel.unary_stream(SERVICE + "DownloadFile")(b"\xff\xff")),
+    ):
         with pytest.raises(grpc.aio.AioRpcError) as info:
             async for _ in call:
                 pass
@@ -51,8 +72,11 @@ async def test_undecodable_stream_messages_are_invalid_argument(env: EnvServer) 
 async def test_paths_too_long_or_deep_and_downloads_of_devices(env: EnvServer) -> None:
     sb = await create(env.stub)
     sid = sb.sandbox_id
-    for path, needle in (("d/" * 3000 + "f", "bytes long"), ("d/" * 300 + "f", "directories deep"),
-                         ("x" * 300, "longer than 255")):
+    for path, needle in (
+        ("d/" * 3000 + "f", "bytes long"),
+        ("d/" * 300 + "f", "directories deep"),
+        ("x" * 300, "longer than 255"),
+    ):
         err = await rpc_error(upload(env.stub, sid, path, b"x"))
         assert err.code() is Code.INVALID_ARGUMENT and needle in (err.details() or ""), err
     for path in ("/dev/zero", "/dev/urandom"):
@@ -62,8 +86,13 @@ async def test_paths_too_long_or_deep_and_downloads_of_devices(env: EnvServer) -
     for path in ("zero", "fifo"):
         err = await rpc_error(asyncio.wait_for(_drain(env, sid, path), 30))
         assert err.code() is Code.FAILED_PRECONDITION and "not a regular file" in (err.details() or ""), err
-    grown = await env.stub.StartExec(pb.StartExecRequest(sandbox_id=sid, shell=(
-        "head -c 1000000 /dev/zero > /workspace/log; while true; do echo more >> /workspace/log; done")), timeout=10)
+    grown = await env.stub.StartExec(
+        pb.StartExecRequest(
+            sandbox_id=sid,
+            shell=("head -c 1000000 /dev/zero > /workspace/log; while true; do echo more >> /workspace/log; done"),
+        ),
+        timeout=10,
+    )
     await asyncio.sleep(0.5)
     got = await asyncio.wait_for(_drain(env, sid, "log"), 30)  # a growing file ends at its size at the start
     assert len(got) >= 1_000_000
@@ -71,26 +100,39 @@ async def test_paths_too_long_or_deep_and_downloads_of_devices(env: EnvServer) -
 
 
 async def _drain(env: EnvServer, sid: str, path: str) -> bytes:
-    parts = [m.chunk async for m in env.stub.DownloadFile(pb.DownloadFileRequest(sandbox_id=sid, path=path),
-                                                            timeout=30)]
+    parts = [
+        m.chunk async for m in env.stub.DownloadFile(pb.DownloadFileRequest(sandbox_id=sid, path=path), timeout=30)
+    ]
     return b"".join(parts)
 
 
-@pytest.mark.parametrize(("duration", "field"), [
-    (Duration(seconds=1, nanos=-5), "timeout"), (Duration(seconds=-1), "timeout"),
-    (Duration(seconds=0, nanos=1_500_000_000), "timeout"),
-])
+@pytest.mark.parametrize(
+    ("duration", "field"),
+    [
+        (Duration(seconds=1, nanos=-5), "timeout"),
+        (Duration(seconds=-1), "timeout"),
+        (Duration(seconds=0, nanos=1_500_000_000), "timeout"),
+    ],
+)
 async def test_invalid_durations(env: EnvServer, duration: Duration, field: str) -> None:
     sb = await create(env.stub)
-    err = await rpc_error(env.stub.StartExec(pb.StartExecRequest(sandbox_id=sb.sandbox_id, shell="true",
-                                                                 timeout=duration), timeout=10))
+    err = await rpc_error(
+        env.stub.StartExec(pb.StartExecRequest(sandbox_id=sb.sandbox_id, shell="true", timeout=duration), timeout=10)
+    )
     assert err.code() is Code.INVALID_ARGUMENT and field in (err.details() or ""), err
 
 
-@pytest.mark.parametrize(("labels", "needle"), [
-    ({"a": "x\x00y"}, "control"), ({"a": "evil\u202egnp.exe"}, "bidi"), ({"a": "x" * 100_000}, "256"),
-    ({f"k{i}": "v" for i in range(10_000)}, "at most 64"), ({"bad key!": "v"}, "label key"), ({"": "v"}, "label key"),
-])
+@pytest.mark.parametrize(
+    ("labels", "needle"),
+    [
+        ({"a": "x\x00y"}, "control"),
+        ({"a": "evil\u202egnp.exe"}, "bidi"),
+        ({"a": "x" * 100_000}, "256"),
+        ({f"k{i}": "v" for i in range(10_000)}, "at most 64"),
+        ({"bad key!": "v"}, "label key"),
+        ({"": "v"}, "label key"),
+    ],
+)
 async def test_label_limits(env: EnvServer, labels: dict[str, str], needle: str) -> None:
     err = await rpc_error(env.stub.CreateSandbox(pb.CreateSandboxRequest(image="host", labels=labels), timeout=30))
     assert err.code() is Code.INVALID_ARGUMENT and needle in (err.details() or ""), err
@@ -107,13 +149,17 @@ async def test_rest_bad_bodies_are_422_never_500(start_env) -> None:  # type: ig
     try:
         base = f"http://127.0.0.1:{gateway.port}"
         async with aiohttp.ClientSession() as session:
+
             async def post(path: str, raw: bytes) -> tuple[int, str]:
                 async with session.post(base + path, data=raw, headers={"Content-Type": "application/json"}) as r:
                     return r.status, await r.text()
 
-            for raw, needle in ((b'{"image": "\xff\xfe"}', "JSON"), (b"\xff" * 10, "JSON"),
-                                (b'{"image": "host", "cpu": "lots"}', "cpu"),
-                                (b'{"image": "host", "memory": "-5Gi"}', "memory")):
+            for raw, needle in (
+                (b'{"image": "\xff\xfe"}', "JSON"),
+                (b"\xff" * 10, "JSON"),
+                (b'{"image": "host", "cpu": "lots"}', "cpu"),
+                (b'{"image": "host", "memory": "-5Gi"}', "memory"),
+            ):
                 status, text = await post("/sandboxes", raw)
                 assert status == 422 and needle in text, (raw, status, text)
             status, text = await post("/sandboxes", b'{"image": "host"}')

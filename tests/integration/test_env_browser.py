@@ -20,6 +20,7 @@ import grpc
 import psutil
 import pytest
 from conftest import needs_sandboxes
+
 from orchard import AsyncSandboxClient
 from orchard.env.v1 import env_pb2 as pb
 from orchard.env.v1 import env_pb2_grpc
@@ -34,9 +35,12 @@ from orchard.services.env.server import build
 from orchard.services.env.settings import EnvSettings
 
 CHROMIUM = EnvSettings.model_fields["browser_path"].default
-pytestmark = [pytest.mark.timeout(90),
-              pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"browser sandboxes need {CHROMIUM} "
-                                 "(apt-get install chromium)")]
+pytestmark = [
+    pytest.mark.timeout(90),
+    pytest.mark.skipif(
+        not os.path.exists(CHROMIUM), reason=f"browser sandboxes need {CHROMIUM} (apt-get install chromium)"
+    ),
+]
 
 ALICE, BOB = "alice-token-0001", "bob-token-00002"
 MAX_BROWSERS = 4
@@ -130,8 +134,14 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     folder = tmp_path_factory.mktemp("browser")
     tokens = folder / "tokens"
     tokens.write_text(f"alice:{ALICE}\nbob:{BOB}\n")
-    settings = EnvSettings(port=0, state_dir=folder / "state", log_format="text", auth_tokens_file=tokens,
-                           max_browser_sandboxes=MAX_BROWSERS, browser_contexts_per_process=2)
+    settings = EnvSettings(
+        port=0,
+        state_dir=folder / "state",
+        log_format="text",
+        auth_tokens_file=tokens,
+        max_browser_sandboxes=MAX_BROWSERS,
+        browser_contexts_per_process=2,
+    )
 
     async def start() -> tuple[Any, SandboxManager, int]:
         server, manager = await build(settings)
@@ -159,16 +169,16 @@ def pixel(png: bytes, x: int, y: int) -> tuple[int, ...]:
     channels = 3 if color == 2 else 4
     data, pos = b"", 8
     while pos < len(png):
-        length, kind = struct.unpack(">I4s", png[pos:pos + 8])
+        length, kind = struct.unpack(">I4s", png[pos : pos + 8])
         if kind == b"IDAT":
-            data += png[pos + 8:pos + 8 + length]
+            data += png[pos + 8 : pos + 8 + length]
         pos += 12 + length
     raw, stride = zlib.decompress(data), width * channels
     rows: list[bytearray] = []
     prev = bytearray(stride)
     for row_index in range(y + 1):
         start = row_index * (stride + 1)
-        kind, line = raw[start], bytearray(raw[start + 1:start + 1 + stride])
+        kind, line = raw[start], bytearray(raw[start + 1 : start + 1 + stride])
         for i in range(stride):
             a = line[i - channels] if i >= channels else 0
             b, c = prev[i], prev[i - channels] if i >= channels else 0
@@ -184,7 +194,7 @@ def pixel(png: bytes, x: int, y: int) -> tuple[int, ...]:
                 line[i] = (line[i] + (a if pa <= pb_ and pa <= pc else b if pb_ <= pc else c)) & 255
         rows.append(line)
         prev = line
-    return tuple(rows[y][x * channels:(x + 1) * channels][:3])
+    return tuple(rows[y][x * channels : (x + 1) * channels][:3])
 
 
 async def eventually(check: Any, timeout: float = 5.0) -> Any:
@@ -248,8 +258,9 @@ async def _has(sb: Any, fragment: str) -> bool:
     return fragment in (await sb.page_content()).text
 
 
-async def test_egress_is_closed_unless_allowed(client: AsyncSandboxClient, site: ThreadingHTTPServer,
-                                               other_site: ThreadingHTTPServer, service: Service) -> None:
+async def test_egress_is_closed_unless_allowed(
+    client: AsyncSandboxClient, site: ThreadingHTTPServer, other_site: ThreadingHTTPServer, service: Service
+) -> None:
     """No rules: only about:/data: pages; a rule for another port does not admit this one; an admitted page
     cannot reach a blocked server by fetch or redirect; SetNetworkPolicy opens the way at once."""
     port, other = site.server_port, other_site.server_port
@@ -276,15 +287,19 @@ async def test_egress_is_closed_unless_allowed(client: AsyncSandboxClient, site:
     async with grpc.aio.insecure_channel(service.address) as channel:
         stub = env_pb2_grpc.EnvServiceStub(channel)
         policy = pb.NetworkPolicy(allow=[pb.EgressRule(cidr="127.0.0.0/8", port=port)])
-        await stub.SetNetworkPolicy(pb.SetNetworkPolicyRequest(sandbox_id=closed.sandbox_id, network_policy=policy),
-                                    metadata=(("authorization", f"Bearer {ALICE}"),), timeout=10)
+        await stub.SetNetworkPolicy(
+            pb.SetNetworkPolicyRequest(sandbox_id=closed.sandbox_id, network_policy=policy),
+            metadata=(("authorization", f"Bearer {ALICE}"),),
+            timeout=10,
+        )
     assert (await closed.act("navigate", url=f"http://127.0.0.1:{port}/second")).title == "Second"
     for sb in (closed, wrong_port, allowed):
         await sb.delete()
 
 
-async def test_bad_requests_get_clear_errors(client: AsyncSandboxClient, site: ThreadingHTTPServer,
-                                            service: Service) -> None:
+async def test_bad_requests_get_clear_errors(
+    client: AsyncSandboxClient, site: ThreadingHTTPServer, service: Service
+) -> None:
     """Bad selectors, timeouts, missing fields and unknown sandboxes get precise errors; the sandbox still works."""
     sb = await client.create_browser([f"127.0.0.1:{site.server_port}"])
     await sb.act("navigate", url=f"http://127.0.0.1:{site.server_port}/")
@@ -312,8 +327,9 @@ async def test_bad_requests_get_clear_errors(client: AsyncSandboxClient, site: T
     async with grpc.aio.insecure_channel(service.address) as channel:
         stub = env_pb2_grpc.EnvServiceStub(channel)
         with pytest.raises(grpc.aio.AioRpcError) as raw:
-            await stub.Act(pb.ActRequest(sandbox_id=sb.sandbox_id), metadata=(("authorization", f"Bearer {ALICE}"),),
-                           timeout=10)
+            await stub.Act(
+                pb.ActRequest(sandbox_id=sb.sandbox_id), metadata=(("authorization", f"Bearer {ALICE}"),), timeout=10
+            )
         assert raw.value.code() is grpc.StatusCode.INVALID_ARGUMENT and "action is required" in raw.value.details()
     with pytest.raises(NotFound, match="sb-nope"):
         await client.get_sandbox("sb-nope")
@@ -326,6 +342,7 @@ async def _handle(client: AsyncSandboxClient, sandbox_id: str) -> Any:
     """An AsyncSandbox handle on an id that may not exist."""
     from orchard.sdk.results import SandboxInfo
     from orchard.sdk.sandbox import AsyncSandbox
+
     return AsyncSandbox(client, SandboxInfo(sandbox_id=sandbox_id, image="", state="ready", workdir=""))
 
 
@@ -334,8 +351,9 @@ async def test_wrong_kind(client: AsyncSandboxClient) -> None:
     """Browser calls on a container sandbox, and container calls on a browser sandbox, say what is needed."""
     container = await client.create_sandbox("host")
     browser = await client.create_browser()
-    with pytest.raises(FailedPrecondition, match="container sandbox; Screenshot, Act and GetPageContent need a "
-                                                 "browser sandbox"):
+    with pytest.raises(
+        FailedPrecondition, match="container sandbox; Screenshot, Act and GetPageContent need a browser sandbox"
+    ):
         await container.screenshot()
     with pytest.raises(FailedPrecondition, match="browser sandbox"):
         await container.act("back")
@@ -360,8 +378,11 @@ async def test_ids_tenants_and_limits(client: AsyncSandboxClient, service: Servi
     async with grpc.aio.insecure_channel(service.address) as channel:  # raw: the SDK would retry after RetryInfo
         stub = env_pb2_grpc.EnvServiceStub(channel)
         with pytest.raises(grpc.aio.AioRpcError) as info:
-            await stub.CreateSandbox(pb.CreateSandboxRequest(kind=pb.SANDBOX_KIND_BROWSER),
-                                     metadata=(("authorization", f"Bearer {ALICE}"),), timeout=10)
+            await stub.CreateSandbox(
+                pb.CreateSandboxRequest(kind=pb.SANDBOX_KIND_BROWSER),
+                metadata=(("authorization", f"Bearer {ALICE}"),),
+                timeout=10,
+            )
     assert info.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "max_browser_sandboxes" in (info.value.details() or "")
     for sb in [mine, *more]:
@@ -419,8 +440,12 @@ def test_pixel_decoder_reads_a_known_png() -> None:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
     png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b"")
-    assert (pixel(png, 0, 0), pixel(png, 1, 0), pixel(png, 0, 1), pixel(png, 1, 1)) == \
-        ((255, 0, 0), (0, 255, 0), (255, 0, 255), (0, 255, 0))  # row 2 is filtered "up": added to row 1
+    assert (pixel(png, 0, 0), pixel(png, 1, 0), pixel(png, 0, 1), pixel(png, 1, 1)) == (
+        (255, 0, 0),
+        (0, 255, 0),
+        (255, 0, 255),
+        (0, 255, 0),
+    )  # row 2 is filtered "up": added to row 1
 
 
 async def test_page_crash_fails_only_its_sandbox(client: AsyncSandboxClient, service: Service) -> None:

@@ -24,16 +24,39 @@ from orchard.services.env.settings import EnvSettings
 
 pytestmark = [needs_sandboxes, pytest.mark.timeout(300), pytest.mark.slow]
 
-DELIBERATE = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
-              grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.FAILED_PRECONDITION,
-              grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.UNAUTHENTICATED}
-FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                        HealthCheck.too_slow])
+DELIBERATE = {
+    grpc.StatusCode.OK,
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.NOT_FOUND,
+    grpc.StatusCode.ALREADY_EXISTS,
+    grpc.StatusCode.FAILED_PRECONDITION,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.UNIMPLEMENTED,
+    grpc.StatusCode.UNAUTHENTICATED,
+}
+FUZZ = settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 
 text = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=40)
 names = st.one_of(text, st.sampled_from(["", "host", "python:3.11-slim", "sb-x", "a" * 64, "../..", "/", "."]))
-paths = st.one_of(text, st.sampled_from(["", "/", "/workspace", "../../etc/passwd", "/proc/self/environ", "a/b/c",
-                                         "/dev/null", "x\x00y", "//", "/workspace/" + "d/" * 50]))
+paths = st.one_of(
+    text,
+    st.sampled_from(
+        [
+            "",
+            "/",
+            "/workspace",
+            "../../etc/passwd",
+            "/proc/self/environ",
+            "a/b/c",
+            "/dev/null",
+            "x\x00y",
+            "//",
+            "/workspace/" + "d/" * 50,
+        ]
+    ),
+)
 small_maps = st.dictionaries(text, text, max_size=3)
 seconds = st.floats(min_value=-10, max_value=10, allow_nan=False)
 
@@ -93,25 +116,45 @@ def test_fuzz_create_and_lifecycle(server: tuple[env_pb2_grpc.EnvServiceStub, st
     """CreateSandbox/Get/List/Heartbeat/SetNetworkPolicy/Delete with random fields."""
     stub, _ = server
     request = pb.CreateSandboxRequest(
-        image=data.draw(names), kind=data.draw(st.integers(0, 3)), env=data.draw(small_maps),
-        labels=data.draw(small_maps), ttl=duration(data.draw(seconds)),
-        heartbeat_timeout=duration(data.draw(seconds)), sandbox_id=data.draw(names), request_id=data.draw(text),
+        image=data.draw(names),
+        kind=data.draw(st.integers(0, 3)),
+        env=data.draw(small_maps),
+        labels=data.draw(small_maps),
+        ttl=duration(data.draw(seconds)),
+        heartbeat_timeout=duration(data.draw(seconds)),
+        sandbox_id=data.draw(names),
+        request_id=data.draw(text),
         workdir=data.draw(paths),
-        resources=pb.Resources(cpu_millis=data.draw(st.integers(-5, 10_000)),
-                               memory_bytes=data.draw(st.integers(-5, 1 << 40)), pids=data.draw(st.integers(-5, 10))),
-        network_policy=pb.NetworkPolicy(allow=[pb.EgressRule(cidr=data.draw(text), host=data.draw(text),
-                                                             port=data.draw(st.integers(-5, 70_000)))
-                                               for _ in range(data.draw(st.integers(0, 2)))]),
+        resources=pb.Resources(
+            cpu_millis=data.draw(st.integers(-5, 10_000)),
+            memory_bytes=data.draw(st.integers(-5, 1 << 40)),
+            pids=data.draw(st.integers(-5, 10)),
+        ),
+        network_policy=pb.NetworkPolicy(
+            allow=[
+                pb.EgressRule(cidr=data.draw(text), host=data.draw(text), port=data.draw(st.integers(-5, 70_000)))
+                for _ in range(data.draw(st.integers(0, 2)))
+            ]
+        ),
     )
     created = call(stub.CreateSandbox, request)
     sid = created.sandbox.sandbox_id if created else data.draw(names)
     call(stub.GetSandbox, pb.GetSandboxRequest(sandbox_id=sid))
     call(stub.Heartbeat, pb.HeartbeatRequest(sandbox_id=sid))
-    call(stub.ListSandboxes, pb.ListSandboxesRequest(label_selector=data.draw(small_maps),
-                                                     page_size=data.draw(st.integers(-(2**31), 2**31 - 1)),
-                                                     page_token=data.draw(text)))
-    call(stub.SetNetworkPolicy, pb.SetNetworkPolicyRequest(
-        sandbox_id=sid, network_policy=pb.NetworkPolicy(allow=[pb.EgressRule(cidr=data.draw(text))])))
+    call(
+        stub.ListSandboxes,
+        pb.ListSandboxesRequest(
+            label_selector=data.draw(small_maps),
+            page_size=data.draw(st.integers(-(2**31), 2**31 - 1)),
+            page_token=data.draw(text),
+        ),
+    )
+    call(
+        stub.SetNetworkPolicy,
+        pb.SetNetworkPolicyRequest(
+            sandbox_id=sid, network_policy=pb.NetworkPolicy(allow=[pb.EgressRule(cidr=data.draw(text))])
+        ),
+    )
     if created:
         assert call(stub.DeleteSandbox, pb.DeleteSandboxRequest(sandbox_id=sid)) is not None
     else:
@@ -124,9 +167,13 @@ def test_fuzz_exec(server: tuple[env_pb2_grpc.EnvServiceStub, str], data: st.Dat
     """StartExec/GetExec/WaitExec/StreamExec/CancelExec with random commands, env, cwd, stdin and limits."""
     stub, _ = server
     request = pb.StartExecRequest(
-        sandbox_id=data.draw(sandbox_ids(server)), cwd=data.draw(paths), env=data.draw(small_maps),
-        stdin=data.draw(st.binary(max_size=64)), timeout=duration(data.draw(st.floats(-1, 2, allow_nan=False))),
-        login_shell=data.draw(st.booleans()), max_output_bytes=data.draw(st.integers(-5, 1 << 40)),
+        sandbox_id=data.draw(sandbox_ids(server)),
+        cwd=data.draw(paths),
+        env=data.draw(small_maps),
+        stdin=data.draw(st.binary(max_size=64)),
+        timeout=duration(data.draw(st.floats(-1, 2, allow_nan=False))),
+        login_shell=data.draw(st.booleans()),
+        max_output_bytes=data.draw(st.integers(-5, 1 << 40)),
         wait=duration(data.draw(st.floats(-1, 2, allow_nan=False))),
     )
     if data.draw(st.booleans()):
@@ -147,16 +194,29 @@ def test_fuzz_files_and_patches(server: tuple[env_pb2_grpc.EnvServiceStub, str],
     """UploadFile (random part order), DownloadFile, ListFiles and ApplyPatch with random paths and content."""
     stub, _ = server
     sid = data.draw(sandbox_ids(server))
-    parts = data.draw(st.lists(st.one_of(
-        st.builds(lambda p, m: pb.UploadFileRequest(header=pb.FileHeader(sandbox_id=sid, path=p, mode=m)),
-                  paths, st.integers(0, 2**32 - 1)),
-        st.builds(lambda b: pb.UploadFileRequest(chunk=b), st.binary(max_size=256))), max_size=4))
+    parts = data.draw(
+        st.lists(
+            st.one_of(
+                st.builds(
+                    lambda p, m: pb.UploadFileRequest(header=pb.FileHeader(sandbox_id=sid, path=p, mode=m)),
+                    paths,
+                    st.integers(0, 2**32 - 1),
+                ),
+                st.builds(lambda b: pb.UploadFileRequest(chunk=b), st.binary(max_size=256)),
+            ),
+            max_size=4,
+        )
+    )
     call(stub.UploadFile, iter(parts))
     call(stub.DownloadFile, pb.DownloadFileRequest(sandbox_id=sid, path=data.draw(paths)))
     call(stub.ListFiles, pb.ListFilesRequest(sandbox_id=sid, path=data.draw(paths)))
     patch = data.draw(st.one_of(text, st.just("--- a/x\n+++ b/x\n@@ -1 +1 @@\n-a\n+b\n")))
-    call(stub.ApplyPatch, pb.ApplyPatchRequest(sandbox_id=sid, patch=patch, cwd=data.draw(paths),
-                                               timeout=duration(data.draw(st.floats(-1, 5)))))
+    call(
+        stub.ApplyPatch,
+        pb.ApplyPatchRequest(
+            sandbox_id=sid, patch=patch, cwd=data.draw(paths), timeout=duration(data.draw(st.floats(-1, 5)))
+        ),
+    )
 
 
 @FUZZ
@@ -166,14 +226,27 @@ def test_fuzz_browser_and_pty(server: tuple[env_pb2_grpc.EnvServiceStub, str], d
     stub, _ = server
     sid = data.draw(sandbox_ids(server))
     call(stub.Screenshot, pb.ScreenshotRequest(sandbox_id=sid, full_page=data.draw(st.booleans())))
-    call(stub.Act, pb.ActRequest(sandbox_id=sid, action=data.draw(st.integers(0, 12)), selector=data.draw(text),
-                                 x=data.draw(st.floats(allow_nan=True)), url=data.draw(text)))
+    call(
+        stub.Act,
+        pb.ActRequest(
+            sandbox_id=sid,
+            action=data.draw(st.integers(0, 12)),
+            selector=data.draw(text),
+            x=data.draw(st.floats(allow_nan=True)),
+            url=data.draw(text),
+        ),
+    )
     call(stub.GetPageContent, pb.GetPageContentRequest(sandbox_id=sid))
     first = data.draw(st.sampled_from(["start", "input", "resize"]))
     messages = {
-        "start": pb.OpenPtyRequest(start=pb.PtyStart(sandbox_id=sid, argv=["bash", "-c", "echo pty; exit 0"],
-                                                     rows=data.draw(st.integers(0, 2000)),
-                                                     cols=data.draw(st.integers(0, 2000)))),
+        "start": pb.OpenPtyRequest(
+            start=pb.PtyStart(
+                sandbox_id=sid,
+                argv=["bash", "-c", "echo pty; exit 0"],
+                rows=data.draw(st.integers(0, 2000)),
+                cols=data.draw(st.integers(0, 2000)),
+            )
+        ),
         "input": pb.OpenPtyRequest(input=data.draw(st.binary(max_size=16))),
         "resize": pb.OpenPtyRequest(resize=pb.PtyResize(rows=5, cols=5)),
     }
@@ -185,14 +258,25 @@ def test_fuzz_browser_and_pty(server: tuple[env_pb2_grpc.EnvServiceStub, str], d
 def test_fuzz_snapshots(server: tuple[env_pb2_grpc.EnvServiceStub, str], data: st.DataObject) -> None:
     """SnapshotSandbox, Get/List/DeleteSnapshot and CreateSandbox from_snapshot with random inputs."""
     stub, _ = server
-    taken = call(stub.SnapshotSandbox, pb.SnapshotSandboxRequest(
-        sandbox_id=data.draw(sandbox_ids(server)), snapshot_id=data.draw(names), labels=data.draw(small_maps),
-        request_id=data.draw(text)))
+    taken = call(
+        stub.SnapshotSandbox,
+        pb.SnapshotSandboxRequest(
+            sandbox_id=data.draw(sandbox_ids(server)),
+            snapshot_id=data.draw(names),
+            labels=data.draw(small_maps),
+            request_id=data.draw(text),
+        ),
+    )
     snapshot_id = taken.snapshot.snapshot_id if taken else data.draw(names)
     call(stub.GetSnapshot, pb.GetSnapshotRequest(snapshot_id=snapshot_id))
-    call(stub.ListSnapshots, pb.ListSnapshotsRequest(label_selector=data.draw(small_maps),
-                                                     page_size=data.draw(st.integers(-(2**31), 2**31 - 1)),
-                                                     page_token=data.draw(text)))
+    call(
+        stub.ListSnapshots,
+        pb.ListSnapshotsRequest(
+            label_selector=data.draw(small_maps),
+            page_size=data.draw(st.integers(-(2**31), 2**31 - 1)),
+            page_token=data.draw(text),
+        ),
+    )
     forked = call(stub.CreateSandbox, pb.CreateSandboxRequest(image=data.draw(names), from_snapshot=snapshot_id))
     call(stub.DeleteSnapshot, pb.DeleteSnapshotRequest(snapshot_id=snapshot_id))
     if forked:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import time
 import os
 import signal
 import socket
 import sys
+import time
 from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
@@ -22,8 +22,10 @@ from orchard.services.env.backends.cgroups import parent_name
 
 pytestmark = [
     needs_sandboxes,
-    pytest.mark.skipif(not Path("/sys/fs/cgroup/pids").is_dir(),
-                       reason="resource limits need the cgroup v1 controllers memory, cpu and pids"),
+    pytest.mark.skipif(
+        not Path("/sys/fs/cgroup/pids").is_dir(),
+        reason="resource limits need the cgroup v1 controllers memory, cpu and pids",
+    ),
     pytest.mark.timeout(60),
 ]
 
@@ -55,10 +57,16 @@ def cgroups_of(state_dir: Path) -> list[str]:
 
 def mounts_under(state_dir: Path) -> list[str]:
     """Mount points under state_dir, and loop devices backed by files under it."""
-    mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()
-              if line.split()[1].startswith(str(state_dir))]
-    loops = [f.parent.parent.name for f in Path("/sys/block").glob("loop*/loop/backing_file")
-             if f.read_text().startswith(str(state_dir))]
+    mounts = [
+        line.split()[1]
+        for line in Path("/proc/mounts").read_text().splitlines()
+        if line.split()[1].startswith(str(state_dir))
+    ]
+    loops = [
+        f.parent.parent.name
+        for f in Path("/sys/block").glob("loop*/loop/backing_file")
+        if f.read_text().startswith(str(state_dir))
+    ]
     return mounts + loops
 
 
@@ -146,8 +154,17 @@ async def test_restart_removes_what_a_crashed_service_left(start_env: StartEnv, 
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     service = await asyncio.create_subprocess_exec(
-        str(Path(sys.executable).with_name("orchard")), "serve", "env", "--port", str(port), "--state-dir", str(state),
-        "--log-level", "WARNING", stdout=asyncio.subprocess.DEVNULL)
+        str(Path(sys.executable).with_name("orchard")),
+        "serve",
+        "env",
+        "--port",
+        str(port),
+        "--state-dir",
+        str(state),
+        "--log-level",
+        "WARNING",
+        stdout=asyncio.subprocess.DEVNULL,
+    )
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
             await asyncio.wait_for(channel.channel_ready(), 30)
@@ -168,25 +185,34 @@ async def test_defaults_apply_and_show(start_env: StartEnv) -> None:
     """Service defaults fill the limits a create leaves at 0, and GetSandbox reports the limits in force."""
     env = await start_env(default_memory_bytes=256 * MiB, default_cpu_millis=1000)
     sandbox = await create(env.stub, resources=pb.Resources(pids=100))
-    assert (sandbox.resources.memory_bytes, sandbox.resources.cpu_millis, sandbox.resources.pids,
-            sandbox.resources.disk_bytes) == (256 * MiB, 1000, 100, 0)
+    assert (
+        sandbox.resources.memory_bytes,
+        sandbox.resources.cpu_millis,
+        sandbox.resources.pids,
+        sandbox.resources.disk_bytes,
+    ) == (256 * MiB, 1000, 100, 0)
     plain = await create((await start_env()).stub)
     assert plain.resources.pids == 4096  # the default process limit: a fork bomb stays in its sandbox
 
 
-@pytest.mark.parametrize(("resources", "words"), [
-    pytest.param(pb.Resources(memory_bytes=1 << 50), ["memory_bytes", "machine's memory"], id="memory-beyond-ram"),
-    pytest.param(pb.Resources(memory_bytes=1 * MiB), ["memory_bytes", "32 MiB"], id="memory-too-small"),
-    pytest.param(pb.Resources(cpu_millis=1000 * (len(os.sched_getaffinity(0)) + 1)), ["cpu_millis", "CPUs"],
-                 id="cpu-beyond-cpus"),
-    pytest.param(pb.Resources(cpu_millis=5), ["cpu_millis", "between 10"], id="cpu-too-small"),
-    pytest.param(pb.Resources(pids=5_000_000), ["pids", "pid_max"], id="pids-beyond-pid-max"),
-    pytest.param(pb.Resources(pids=3), ["pids", "between 16"], id="pids-too-small"),
-    pytest.param(pb.Resources(disk_bytes=1 << 60), ["disk_bytes", "free space"], id="disk-beyond-free-space"),
-    pytest.param(pb.Resources(disk_bytes=1000), ["disk_bytes", "1 MiB"], id="disk-too-small"),
-])
-async def test_limits_beyond_the_machine_are_invalid(env: EnvServer, resources: pb.Resources,
-                                                     words: list[str]) -> None:
+@pytest.mark.parametrize(
+    ("resources", "words"),
+    [
+        pytest.param(pb.Resources(memory_bytes=1 << 50), ["memory_bytes", "machine's memory"], id="memory-beyond-ram"),
+        pytest.param(pb.Resources(memory_bytes=1 * MiB), ["memory_bytes", "32 MiB"], id="memory-too-small"),
+        pytest.param(
+            pb.Resources(cpu_millis=1000 * (len(os.sched_getaffinity(0)) + 1)),
+            ["cpu_millis", "CPUs"],
+            id="cpu-beyond-cpus",
+        ),
+        pytest.param(pb.Resources(cpu_millis=5), ["cpu_millis", "between 10"], id="cpu-too-small"),
+        pytest.param(pb.Resources(pids=5_000_000), ["pids", "pid_max"], id="pids-beyond-pid-max"),
+        pytest.param(pb.Resources(pids=3), ["pids", "between 16"], id="pids-too-small"),
+        pytest.param(pb.Resources(disk_bytes=1 << 60), ["disk_bytes", "free space"], id="disk-beyond-free-space"),
+        pytest.param(pb.Resources(disk_bytes=1000), ["disk_bytes", "1 MiB"], id="disk-too-small"),
+    ],
+)
+async def test_limits_beyond_the_machine_are_invalid(env: EnvServer, resources: pb.Resources, words: list[str]) -> None:
     """Limits this machine cannot give, or too small to start a sandbox, get INVALID_ARGUMENT and leave nothing."""
     before = (cgroups_of(env.settings.state_dir), mounts_under(env.settings.state_dir))
     err = await rpc_error(create(env.stub, resources=resources))
@@ -214,9 +240,28 @@ def test_host_without_cgroup_v1(tmp_path: Path) -> None:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         script = 'mount -t tmpfs none /sys/fs/cgroup && exec "$@"'
-        proc = subprocess.Popen(["unshare", "-m", "sh", "-c", script, "sh", orchard, "serve", "env", "--port",
-                                 str(port), "--state-dir", str(tmp_path / "state"), "--log-format", "text", *flags],
-                                stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [
+                "unshare",
+                "-m",
+                "sh",
+                "-c",
+                script,
+                "sh",
+                orchard,
+                "serve",
+                "env",
+                "--port",
+                str(port),
+                "--state-dir",
+                str(tmp_path / "state"),
+                "--log-format",
+                "text",
+                *flags,
+            ],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         return proc, port
 
     proc, port = serve()

@@ -113,9 +113,20 @@ async def test_host() -> AsyncIterator[LinkLocalHost]:
     server = veth = None
     try:
         for block in random.sample(range(1, 31), 30):  # the veth's name holds the block against other test runs
-            proc = await asyncio.create_subprocess_exec("ip", "link", "add", f"orchtest-{block}", "type", "veth",
-                                                        "peer", "name", "eth0", "netns", ns,
-                                                        stderr=asyncio.subprocess.DEVNULL)
+            proc = await asyncio.create_subprocess_exec(
+                "ip",
+                "link",
+                "add",
+                f"orchtest-{block}",
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "eth0",
+                "netns",
+                ns,
+                stderr=asyncio.subprocess.DEVNULL,
+            )
             if await proc.wait() == 0:
                 veth = f"orchtest-{block}"
                 break
@@ -126,11 +137,16 @@ async def test_host() -> AsyncIterator[LinkLocalHost]:
         await sh("ip", "link", "set", veth, "up")
         # Answers to the sandboxes come back through here; forward them (this link only, ip_forward stays).
         Path(f"/proc/sys/net/ipv4/conf/{veth}/forwarding").write_text("1\n")
-        for args in (["addr", "add", f"{allowed}/29", "dev", "eth0"], ["addr", "add", f"{other}/29", "dev", "eth0"],
-                     ["link", "set", "eth0", "up"], ["link", "set", "lo", "up"]):
+        for args in (
+            ["addr", "add", f"{allowed}/29", "dev", "eth0"],
+            ["addr", "add", f"{other}/29", "dev", "eth0"],
+            ["link", "set", "eth0", "up"],
+            ["link", "set", "lo", "up"],
+        ):
             await sh("ip", "-n", ns, *args)
-        server = await asyncio.create_subprocess_exec("ip", "netns", "exec", ns, sys.executable, "-c", SERVER,
-                                                      stdout=asyncio.subprocess.PIPE)
+        server = await asyncio.create_subprocess_exec(
+            "ip", "netns", "exec", ns, sys.executable, "-c", SERVER, stdout=asyncio.subprocess.PIPE
+        )
         assert server.stdout is not None
         assert await asyncio.wait_for(server.stdout.readline(), 10) == b"ready\n"
         yield LinkLocalHost(allowed=allowed, other=other, router=router)
@@ -182,12 +198,17 @@ async def test_allowed_destination_is_reachable_and_nothing_else(stub: Stub, tes
     host_server = await asyncio.start_server(lambda r, w: w.close(), gw, 0)
     port = host_server.sockets[0].getsockname()[1]
     try:
-        results = await probe(stub, sb.sandbox_id, allowed, f"{test_host.allowed}:8081", f"{test_host.other}:8080",
-                              f"{gw}:{port}")
+        results = await probe(
+            stub, sb.sandbox_id, allowed, f"{test_host.allowed}:8081", f"{test_host.other}:8080", f"{gw}:{port}"
+        )
     finally:
         host_server.close()
-    assert results == {allowed: f"hello_8080_from_{test_host.router}", f"{test_host.allowed}:8081": "EHOSTUNREACH",
-                       f"{test_host.other}:8080": "EHOSTUNREACH", f"{gw}:{port}": "EHOSTUNREACH"}
+    assert results == {
+        allowed: f"hello_8080_from_{test_host.router}",
+        f"{test_host.allowed}:8081": "EHOSTUNREACH",
+        f"{test_host.other}:8080": "EHOSTUNREACH",
+        f"{gw}:{port}": "EHOSTUNREACH",
+    }
     assert list(sb.network_policy.allow) == [rule(f"{test_host.allowed}/32", 8080)]
 
 
@@ -239,8 +260,10 @@ async def test_set_network_policy_changes_a_live_sandbox(stub: Stub, test_host: 
     host_server = await asyncio.start_server(greet, gw, 0)
     on_host = f"{gw}:{host_server.sockets[0].getsockname()[1]}"
     try:
-        assert await probe(stub, sid, allowed, on_host) == {allowed: f"hello_8080_from_{test_host.router}",
-                                                             on_host: "EHOSTUNREACH"}
+        assert await probe(stub, sid, allowed, on_host) == {
+            allowed: f"hello_8080_from_{test_host.router}",
+            on_host: "EHOSTUNREACH",
+        }
         # A host name resolves now; an IPv6 cidr is kept but has nothing to reach (sandbox links are IPv4 only).
         new = [rule(f"{gw}/32", int(on_host.split(":")[1])), rule(host="localhost", port=1), rule("::/0")]
         assert list((await set_policy(stub, sid, *new)).network_policy.allow) == new
@@ -251,8 +274,10 @@ async def test_set_network_policy_changes_a_live_sandbox(stub: Stub, test_host: 
         got = (await stub.GetSandbox(pb.GetSandboxRequest(sandbox_id=sid), timeout=5)).sandbox
         assert list(got.network_policy.allow) == []
         await set_policy(stub, sid, rule(f"{test_host.allowed}/32"))  # from no rules back to some
-        assert await probe(stub, sid, allowed, on_host) == {allowed: f"hello_8080_from_{test_host.router}",
-                                                             on_host: "EHOSTUNREACH"}
+        assert await probe(stub, sid, allowed, on_host) == {
+            allowed: f"hello_8080_from_{test_host.router}",
+            on_host: "EHOSTUNREACH",
+        }
     finally:
         host_server.close()
 
@@ -279,7 +304,9 @@ async def test_sandbox_cannot_change_its_own_network(stub: Stub, test_host: Link
         assert ex.exit_code != 0, command
         assert b"not permitted" in ex.stderr, ex.stderr
     assert await probe(stub, sb.sandbox_id, allowed, f"{test_host.other}:8080") == {
-        allowed: f"hello_8080_from_{test_host.router}", f"{test_host.other}:8080": "EHOSTUNREACH"}
+        allowed: f"hello_8080_from_{test_host.router}",
+        f"{test_host.other}:8080": "EHOSTUNREACH",
+    }
 
 
 BAD_RULES = [
@@ -294,8 +321,9 @@ BAD_RULES = [
 
 
 @pytest.mark.parametrize(("bad", "fragment"), BAD_RULES)
-async def test_invalid_rules_are_invalid_argument(env: EnvServer, stub: Stub, bad: pb.EgressRule,
-                                                  fragment: str) -> None:
+async def test_invalid_rules_are_invalid_argument(
+    env: EnvServer, stub: Stub, bad: pb.EgressRule, fragment: str
+) -> None:
     """A bad rule is INVALID_ARGUMENT naming the problem, at create and at SetNetworkPolicy, and changes nothing."""
     with pytest.raises(grpc.aio.AioRpcError) as created:
         await create(stub, network_policy=pb.NetworkPolicy(allow=[rule("169.254.0.2/32"), bad]))
@@ -329,20 +357,31 @@ async def test_unresolvable_host_is_invalid_argument(tmp_path: Path) -> None:
     # only /etc/hosts, which is why this test calls the resolver, not the service.
     nsswitch = tmp_path / "nsswitch.conf"
     nsswitch.write_text("hosts: files\n")
-    script = ("import asyncio\n"
-              "from orchard.services.env.backends.base import EgressRule\n"
-              "from orchard.services.env.backends.network import resolve\n"
-              "print(asyncio.run(resolve((EgressRule(host='localhost', port=80),)))[0].match())\n"
-              "try:\n"
-              "    asyncio.run(resolve((EgressRule(host='no-such-host.invalid'),)))\n"
-              "except Exception as err:\n"
-              "    print(type(err).__name__, err.code.name, err)\n")
-    out = await sh("unshare", "--mount", "sh", "-c", 'mount --bind "$0" /etc/nsswitch.conf && exec "$1" -c "$2"',
-                   str(nsswitch), sys.executable, script)
+    script = (
+        "import asyncio\n"
+        "from orchard.services.env.backends.base import EgressRule\n"
+        "from orchard.services.env.backends.network import resolve\n"
+        "print(asyncio.run(resolve((EgressRule(host='localhost', port=80),)))[0].match())\n"
+        "try:\n"
+        "    asyncio.run(resolve((EgressRule(host='no-such-host.invalid'),)))\n"
+        "except Exception as err:\n"
+        "    print(type(err).__name__, err.code.name, err)\n"
+    )
+    out = await sh(
+        "unshare",
+        "--mount",
+        "sh",
+        "-c",
+        'mount --bind "$0" /etc/nsswitch.conf && exec "$1" -c "$2"',
+        str(nsswitch),
+        sys.executable,
+        script,
+    )
     resolved, failed = out.splitlines()
     assert resolved == "ip daddr { 127.0.0.1 } meta l4proto { tcp, udp } th dport 80"
-    assert failed.startswith("InvalidArgument INVALID_ARGUMENT network_policy rule 0: host 'no-such-host.invalid' "
-                             "does not resolve"), failed
+    assert failed.startswith(
+        "InvalidArgument INVALID_ARGUMENT network_policy rule 0: host 'no-such-host.invalid' does not resolve"
+    ), failed
 
 
 async def test_teardown_and_crash_leave_nothing(start_env: StartEnv, tmp_path: Path) -> None:
@@ -353,14 +392,25 @@ async def test_teardown_and_crash_leave_nothing(start_env: StartEnv, tmp_path: P
         port = s.getsockname()[1]
     with open(tmp_path / "crashed.log", "wb") as log:
         crashed = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "orchard.services.env.server", "--port", str(port), "--state-dir", str(state_dir),
-            cwd=REPO, stdout=log, stderr=log)
+            sys.executable,
+            "-m",
+            "orchard.services.env.server",
+            "--port",
+            str(port),
+            "--state-dir",
+            str(state_dir),
+            cwd=REPO,
+            stdout=log,
+            stderr=log,
+        )
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
             await asyncio.wait_for(channel.channel_ready(), 15)
             for _ in range(2):
-                await create(env_pb2_grpc.EnvServiceStub(channel),
-                             network_policy=pb.NetworkPolicy(allow=[rule("169.254.0.2/32")]))
+                await create(
+                    env_pb2_grpc.EnvServiceStub(channel),
+                    network_policy=pb.NetworkPolicy(allow=[rule("169.254.0.2/32")]),
+                )
         left = await network_objects(state_dir)
     finally:
         crashed.kill()  # no clean-up: as if it crashed (its sandboxes die with it: --die-with-parent)

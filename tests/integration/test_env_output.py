@@ -18,8 +18,10 @@ pytestmark = [needs_sandboxes, pytest.mark.timeout(120)]
 MiB = 1 << 20
 # n MiB of printable ASCII that shifts from one MiB to the next (not zeros: an offset mistake changes the bytes;
 # text: the SDK decodes it).
-PATTERN = ("python3 -c \"import sys; b=bytes(48 + i % 75 for i in range(1 << 20)); "
-           "[sys.stdout.buffer.write(b) for _ in range({n})]\"")
+PATTERN = (
+    'python3 -c "import sys; b=bytes(48 + i % 75 for i in range(1 << 20)); '
+    '[sys.stdout.buffer.write(b) for _ in range({n})]"'
+)
 BLOCK = bytes(48 + i % 75 for i in range(1 << 20))
 
 
@@ -32,12 +34,15 @@ async def test_output_larger_than_a_message_is_read_whole(env: EnvServer) -> Non
     sb = await create(env.stub)
     ex = await run(env.stub, sb.sandbox_id, PATTERN.format(n=n), max_output_bytes=64 * MiB)
     assert ex.exit_code == 0 and ex.stdout_partial and not ex.stdout_truncated
-    assert ex.stdout == expected(n)[:len(ex.stdout)] and len(ex.stdout) == env.manager.commands.read_cap
-    rest = await env.stub.ReadExecOutput(pb.ReadExecOutputRequest(
-        exec_id=ex.exec_id, stream=pb.OUTPUT_STREAM_STDOUT, offset=len(ex.stdout)), timeout=30)
+    assert ex.stdout == expected(n)[: len(ex.stdout)] and len(ex.stdout) == env.manager.commands.read_cap
+    rest = await env.stub.ReadExecOutput(
+        pb.ReadExecOutputRequest(exec_id=ex.exec_id, stream=pb.OUTPUT_STREAM_STDOUT, offset=len(ex.stdout)), timeout=30
+    )
     assert ex.stdout + rest.data == expected(n) and rest.eof and rest.kept_bytes == len(expected(n))
-    middle = await env.stub.ReadExecOutput(pb.ReadExecOutputRequest(
-        exec_id=ex.exec_id, stream=pb.OUTPUT_STREAM_STDOUT, offset=12345, limit=1000), timeout=30)
+    middle = await env.stub.ReadExecOutput(
+        pb.ReadExecOutputRequest(exec_id=ex.exec_id, stream=pb.OUTPUT_STREAM_STDOUT, offset=12345, limit=1000),
+        timeout=30,
+    )
     assert middle.data == expected(n)[12345:13345] and not middle.eof
     streamed = b"".join([m.stdout async for m in env.stub.StreamExec(pb.StreamExecRequest(exec_id=ex.exec_id))])
     assert hashlib.sha256(streamed).digest() == hashlib.sha256(expected(n)).digest()
@@ -48,13 +53,15 @@ async def test_output_larger_than_a_message_is_read_whole(env: EnvServer) -> Non
         assert (await sandbox.get_job(ex.exec_id)).stdout.encode() == expected(n)
 
 
-@pytest.mark.parametrize("request_, field", [
-    (pb.ReadExecOutputRequest(stream=pb.OUTPUT_STREAM_UNSPECIFIED), "stream"),
-    (pb.ReadExecOutputRequest(stream=pb.OUTPUT_STREAM_STDERR, offset=-1), "offset"),
-    (pb.ReadExecOutputRequest(stream=pb.OUTPUT_STREAM_STDOUT, limit=-5), "limit"),
-])
-async def test_bad_reads_are_invalid_argument(env: EnvServer, request_: pb.ReadExecOutputRequest,
-                                             field: str) -> None:
+@pytest.mark.parametrize(
+    "request_, field",
+    [
+        (pb.ReadExecOutputRequest(stream=pb.OUTPUT_STREAM_UNSPECIFIED), "stream"),
+        (pb.ReadExecOutputRequest(stream=pb.OUTPUT_STREAM_STDERR, offset=-1), "offset"),
+        (pb.ReadExecOutputRequest(stream=pb.OUTPUT_STREAM_STDOUT, limit=-5), "limit"),
+    ],
+)
+async def test_bad_reads_are_invalid_argument(env: EnvServer, request_: pb.ReadExecOutputRequest, field: str) -> None:
     sb = await create(env.stub)
     ex = await run(env.stub, sb.sandbox_id, "echo hi")
     request_.exec_id = ex.exec_id
@@ -89,6 +96,7 @@ async def test_spooled_output_is_bounded_and_goes_with_its_record(start_env: Sta
     assert info.value.code() is grpc.StatusCode.NOT_FOUND and "MiB on disk" in (info.value.details() or "")
     small = await run(env.stub, sb.sandbox_id, "echo small")
     assert small.stdout == b"small\n" and not (spool / small.exec_id).exists()  # within the memory head
-    started = await env.stub.StartExec(pb.StartExecRequest(sandbox_id=sb.sandbox_id, shell="echo x",
-                                                           timeout=duration(10)), timeout=10)
+    started = await env.stub.StartExec(
+        pb.StartExecRequest(sandbox_id=sb.sandbox_id, shell="echo x", timeout=duration(10)), timeout=10
+    )
     assert (await wait(env.stub, started.exec.exec_id)).stdout == b"x\n"

@@ -46,8 +46,15 @@ async def test_symlinks_and_dotdot_stay_inside(stub, sandbox: pb.Sandbox) -> Non
     assert "workspace" in names and "work" not in names  # the host has /work; the sandbox does not
     marker = f"orchard-escape-{uuid.uuid4().hex[:8]}"
     for path in (f"../../../../tmp/{marker}", f"root_link/tmp/{marker}-2"):
-        await stub.UploadFile(iter([pb.UploadFileRequest(header=pb.FileHeader(sandbox_id=sid, path=path)),
-                                    pb.UploadFileRequest(chunk=b"inside")]), timeout=10)
+        await stub.UploadFile(
+            iter(
+                [
+                    pb.UploadFileRequest(header=pb.FileHeader(sandbox_id=sid, path=path)),
+                    pb.UploadFileRequest(chunk=b"inside"),
+                ]
+            ),
+            timeout=10,
+        )
     assert not Path(f"/tmp/{marker}").exists() and not Path(f"/tmp/{marker}-2").exists()
     seen = await run(stub, sid, f"cat /tmp/{marker} /tmp/{marker}-2")
     assert seen.stdout == b"insideinside"

@@ -54,7 +54,7 @@ class Term:
         async with asyncio.timeout(10):
             while (match := re.search(pattern, self.seen)) is None:
                 assert await self._read(), f"ended before {pattern!r} appeared: {self.seen!r}"
-        self.seen = self.seen[match.end():]
+        self.seen = self.seen[match.end() :]
         return match.group(0)
 
     async def until_end(self) -> int | None:
@@ -87,12 +87,16 @@ async def test_shell_session(stub: env_pb2_grpc.EnvServiceStub, sandbox: pb.Sand
     assert await term.call.code() is Code.OK
 
 
-@pytest.mark.parametrize(("argv", "printed", "code"), [
-    (["bash", "-c", "echo term=$TERM; exit 5"], rb"term=xterm-256color", 5),
-    (["no-such-program"], rb"cannot start 'no-such-program'", 127),
-])
-async def test_program_and_exit_code(stub: env_pb2_grpc.EnvServiceStub, sandbox: pb.Sandbox, argv: list[str],
-                                     printed: bytes, code: int) -> None:
+@pytest.mark.parametrize(
+    ("argv", "printed", "code"),
+    [
+        (["bash", "-c", "echo term=$TERM; exit 5"], rb"term=xterm-256color", 5),
+        (["no-such-program"], rb"cannot start 'no-such-program'", 127),
+    ],
+)
+async def test_program_and_exit_code(
+    stub: env_pb2_grpc.EnvServiceStub, sandbox: pb.Sandbox, argv: list[str], printed: bytes, code: int
+) -> None:
     """A given argv runs on the terminal (TERM set); one that cannot start prints why and exits 127."""
     term = await open_term(stub, sandbox.sandbox_id, argv=argv)
     await term.until(printed)
@@ -143,15 +147,23 @@ BAD_STREAMS: list[Any] = [
     pytest.param(lambda sid: [_start(sid, rows=5000)], Code.INVALID_ARGUMENT, "terminal size", id="too-big"),
     pytest.param(lambda sid: [_start(sid, argv=["a\0b"])], Code.INVALID_ARGUMENT, "NUL", id="nul-argv"),
     pytest.param(lambda sid: [_start(sid), _start(sid)], Code.INVALID_ARGUMENT, "first message", id="two-starts"),
-    pytest.param(lambda sid: [_start(sid), pb.OpenPtyRequest(resize=pb.PtyResize(rows=0, cols=80))],
-                 Code.INVALID_ARGUMENT, "terminal size", id="bad-resize"),
+    pytest.param(
+        lambda sid: [_start(sid), pb.OpenPtyRequest(resize=pb.PtyResize(rows=0, cols=80))],
+        Code.INVALID_ARGUMENT,
+        "terminal size",
+        id="bad-resize",
+    ),
 ]
 
 
 @pytest.mark.parametrize(("requests", "code", "fragment"), BAD_STREAMS)
-async def test_bad_stream_gets_a_clear_status(stub: env_pb2_grpc.EnvServiceStub, sandbox: pb.Sandbox,
-                                              requests: Callable[[str], list[pb.OpenPtyRequest]], code: Code,
-                                              fragment: str) -> None:
+async def test_bad_stream_gets_a_clear_status(
+    stub: env_pb2_grpc.EnvServiceStub,
+    sandbox: pb.Sandbox,
+    requests: Callable[[str], list[pb.OpenPtyRequest]],
+    code: Code,
+    fragment: str,
+) -> None:
     """A stream that does not open with a valid start, or sends a bad message later, gets its status code."""
     with pytest.raises(grpc.aio.AioRpcError) as info:
         async for _ in stub.OpenPty(iter(requests(sandbox.sandbox_id)), timeout=10):

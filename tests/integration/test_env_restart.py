@@ -33,8 +33,9 @@ def _free_port() -> int:
 
 
 def _serve(state: Path, port: int) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen([ORCHARD, "serve", "env", "--port", str(port), "--state-dir", str(state),
-                             "--log-level", "WARNING"])
+    proc = subprocess.Popen(
+        [ORCHARD, "serve", "env", "--port", str(port), "--state-dir", str(state), "--log-level", "WARNING"]
+    )
     deadline = time.monotonic() + 30
     with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
         while True:
@@ -61,8 +62,11 @@ def _leftovers(state: Path) -> dict[str, int]:
                 pass
     mounts = sum(1 for line in open("/proc/mounts") if str(state) in line)
     group = parent_name(state)
-    cgroups = sum(1 + sum(1 for sub in parent.iterdir() if sub.is_dir())  # the service's group and the sandboxes'
-                  for ctrl in ("memory", "cpu", "pids") for parent in (CGROUP_FS / ctrl).rglob(group))
+    cgroups = sum(
+        1 + sum(1 for sub in parent.iterdir() if sub.is_dir())  # the service's group and the sandboxes'
+        for ctrl in ("memory", "cpu", "pids")
+        for parent in (CGROUP_FS / ctrl).rglob(group)
+    )
     netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.count(name_prefix(state))
     return {"processes": processes, "mounts": mounts, "cgroups": cgroups, "netns": netns}
 
@@ -90,10 +94,18 @@ def _crash_and_restart(state: Path, port: int, services: list[subprocess.Popen[b
     with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
         stub = env_pb2_grpc.EnvServiceStub(channel)
         plain = stub.CreateSandbox(pb.CreateSandboxRequest(image="host"), timeout=30).sandbox
-        limited = stub.CreateSandbox(pb.CreateSandboxRequest(image="host", resources=pb.Resources(
-            memory_bytes=256 << 20, cpu_millis=500, disk_bytes=64 << 20)), timeout=30).sandbox
-        networked = stub.CreateSandbox(pb.CreateSandboxRequest(image="host", network_policy=pb.NetworkPolicy(
-            allow=[pb.EgressRule(cidr="169.254.0.250/32", port=80)])), timeout=30).sandbox
+        limited = stub.CreateSandbox(
+            pb.CreateSandboxRequest(
+                image="host", resources=pb.Resources(memory_bytes=256 << 20, cpu_millis=500, disk_bytes=64 << 20)
+            ),
+            timeout=30,
+        ).sandbox
+        networked = stub.CreateSandbox(
+            pb.CreateSandboxRequest(
+                image="host", network_policy=pb.NetworkPolicy(allow=[pb.EgressRule(cidr="169.254.0.250/32", port=80)])
+            ),
+            timeout=30,
+        ).sandbox
         stub.StartExec(pb.StartExecRequest(sandbox_id=plain.sandbox_id, shell="sleep 300 &"), timeout=10)
         during = _leftovers(state)
         assert during["processes"] > 1 and during["mounts"] >= 4 and during["netns"] == 1
@@ -118,9 +130,10 @@ def _crash_and_restart(state: Path, port: int, services: list[subprocess.Popen[b
                 assert info.value.code() is grpc.StatusCode.NOT_FOUND
                 assert "restarted" in (info.value.details() or "")
             again = stub.CreateSandbox(pb.CreateSandboxRequest(image="host"), timeout=30).sandbox
-            done = stub.StartExec(pb.StartExecRequest(sandbox_id=again.sandbox_id, shell="echo fine",
-                                                      wait=Duration(seconds=10)),
-                                  timeout=30).exec
+            done = stub.StartExec(
+                pb.StartExecRequest(sandbox_id=again.sandbox_id, shell="echo fine", wait=Duration(seconds=10)),
+                timeout=30,
+            ).exec
             assert done.stdout == b"fine\n"
     finally:
         proc.send_signal(signal.SIGTERM)

@@ -80,14 +80,15 @@ async def download(stub: Stub, sandbox_id: str, path: str) -> tuple[pb.FileInfo,
     return info, chunks
 
 
-async def upload(stub: Stub, sandbox_id: str, path: str, data: bytes, *, mode: int = 0,
-                 chunk: int = 1 << 20) -> pb.UploadFileResponse:
+async def upload(
+    stub: Stub, sandbox_id: str, path: str, data: bytes, *, mode: int = 0, chunk: int = 1 << 20
+) -> pb.UploadFileResponse:
     """UploadFile of data in chunks of `chunk` bytes."""
 
     async def requests() -> AsyncIterator[pb.UploadFileRequest]:
         yield pb.UploadFileRequest(header=pb.FileHeader(sandbox_id=sandbox_id, path=path, mode=mode))
         for offset in range(0, len(data), chunk):
-            yield pb.UploadFileRequest(chunk=data[offset:offset + chunk])
+            yield pb.UploadFileRequest(chunk=data[offset : offset + chunk])
 
     return await stub.UploadFile(requests(), timeout=30)  # type: ignore[no-any-return]
 
@@ -104,7 +105,8 @@ def host_pids(sandbox_id: str) -> set[int]:
         except OSError:
             continue
         if f"ORCHARD_SANDBOX_ID={sandbox_id}".encode() in environ or (
-                b"ORCHARD_SANDBOX_ID" in cmdline and sandbox_id.encode() in cmdline):
+            b"ORCHARD_SANDBOX_ID" in cmdline and sandbox_id.encode() in cmdline
+        ):
             found.add(int(entry))
     return found
 
@@ -147,9 +149,11 @@ async def test_lifecycle(env: EnvServer) -> None:
 
     deleted = (await stub.DeleteSandbox(pb.DeleteSandboxRequest(sandbox_id=sandbox.sandbox_id), timeout=10)).sandbox
     assert deleted.state == pb.SANDBOX_STATE_DELETED
-    for call in (stub.GetSandbox(pb.GetSandboxRequest(sandbox_id=sandbox.sandbox_id), timeout=5),
-                 stub.DeleteSandbox(pb.DeleteSandboxRequest(sandbox_id=sandbox.sandbox_id), timeout=5),
-                 stub.StartExec(pb.StartExecRequest(sandbox_id=sandbox.sandbox_id, shell="true"), timeout=5)):
+    for call in (
+        stub.GetSandbox(pb.GetSandboxRequest(sandbox_id=sandbox.sandbox_id), timeout=5),
+        stub.DeleteSandbox(pb.DeleteSandboxRequest(sandbox_id=sandbox.sandbox_id), timeout=5),
+        stub.StartExec(pb.StartExecRequest(sandbox_id=sandbox.sandbox_id, shell="true"), timeout=5),
+    ):
         err = await rpc_error(call)
         assert err.code() is Code.NOT_FOUND and "deleted" in (err.details() or ""), err
     assert not (await stub.ListSandboxes(pb.ListSandboxesRequest(), timeout=5)).sandboxes
@@ -185,7 +189,8 @@ async def test_list_filters_by_labels_and_pages(stub: Stub) -> None:
     token = ""
     while True:
         response = await stub.ListSandboxes(
-            pb.ListSandboxesRequest(label_selector={"group": "a"}, page_size=2, page_token=token), timeout=5)
+            pb.ListSandboxesRequest(label_selector={"group": "a"}, page_size=2, page_token=token), timeout=5
+        )
         pages.append([sb.sandbox_id for sb in response.sandboxes])
         token = response.next_page_token
         if not token:
@@ -216,14 +221,16 @@ async def test_list_rejects_bad_page_token(stub: Stub, token: str) -> None:
 async def test_exec_runs_in_start_order(stub: Stub, sandbox: pb.Sandbox) -> None:
     """Commands of one sandbox run one at a time, in the order they were started."""
     sid = sandbox.sandbox_id
-    started = [await start(stub, sid, f"echo start-{i} >> order.txt; sleep 0.{5 - i}; echo end-{i} >> order.txt")
-               for i in range(5)]
+    started = [
+        await start(stub, sid, f"echo start-{i} >> order.txt; sleep 0.{5 - i}; echo end-{i} >> order.txt")
+        for i in range(5)
+    ]
     assert all(ex.state in (pb.EXEC_STATE_QUEUED, pb.EXEC_STATE_RUNNING) for ex in started)
     finished = [await wait(stub, ex.exec_id) for ex in started]
     assert all(ex.state == pb.EXEC_STATE_SUCCEEDED for ex in finished)
     content = (await run(stub, sid, "cat order.txt")).stdout.decode().split()
     assert content == [f"{edge}-{i}" for i in range(5) for edge in ("start", "end")]
-    for earlier, later in zip(finished, finished[1:]):
+    for earlier, later in zip(finished, finished[1:], strict=False):
         assert ts(later.start_time) >= ts(earlier.end_time)
 
 
@@ -237,12 +244,15 @@ async def test_exec_runs_in_parallel_across_sandboxes(stub: Stub) -> None:
     assert max(ts(ex.start_time) for ex in results) < min(ts(ex.end_time) for ex in results)
 
 
-@pytest.mark.parametrize("command", [
-    pytest.param(f"{GRANDCHILD} & sleep 30", id="background"),
-    pytest.param(f"setsid {GRANDCHILD} & sleep 30", id="setsid"),
-    pytest.param(f"( setsid {GRANDCHILD} & ); sleep 30", id="setsid-orphan"),
-    pytest.param(f"nohup {GRANDCHILD} >/dev/null 2>&1 & {GRANDCHILD} & sleep 30", id="nohup-and-background"),
-])
+@pytest.mark.parametrize(
+    "command",
+    [
+        pytest.param(f"{GRANDCHILD} & sleep 30", id="background"),
+        pytest.param(f"setsid {GRANDCHILD} & sleep 30", id="setsid"),
+        pytest.param(f"( setsid {GRANDCHILD} & ); sleep 30", id="setsid-orphan"),
+        pytest.param(f"nohup {GRANDCHILD} >/dev/null 2>&1 & {GRANDCHILD} & sleep 30", id="nohup-and-background"),
+    ],
+)
 async def test_timeout_kills_the_whole_tree(stub: Stub, sandbox: pb.Sandbox, command: str) -> None:
     """A command past its timeout is TIMED_OUT and every process it started is gone, even ones that left its session."""
     sid = sandbox.sandbox_id
@@ -268,8 +278,12 @@ async def test_leftovers_of_a_finished_command_are_killed(stub: Stub, sandbox: p
 @pytest.mark.parametrize("fd", [1, 2])
 async def test_output_cap(stub: Stub, sandbox: pb.Sandbox, fd: int) -> None:
     """Output past max_output_bytes is dropped and reported; the total still counts every byte."""
-    ex = await run(stub, sandbox.sandbox_id, f"head -c 1000000 /dev/zero | tr '\\0' x >&{fd}; echo tail >&{3 - fd}",
-                   max_output_bytes=1000)
+    ex = await run(
+        stub,
+        sandbox.sandbox_id,
+        f"head -c 1000000 /dev/zero | tr '\\0' x >&{fd}; echo tail >&{3 - fd}",
+        max_output_bytes=1000,
+    )
     capped, other = (ex.stdout, ex.stderr) if fd == 1 else (ex.stderr, ex.stdout)
     assert ex.state == pb.EXEC_STATE_SUCCEEDED
     assert capped == b"x" * 1000 and other == b"tail\n"
@@ -277,14 +291,18 @@ async def test_output_cap(stub: Stub, sandbox: pb.Sandbox, fd: int) -> None:
     assert (ex.stdout_total_bytes, ex.stderr_total_bytes) == ((1000000, 5) if fd == 1 else (5, 1000000))
 
 
-@pytest.mark.parametrize(("command", "state", "code", "stdout", "stderr"), [
-    ("echo out; echo err >&2", pb.EXEC_STATE_SUCCEEDED, 0, b"out\n", b"err\n"),
-    ("echo partial; exit 3", pb.EXEC_STATE_FAILED, 3, b"partial\n", b""),
-    ("kill -9 $$", pb.EXEC_STATE_FAILED, 137, b"", b""),
-    ("no-such-program-xyz", pb.EXEC_STATE_FAILED, 127, b"", None),
-])
-async def test_exec_output_and_exit_codes(stub: Stub, sandbox: pb.Sandbox, command: str, state: int, code: int,
-                                          stdout: bytes, stderr: bytes | None) -> None:
+@pytest.mark.parametrize(
+    ("command", "state", "code", "stdout", "stderr"),
+    [
+        ("echo out; echo err >&2", pb.EXEC_STATE_SUCCEEDED, 0, b"out\n", b"err\n"),
+        ("echo partial; exit 3", pb.EXEC_STATE_FAILED, 3, b"partial\n", b""),
+        ("kill -9 $$", pb.EXEC_STATE_FAILED, 137, b"", b""),
+        ("no-such-program-xyz", pb.EXEC_STATE_FAILED, 127, b"", None),
+    ],
+)
+async def test_exec_output_and_exit_codes(
+    stub: Stub, sandbox: pb.Sandbox, command: str, state: int, code: int, stdout: bytes, stderr: bytes | None
+) -> None:
     """stdout and stderr are kept apart; exit codes and signals give the right state and code."""
     ex = await run(stub, sandbox.sandbox_id, command)
     assert (ex.state, ex.exit_code, ex.stdout) == (state, code, stdout)
@@ -304,13 +322,17 @@ async def test_exec_times_and_duration(stub: Stub, sandbox: pb.Sandbox) -> None:
     assert 0.3 <= ts(ex.duration) < 2 and ts(ex.timeout) == 7
 
 
-@pytest.mark.parametrize(("cmd", "wait_s", "state"), [("echo hi", 10, pb.EXEC_STATE_SUCCEEDED),
-                                                       ("sleep 2", 0.3, pb.EXEC_STATE_RUNNING)])
+@pytest.mark.parametrize(
+    ("cmd", "wait_s", "state"), [("echo hi", 10, pb.EXEC_STATE_SUCCEEDED), ("sleep 2", 0.3, pb.EXEC_STATE_RUNNING)]
+)
 async def test_start_exec_can_wait(stub: Stub, sandbox: pb.Sandbox, cmd: str, wait_s: float, state: int) -> None:
     """StartExec with wait answers when the command ends, or when the wait passes with it still running."""
     began = time.monotonic()
-    ex = (await stub.StartExec(pb.StartExecRequest(sandbox_id=sandbox.sandbox_id, shell=cmd,
-                                                   wait=duration(wait_s)), timeout=15)).exec
+    ex = (
+        await stub.StartExec(
+            pb.StartExecRequest(sandbox_id=sandbox.sandbox_id, shell=cmd, wait=duration(wait_s)), timeout=15
+        )
+    ).exec
     assert ex.state == state and time.monotonic() - began < wait_s + 1
     if state == pb.EXEC_STATE_SUCCEEDED:
         assert (ex.stdout, ex.exit_code) == (b"hi\n", 0)
@@ -331,12 +353,15 @@ async def test_wait_exec_returns_when_its_timeout_passes(stub: Stub, sandbox: pb
     assert cancelled.state == pb.EXEC_STATE_CANCELLED
 
 
-@pytest.mark.parametrize(("stdin", "command", "expected"), [
-    (bytes(range(256)) * 4, "cat", bytes(range(256)) * 4),
-    (b"y" * (3 << 20), "wc -c", b"3145728\n"),
-    (b"", "cat; echo eof", b"eof\n"),
-    (b"line one\nline two\n", "head -n1", b"line one\n"),
-])
+@pytest.mark.parametrize(
+    ("stdin", "command", "expected"),
+    [
+        (bytes(range(256)) * 4, "cat", bytes(range(256)) * 4),
+        (b"y" * (3 << 20), "wc -c", b"3145728\n"),
+        (b"", "cat; echo eof", b"eof\n"),
+        (b"line one\nline two\n", "head -n1", b"line one\n"),
+    ],
+)
 async def test_exec_stdin(stub: Stub, sandbox: pb.Sandbox, stdin: bytes, command: str, expected: bytes) -> None:
     """stdin bytes reach the command and are closed after; no stdin reads as empty, never hangs."""
     ex = await run(stub, sandbox.sandbox_id, command, stdin=stdin, timeout=10)
@@ -349,8 +374,12 @@ async def test_exec_env_and_cwd(start_env: StartEnv) -> None:
     sid = (await create(stub, env={"FROM_SANDBOX": "s", "BOTH": "sandbox"}, workdir="/srv/work")).sandbox_id
     await run(stub, sid, "mkdir -p sub/dir")
     script = 'pwd; echo "$FROM_SANDBOX $FROM_EXEC $BOTH $ORCHARD_SANDBOX_ID"'
-    for cwd, expected_dir in [("", "/srv/work"), ("sub/dir", "/srv/work/sub/dir"), ("/tmp", "/tmp"),
-                              ("sub/../sub", "/srv/work/sub")]:
+    for cwd, expected_dir in [
+        ("", "/srv/work"),
+        ("sub/dir", "/srv/work/sub/dir"),
+        ("/tmp", "/tmp"),
+        ("sub/../sub", "/srv/work/sub"),
+    ]:
         ex = await run(stub, sid, script, cwd=cwd, env={"FROM_EXEC": "e", "BOTH": "exec"})
         assert ex.stdout.decode() == f"{expected_dir}\ns e exec {sid}\n", cwd
     missing = await run(stub, sid, "true", cwd="nowhere")
@@ -364,11 +393,17 @@ async def test_login_shell(stub: Stub, sandbox: pb.Sandbox, login: bool, expecte
     assert ex.stdout.endswith(expected), ex
 
 
-@pytest.mark.parametrize(("argv", "expected"), [
-    (["printf", "%s|", "a b", "it's", "$HOME"], b"a b|it's|$HOME|"),
-    (["printf", "%s|", "; echo injected", "$(id)", "`id`", "*", "a\nb", ""], b"; echo injected|$(id)|`id`|*|a\nb||"),
-    (["echo", "-n", '"double"', "back\\slash"], b'"double" back\\slash'),
-])
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["printf", "%s|", "a b", "it's", "$HOME"], b"a b|it's|$HOME|"),
+        (
+            ["printf", "%s|", "; echo injected", "$(id)", "`id`", "*", "a\nb", ""],
+            b"; echo injected|$(id)|`id`|*|a\nb||",
+        ),
+        (["echo", "-n", '"double"', "back\\slash"], b'"double" back\\slash'),
+    ],
+)
 async def test_argv_is_quoted_literally(stub: Stub, sandbox: pb.Sandbox, argv: list[str], expected: bytes) -> None:
     """argv arguments reach the program literally: no expansion, splitting or injection."""
     ex = await run(stub, sandbox.sandbox_id, argv)
@@ -390,8 +425,7 @@ async def test_stream_exec_yields_output_as_it_comes(stub: Stub, sandbox: pb.San
     assert kind == "exit" and last_at >= 1.0
     assert exit_exec.state == pb.EXEC_STATE_SUCCEEDED and exit_exec.stdout == b"" and exit_exec.stdout_total_bytes == 4
 
-    replay = [m.WhichOneof("event") async for m in stub.StreamExec(pb.StreamExecRequest(exec_id=ex.exec_id),
-                                                                    timeout=5)]
+    replay = [m.WhichOneof("event") async for m in stub.StreamExec(pb.StreamExecRequest(exec_id=ex.exec_id), timeout=5)]
     assert replay == ["stdout", "stderr", "stdout", "exit"]
 
 
@@ -460,8 +494,11 @@ async def test_apply_patch_from_git_diff(stub: Stub, sandbox: pb.Sandbox) -> Non
 
     applied = await stub.ApplyPatch(pb.ApplyPatchRequest(sandbox_id=sid, patch=patch, cwd="repo"), timeout=30)
     assert sorted(applied.files) == ["a.txt", "c.txt", "pkg/b.py"]
-    for path, content in [("repo/a.txt", b"one\nTWO\nthree\n"), ("repo/pkg/b.py", b"x = 1\ny = 2\n"),
-                          ("repo/c.txt", b"new\n")]:
+    for path, content in [
+        ("repo/a.txt", b"one\nTWO\nthree\n"),
+        ("repo/pkg/b.py", b"x = 1\ny = 2\n"),
+        ("repo/c.txt", b"new\n"),
+    ]:
         assert b"".join((await download(stub, sid, path))[1]) == content
     status = await run(stub, sid, "git status --porcelain", cwd="repo")
     assert status.stdout.decode().split("\n")[:2] == [" M a.txt", " M pkg/b.py"]
@@ -496,12 +533,15 @@ diff --git a/missing.txt b/missing.txt
 """
 
 
-@pytest.mark.parametrize("patch", [
-    pytest.param(B_BAD_PATCH, id="hunk-mismatch"),
-    pytest.param(A_PATCH + B_BAD_PATCH, id="second-file-fails"),
-    pytest.param(A_PATCH + MISSING_FILE_PATCH, id="missing-file"),
-    pytest.param("this is not a patch\n", id="not-a-patch"),
-])
+@pytest.mark.parametrize(
+    "patch",
+    [
+        pytest.param(B_BAD_PATCH, id="hunk-mismatch"),
+        pytest.param(A_PATCH + B_BAD_PATCH, id="second-file-fails"),
+        pytest.param(A_PATCH + MISSING_FILE_PATCH, id="missing-file"),
+        pytest.param("this is not a patch\n", id="not-a-patch"),
+    ],
+)
 async def test_rejected_patch_changes_nothing(stub: Stub, sandbox: pb.Sandbox, patch: str) -> None:
     """A patch that does not apply is FAILED_PRECONDITION and every file stays byte for byte the same."""
     sid = sandbox.sandbox_id
@@ -528,7 +568,12 @@ async def test_upload_download_binary_and_nested(stub: Stub, sandbox: pb.Sandbox
     info, chunks = await download(stub, sid, "/workspace/deep/nested/dir/all.bin")
     assert b"".join(chunks) == data
     assert (info.name, info.path, info.type, info.size_bytes, info.mode) == (
-        "all.bin", "/workspace/deep/nested/dir/all.bin", pb.FILE_TYPE_FILE, len(data), 0o644)
+        "all.bin",
+        "/workspace/deep/nested/dir/all.bin",
+        pb.FILE_TYPE_FILE,
+        len(data),
+        0o644,
+    )
     assert abs(ts(info.modify_time) - time.time()) < 60
     check = await run(stub, sid, "sha256sum deep/nested/dir/all.bin")
     assert check.stdout.split()[0].decode() == hashlib.sha256(data).hexdigest()
@@ -572,14 +617,17 @@ async def test_list_files(stub: Stub, sandbox: pb.Sandbox) -> None:
     assert workdir.path == "/workspace" and [f.name for f in workdir.files] == ["dir"]
 
 
-@pytest.mark.parametrize(("call", "code"), [
-    pytest.param("download:dir", Code.FAILED_PRECONDITION, id="download-directory"),
-    pytest.param("download:missing.txt", Code.NOT_FOUND, id="download-missing"),
-    pytest.param("list:missing", Code.NOT_FOUND, id="list-missing"),
-    pytest.param("list:dir/file.txt", Code.FAILED_PRECONDITION, id="list-a-file"),
-    pytest.param("upload:dir", Code.FAILED_PRECONDITION, id="upload-over-directory"),
-    pytest.param("upload:dir/file.txt/below", Code.FAILED_PRECONDITION, id="upload-below-a-file"),
-])
+@pytest.mark.parametrize(
+    ("call", "code"),
+    [
+        pytest.param("download:dir", Code.FAILED_PRECONDITION, id="download-directory"),
+        pytest.param("download:missing.txt", Code.NOT_FOUND, id="download-missing"),
+        pytest.param("list:missing", Code.NOT_FOUND, id="list-missing"),
+        pytest.param("list:dir/file.txt", Code.FAILED_PRECONDITION, id="list-a-file"),
+        pytest.param("upload:dir", Code.FAILED_PRECONDITION, id="upload-over-directory"),
+        pytest.param("upload:dir/file.txt/below", Code.FAILED_PRECONDITION, id="upload-below-a-file"),
+    ],
+)
 async def test_file_errors(stub: Stub, sandbox: pb.Sandbox, call: str, code: grpc.StatusCode) -> None:
     """File calls on the wrong kind of path, or a missing one, get a precise status and a message naming it."""
     sid = sandbox.sandbox_id
@@ -645,8 +693,11 @@ async def test_no_connection_to_host_loopback(stub: Stub, sandbox: pb.Sandbox) -
     listener = await asyncio.start_server(on_connect, "127.0.0.1", 0)
     port = listener.sockets[0].getsockname()[1]
     try:
-        for host, expected in [("127.0.0.1", {"ECONNREFUSED"}), ("1.1.1.1", {"ENETUNREACH"}),
-                               ("10.0.0.1", {"ENETUNREACH"})]:
+        for host, expected in [
+            ("127.0.0.1", {"ECONNREFUSED"}),
+            ("1.1.1.1", {"ENETUNREACH"}),
+            ("10.0.0.1", {"ENETUNREACH"}),
+        ]:
             ex = await run(stub, sandbox.sandbox_id, ["python3", "-c", CONNECT, host, str(port)], timeout=10)
             assert ex.stdout.decode().strip() in expected, (host, ex)
     finally:
@@ -671,8 +722,10 @@ async def test_sandbox_cannot_change_host_files(stub: Stub, sandbox: pb.Sandbox,
     host_tmp = tmp_path / "host-secret"
     host_tmp.write_text("secret\n")
     try:
-        script = (f"echo sandbox > {host_etc} && cat {host_file} && echo changed > {host_file} && "
-                  f"rm -f /etc/hostname.orchard-nonexistent && test ! -e {host_tmp} && echo ok")
+        script = (
+            f"echo sandbox > {host_etc} && cat {host_file} && echo changed > {host_file} && "
+            f"rm -f /etc/hostname.orchard-nonexistent && test ! -e {host_tmp} && echo ok"
+        )
         ex = await run(stub, sid, script)
         assert (ex.state, ex.stdout) == (pb.EXEC_STATE_SUCCEEDED, b"host content\nok\n"), ex
         remove = await run(stub, sid, f"rm {host_file} && test ! -e {host_file} && cat {host_etc}")
@@ -692,8 +745,11 @@ async def test_sandboxes_do_not_see_each_other(stub: Stub) -> None:
     await run(stub, first.sandbox_id, "echo mine > /workspace/secret && echo mine > /tmp/secret")
     ex = await start(stub, first.sandbox_id, "exec -a orchard-marker-first sleep 30")
     try:
-        look = await run(stub, second.sandbox_id, "ls -A /workspace; find /tmp -name secret; "
-                                                  "grep -l 'orchard-[m]arker' /proc/[0-9]*/cmdline; true")
+        look = await run(
+            stub,
+            second.sandbox_id,
+            "ls -A /workspace; find /tmp -name secret; grep -l 'orchard-[m]arker' /proc/[0-9]*/cmdline; true",
+        )
         assert look.stdout == b"", look
     finally:
         await stub.CancelExec(pb.CancelExecRequest(exec_id=ex.exec_id), timeout=5)
@@ -830,23 +886,51 @@ BAD_CALLS: list[Any] = [
     pytest.param(_create(env={"A=B": "1"}), Code.INVALID_ARGUMENT, "A=B", id="create-bad-env-key"),
     pytest.param(_create(env={"A": "nul\0byte"}), Code.INVALID_ARGUMENT, "NUL", id="create-nul-env-value"),
     pytest.param(_create(resources=pb.Resources(pids=-1)), Code.INVALID_ARGUMENT, "resources", id="create-neg-res"),
-    pytest.param(_create(resources=pb.Resources(pids=5_000_000)), Code.INVALID_ARGUMENT, "pid_max",
-                 id="create-limits-beyond-machine"),
-    pytest.param(_create(network_policy=pb.NetworkPolicy(allow=[pb.EgressRule(cidr="169.254.0.0/33")])),
-                 Code.INVALID_ARGUMENT, "cidr", id="create-bad-egress-rule"),
+    pytest.param(
+        _create(resources=pb.Resources(pids=5_000_000)),
+        Code.INVALID_ARGUMENT,
+        "pid_max",
+        id="create-limits-beyond-machine",
+    ),
+    pytest.param(
+        _create(network_policy=pb.NetworkPolicy(allow=[pb.EgressRule(cidr="169.254.0.0/33")])),
+        Code.INVALID_ARGUMENT,
+        "cidr",
+        id="create-bad-egress-rule",
+    ),
     pytest.param(_create(kind=pb.SANDBOX_KIND_BROWSER), Code.INVALID_ARGUMENT, "image", id="create-browser-image"),
     pytest.param(_create(kind=7), Code.INVALID_ARGUMENT, "kind", id="create-unknown-kind"),
-    pytest.param(lambda stub, sid: stub.GetSandbox(pb.GetSandboxRequest(sandbox_id="sb-nope"), timeout=5),
-                 Code.NOT_FOUND, "sb-nope", id="get-unknown"),
-    pytest.param(lambda stub, sid: stub.DeleteSandbox(pb.DeleteSandboxRequest(sandbox_id="sb-nope"), timeout=5),
-                 Code.NOT_FOUND, "sb-nope", id="delete-unknown"),
-    pytest.param(lambda stub, sid: stub.Heartbeat(pb.HeartbeatRequest(sandbox_id="sb-nope"), timeout=5),
-                 Code.NOT_FOUND, "sb-nope", id="heartbeat-unknown"),
-    pytest.param(lambda stub, sid: stub.ListSandboxes(pb.ListSandboxesRequest(page_size=-1), timeout=5),
-                 Code.INVALID_ARGUMENT, "page_size", id="list-negative-page-size"),
+    pytest.param(
+        lambda stub, sid: stub.GetSandbox(pb.GetSandboxRequest(sandbox_id="sb-nope"), timeout=5),
+        Code.NOT_FOUND,
+        "sb-nope",
+        id="get-unknown",
+    ),
+    pytest.param(
+        lambda stub, sid: stub.DeleteSandbox(pb.DeleteSandboxRequest(sandbox_id="sb-nope"), timeout=5),
+        Code.NOT_FOUND,
+        "sb-nope",
+        id="delete-unknown",
+    ),
+    pytest.param(
+        lambda stub, sid: stub.Heartbeat(pb.HeartbeatRequest(sandbox_id="sb-nope"), timeout=5),
+        Code.NOT_FOUND,
+        "sb-nope",
+        id="heartbeat-unknown",
+    ),
+    pytest.param(
+        lambda stub, sid: stub.ListSandboxes(pb.ListSandboxesRequest(page_size=-1), timeout=5),
+        Code.INVALID_ARGUMENT,
+        "page_size",
+        id="list-negative-page-size",
+    ),
     pytest.param(_exec(shell=""), Code.INVALID_ARGUMENT, "command", id="exec-no-command"),
-    pytest.param(lambda stub, sid: stub.StartExec(pb.StartExecRequest(sandbox_id=sid), timeout=5),
-                 Code.INVALID_ARGUMENT, "command", id="exec-unset-command"),
+    pytest.param(
+        lambda stub, sid: stub.StartExec(pb.StartExecRequest(sandbox_id=sid), timeout=5),
+        Code.INVALID_ARGUMENT,
+        "command",
+        id="exec-unset-command",
+    ),
     pytest.param(_exec(shell=None, argv=pb.ArgvCommand()), Code.INVALID_ARGUMENT, "argv", id="exec-empty-argv"),
     pytest.param(_exec(sandbox_id="sb-nope"), Code.NOT_FOUND, "sb-nope", id="exec-unknown-sandbox"),
     pytest.param(_exec(timeout=duration(-1)), Code.INVALID_ARGUMENT, "timeout", id="exec-negative-timeout"),
@@ -856,46 +940,103 @@ BAD_CALLS: list[Any] = [
     pytest.param(_exec(env={"A": "nul\0byte"}), Code.INVALID_ARGUMENT, "NUL", id="exec-nul-env-value"),
     pytest.param(_exec(shell="echo \0"), Code.INVALID_ARGUMENT, "NUL", id="exec-nul-command"),
     pytest.param(_exec(cwd="a\0b"), Code.INVALID_ARGUMENT, "NUL", id="exec-nul-cwd"),
-    pytest.param(lambda stub, sid: stub.GetExec(pb.GetExecRequest(exec_id="ex-nope"), timeout=5),
-                 Code.NOT_FOUND, "ex-nope", id="get-exec-unknown"),
-    pytest.param(lambda stub, sid: stub.WaitExec(pb.WaitExecRequest(exec_id="ex-nope"), timeout=5),
-                 Code.NOT_FOUND, "ex-nope", id="wait-exec-unknown"),
-    pytest.param(lambda stub, sid: stub.CancelExec(pb.CancelExecRequest(exec_id="ex-nope"), timeout=5),
-                 Code.NOT_FOUND, "ex-nope", id="cancel-exec-unknown"),
-    pytest.param(lambda stub, sid: stub.StreamExec(pb.StreamExecRequest(exec_id="ex-nope"), timeout=5).read(),
-                 Code.NOT_FOUND, "ex-nope", id="stream-exec-unknown"),
-    pytest.param(lambda stub, sid: stub.ApplyPatch(pb.ApplyPatchRequest(sandbox_id=sid, patch=" \n"), timeout=5),
-                 Code.INVALID_ARGUMENT, "patch", id="patch-empty"),
-    pytest.param(lambda stub, sid: stub.ApplyPatch(pb.ApplyPatchRequest(sandbox_id="sb-nope", patch=A_PATCH),
-                                                   timeout=5), Code.NOT_FOUND, "sb-nope", id="patch-unknown-sandbox"),
+    pytest.param(
+        lambda stub, sid: stub.GetExec(pb.GetExecRequest(exec_id="ex-nope"), timeout=5),
+        Code.NOT_FOUND,
+        "ex-nope",
+        id="get-exec-unknown",
+    ),
+    pytest.param(
+        lambda stub, sid: stub.WaitExec(pb.WaitExecRequest(exec_id="ex-nope"), timeout=5),
+        Code.NOT_FOUND,
+        "ex-nope",
+        id="wait-exec-unknown",
+    ),
+    pytest.param(
+        lambda stub, sid: stub.CancelExec(pb.CancelExecRequest(exec_id="ex-nope"), timeout=5),
+        Code.NOT_FOUND,
+        "ex-nope",
+        id="cancel-exec-unknown",
+    ),
+    pytest.param(
+        lambda stub, sid: stub.StreamExec(pb.StreamExecRequest(exec_id="ex-nope"), timeout=5).read(),
+        Code.NOT_FOUND,
+        "ex-nope",
+        id="stream-exec-unknown",
+    ),
+    pytest.param(
+        lambda stub, sid: stub.ApplyPatch(pb.ApplyPatchRequest(sandbox_id=sid, patch=" \n"), timeout=5),
+        Code.INVALID_ARGUMENT,
+        "patch",
+        id="patch-empty",
+    ),
+    pytest.param(
+        lambda stub, sid: stub.ApplyPatch(pb.ApplyPatchRequest(sandbox_id="sb-nope", patch=A_PATCH), timeout=5),
+        Code.NOT_FOUND,
+        "sb-nope",
+        id="patch-unknown-sandbox",
+    ),
     pytest.param(_upload_without_header, Code.INVALID_ARGUMENT, "header", id="upload-without-header"),
     pytest.param(_upload_two_headers, Code.INVALID_ARGUMENT, "chunk", id="upload-two-headers"),
     pytest.param(_empty_upload_stream, Code.INVALID_ARGUMENT, "header", id="upload-empty-stream"),
     pytest.param(lambda stub, sid: upload(stub, sid, "", b"x"), Code.INVALID_ARGUMENT, "path", id="upload-no-path"),
-    pytest.param(lambda stub, sid: upload(stub, sid, "f", b"x", mode=0o17777), Code.INVALID_ARGUMENT, "mode",
-                 id="upload-bad-mode"),
+    pytest.param(
+        lambda stub, sid: upload(stub, sid, "f", b"x", mode=0o17777),
+        Code.INVALID_ARGUMENT,
+        "mode",
+        id="upload-bad-mode",
+    ),
     pytest.param(lambda stub, sid: upload(stub, sid, "/", b"x"), Code.INVALID_ARGUMENT, "path", id="upload-root"),
     pytest.param(lambda stub, sid: download(stub, sid, "a\0b"), Code.INVALID_ARGUMENT, "NUL", id="download-nul"),
     pytest.param(lambda stub, sid: download(stub, "sb-nope", "x"), Code.NOT_FOUND, "sb-nope", id="download-unknown"),
-    pytest.param(lambda stub, sid: stub.WaitExec(pb.WaitExecRequest(exec_id="ex-nope", timeout=duration(-1)),
-                                                 timeout=5), Code.INVALID_ARGUMENT, "timeout", id="wait-neg-timeout"),
-    pytest.param(lambda stub, sid: stub.SetNetworkPolicy(pb.SetNetworkPolicyRequest(
-        sandbox_id=sid, network_policy=pb.NetworkPolicy(allow=[pb.EgressRule(cidr="169.254.0.2/32")])), timeout=5),
-                 Code.FAILED_PRECONDITION, "network policy", id="set-network-policy-without-one"),
-    pytest.param(lambda stub, sid: stub.Screenshot(pb.ScreenshotRequest(sandbox_id=sid), timeout=5),
-                 Code.FAILED_PRECONDITION, "browser sandbox", id="screenshot"),
-    pytest.param(lambda stub, sid: stub.Act(pb.ActRequest(sandbox_id=sid), timeout=5),
-                 Code.FAILED_PRECONDITION, "browser sandbox", id="act"),
-    pytest.param(lambda stub, sid: stub.GetPageContent(pb.GetPageContentRequest(sandbox_id=sid), timeout=5),
-                 Code.FAILED_PRECONDITION, "browser sandbox", id="get-page-content"),
-    pytest.param(lambda stub, sid: stub.OpenPty(iter([pb.OpenPtyRequest(input=b"ls\n")]), timeout=5).read(),
-                 Code.INVALID_ARGUMENT, "start", id="open-pty-without-start"),
+    pytest.param(
+        lambda stub, sid: stub.WaitExec(pb.WaitExecRequest(exec_id="ex-nope", timeout=duration(-1)), timeout=5),
+        Code.INVALID_ARGUMENT,
+        "timeout",
+        id="wait-neg-timeout",
+    ),
+    pytest.param(
+        lambda stub, sid: stub.SetNetworkPolicy(
+            pb.SetNetworkPolicyRequest(
+                sandbox_id=sid, network_policy=pb.NetworkPolicy(allow=[pb.EgressRule(cidr="169.254.0.2/32")])
+            ),
+            timeout=5,
+        ),
+        Code.FAILED_PRECONDITION,
+        "network policy",
+        id="set-network-policy-without-one",
+    ),
+    pytest.param(
+        lambda stub, sid: stub.Screenshot(pb.ScreenshotRequest(sandbox_id=sid), timeout=5),
+        Code.FAILED_PRECONDITION,
+        "browser sandbox",
+        id="screenshot",
+    ),
+    pytest.param(
+        lambda stub, sid: stub.Act(pb.ActRequest(sandbox_id=sid), timeout=5),
+        Code.FAILED_PRECONDITION,
+        "browser sandbox",
+        id="act",
+    ),
+    pytest.param(
+        lambda stub, sid: stub.GetPageContent(pb.GetPageContentRequest(sandbox_id=sid), timeout=5),
+        Code.FAILED_PRECONDITION,
+        "browser sandbox",
+        id="get-page-content",
+    ),
+    pytest.param(
+        lambda stub, sid: stub.OpenPty(iter([pb.OpenPtyRequest(input=b"ls\n")]), timeout=5).read(),
+        Code.INVALID_ARGUMENT,
+        "start",
+        id="open-pty-without-start",
+    ),
 ]
 
 
 @pytest.mark.parametrize(("call", "code", "fragment"), BAD_CALLS)
-async def test_bad_input_gets_a_clear_status(stub: Stub, sandbox: pb.Sandbox, call: BadCall, code: grpc.StatusCode,
-                                             fragment: str) -> None:
+async def test_bad_input_gets_a_clear_status(
+    stub: Stub, sandbox: pb.Sandbox, call: BadCall, code: grpc.StatusCode, fragment: str
+) -> None:
     """Bad input gets its precise status code and a message naming the problem; the service keeps working."""
     err = await rpc_error(call(stub, sandbox.sandbox_id))
     assert err.code() is code, err
@@ -982,17 +1123,22 @@ async def test_env_metrics(start_env: StartEnv) -> None:
     await run(env.stub, sb.sandbox_id, "exit 3")
     port = env.server.metrics_port
     body = await asyncio.to_thread(
-        lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode())
-    values = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
-              for line in body.splitlines() if line and not line.startswith("#")}
+        lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    )
+    values = {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in body.splitlines()
+        if line and not line.startswith("#")
+    }
     assert values['orchard_env_sandboxes{state="ready"}'] == 1
     assert values["orchard_env_execs_queued"] == 0
     assert values["orchard_env_sandboxes_created_total"] >= 1
     assert values['orchard_env_execs_total{state="succeeded"}'] >= 1
     assert values['orchard_env_execs_total{state="failed"}'] >= 1
     assert values["orchard_env_exec_duration_seconds_count"] >= 2
-    assert any(key.startswith('orchard_rpcs_total{code="OK",method="/orchard.env.v1.EnvService/StartExec"')
-               for key in values)
+    assert any(
+        key.startswith('orchard_rpcs_total{code="OK",method="/orchard.env.v1.EnvService/StartExec"') for key in values
+    )
 
 
 async def test_request_size_is_bounded(start_env: StartEnv) -> None:
@@ -1001,8 +1147,9 @@ async def test_request_size_is_bounded(start_env: StartEnv) -> None:
     env = await start_env(max_message_bytes=1 << 20)
     sb = await create(env.stub)
     with pytest.raises(grpc.aio.AioRpcError) as info:
-        await env.stub.StartExec(pb.StartExecRequest(sandbox_id=sb.sandbox_id, shell="cat >/dev/null",
-                                                     stdin=b"x" * (2 << 20)), timeout=10)
+        await env.stub.StartExec(
+            pb.StartExecRequest(sandbox_id=sb.sandbox_id, shell="cat >/dev/null", stdin=b"x" * (2 << 20)), timeout=10
+        )
     assert info.value.code() is Code.RESOURCE_EXHAUSTED
     chunks = [pb.UploadFileRequest(header=pb.FileHeader(sandbox_id=sb.sandbox_id, path="big"))]
     chunks += [pb.UploadFileRequest(chunk=b"y" * (512 << 10)) for _ in range(6)]

@@ -37,8 +37,13 @@ def _python_built() -> bool:
 
 IMAGES = [
     pytest.param("host", id="host"),
-    pytest.param(PYTHON, id="python", marks=pytest.mark.skipif(
-        not _python_built(), reason=f"image {PYTHON} is not built: run `orchard image build {PYTHON}`")),
+    pytest.param(
+        PYTHON,
+        id="python",
+        marks=pytest.mark.skipif(
+            not _python_built(), reason=f"image {PYTHON} is not built: run `orchard image build {PYTHON}`"
+        ),
+    ),
 ]
 
 # Files of every kind a writable layer holds: new files, a symlink, a file's mode, an image file deleted
@@ -98,7 +103,11 @@ async def test_forks_start_from_the_snapshot_and_diverge(start_env: StartEnv, im
     await sh(stub, source.sandbox_id, SETUP)
     snap = await snapshot(stub, source.sandbox_id, labels={"step": "1"})
     assert (snap.name, snap.sandbox_id, snap.image, snap.tenant) == (
-        f"snapshots/{snap.snapshot_id}", source.sandbox_id, image, "default")
+        f"snapshots/{snap.snapshot_id}",
+        source.sandbox_id,
+        image,
+        "default",
+    )
     assert snap.snapshot_id.startswith("snap-") and snap.size_bytes > 0 and dict(snap.labels) == {"step": "1"}
     assert (await stub.GetSnapshot(pb.GetSnapshotRequest(snapshot_id=snap.snapshot_id))).snapshot == snap
 
@@ -110,9 +119,11 @@ async def test_forks_start_from_the_snapshot_and_diverge(start_env: StartEnv, im
     plain = time.perf_counter()
     await create(stub, image=image)
     plain_s = time.perf_counter() - plain
-    print(f"\n[{image}] fork latency (CreateSandbox from_snapshot): "
-          f"{', '.join(f'{s * 1000:.0f}' for s in latencies)} ms; plain create {plain_s * 1000:.0f} ms; "
-          f"snapshot size {snap.size_bytes} bytes")
+    print(
+        f"\n[{image}] fork latency (CreateSandbox from_snapshot): "
+        f"{', '.join(f'{s * 1000:.0f}' for s in latencies)} ms; plain create {plain_s * 1000:.0f} ms; "
+        f"snapshot size {snap.size_bytes} bytes"
+    )
     assert statistics.median(latencies) < 5
 
     for i, sb in enumerate(forks):
@@ -120,8 +131,10 @@ async def test_forks_start_from_the_snapshot_and_diverge(start_env: StartEnv, im
         assert await sh(stub, sb.sandbox_id, CHECK) == CHECKED
         await sh(stub, sb.sandbox_id, f"echo {i} > mine-{i} && echo changed-{i} > proj/a.txt && rm proj/deep/er/f")
     for i, sb in enumerate(forks):
-        assert await sh(stub, sb.sandbox_id, "ls mine-*; cat proj/a.txt; ls proj/deep/er | wc -l") == \
-            f"mine-{i}\nchanged-{i}\n0\n"
+        assert (
+            await sh(stub, sb.sandbox_id, "ls mine-*; cat proj/a.txt; ls proj/deep/er | wc -l")
+            == f"mine-{i}\nchanged-{i}\n0\n"
+        )
     # The original keeps running; neither the forks' writes nor its later ones reach the others or the snapshot.
     assert await sh(stub, source.sandbox_id, "ls mine-* 2>/dev/null; echo later > later; cat proj/a.txt") == "base\n"
     for sb in forks:
@@ -143,14 +156,22 @@ async def test_a_snapshot_of_a_fork_builds_on_its_parent(start_env: StartEnv, im
     sb = source
     for generation in range(1, 4):
         sb = await fork(stub, snaps[-1].snapshot_id)
-        await sh(stub, sb.sandbox_id, f"echo {generation} >> proj/gens && rm -f proj/a.txt && cd repo && "
-                                      f"echo {generation} > README && git -c user.name=t -c user.email=t@example.com "
-                                      f"commit -qam gen{generation}")
+        await sh(
+            stub,
+            sb.sandbox_id,
+            f"echo {generation} >> proj/gens && rm -f proj/a.txt && cd repo && "
+            f"echo {generation} > README && git -c user.name=t -c user.email=t@example.com "
+            f"commit -qam gen{generation}",
+        )
         snaps.append(await snapshot(stub, sb.sandbox_id))
     last = await fork(stub, snaps[-1].snapshot_id)
-    out = await sh(stub, last.sandbox_id, "cat proj/gens; test -e proj/a.txt || echo a-deleted; cat proj/deep/er/f; "
-                                          "test -e /etc/debian_version || echo whiteout-kept; "
-                                          "cd repo && git status --porcelain | wc -l && git log --format=%s")
+    out = await sh(
+        stub,
+        last.sandbox_id,
+        "cat proj/gens; test -e proj/a.txt || echo a-deleted; cat proj/deep/er/f; "
+        "test -e /etc/debian_version || echo whiteout-kept; "
+        "cd repo && git status --porcelain | wc -l && git log --format=%s",
+    )
     assert out == "1\n2\n3\na-deleted\ndeep\nwhiteout-kept\n0\ngen3\ngen2\ngen1\nfirst\n"
     ids = [s.snapshot_id for s in snaps]
     layers = env.manager.snapshots.get(ids[-1]).layers
@@ -191,14 +212,17 @@ async def test_deleting_a_snapshot_keeps_its_files_for_its_forks(start_env: Star
     s2 = await snapshot(stub, f1.sandbox_id, snapshot_id="s2")
     deleted = (await stub.DeleteSnapshot(pb.DeleteSnapshotRequest(snapshot_id="s1"))).snapshot
     assert deleted == s1
-    for call in (stub.GetSnapshot(pb.GetSnapshotRequest(snapshot_id="s1")),
-                 stub.DeleteSnapshot(pb.DeleteSnapshotRequest(snapshot_id="s1")),
-                 stub.CreateSandbox(pb.CreateSandboxRequest(from_snapshot="s1"))):
+    for call in (
+        stub.GetSnapshot(pb.GetSnapshotRequest(snapshot_id="s1")),
+        stub.DeleteSnapshot(pb.DeleteSnapshotRequest(snapshot_id="s1")),
+        stub.CreateSandbox(pb.CreateSandboxRequest(from_snapshot="s1")),
+    ):
         assert (await rpc_error(call)).code() is Code.NOT_FOUND
     assert [s.snapshot_id for s in (await stub.ListSnapshots(pb.ListSnapshotsRequest())).snapshots] == ["s2"]
     assert layers_on_disk(env) == ["s1", "s2"]  # f1 (and, on a built image, s2) still stack s1
-    err = await rpc_error(stub.SnapshotSandbox(pb.SnapshotSandboxRequest(sandbox_id=source.sandbox_id,
-                                                                         snapshot_id="s1")))
+    err = await rpc_error(
+        stub.SnapshotSandbox(pb.SnapshotSandboxRequest(sandbox_id=source.sandbox_id, snapshot_id="s1"))
+    )
     assert err.code() is Code.ALREADY_EXISTS  # its id is free again only once its files are gone
     assert await sh(stub, f1.sandbox_id, "cat one two") == "one\ntwo\n"
     await stub.DeleteSandbox(pb.DeleteSandboxRequest(sandbox_id=f1.sandbox_id))
@@ -216,8 +240,11 @@ async def test_deleting_a_snapshot_keeps_its_files_for_its_forks(start_env: Star
     await snapshot(stub, source.sandbox_id, snapshot_id="s3")
     await fork(stub, "s3")
     await run(stub, source.sandbox_id, "echo kept > kept")
-    kept = (await stub.SnapshotSandbox(pb.SnapshotSandboxRequest(sandbox_id=source.sandbox_id, snapshot_id="s4", keep=True,
-                                                                 labels={"env": "e1"}))).snapshot
+    kept = (
+        await stub.SnapshotSandbox(
+            pb.SnapshotSandboxRequest(sandbox_id=source.sandbox_id, snapshot_id="s4", keep=True, labels={"env": "e1"})
+        )
+    ).snapshot
     assert kept.keep
     await env.server.stop()
     assert layers_on_disk(env) == ["s4"] and list((env.settings.state_dir / "sandboxes").iterdir()) == []
@@ -262,8 +289,10 @@ async def test_disk_capped_sandboxes_snapshot_and_fork(start_env: StartEnv) -> N
     assert snap.size_bytes >= 1_000_000
     for resources in (pb.Resources(), cap):
         forked = await fork(stub, snap.snapshot_id, resources=resources)
-        assert await sh(stub, forked.sandbox_id, "md5sum -c --quiet sum && test ! -e /etc/debian_version && echo ok") \
+        assert (
+            await sh(stub, forked.sandbox_id, "md5sum -c --quiet sum && test ! -e /etc/debian_version && echo ok")
             == "ok\n"
+        )
 
 
 async def test_snapshot_errors(start_env: StartEnv, tmp_path: Path) -> None:
@@ -284,52 +313,94 @@ async def test_snapshot_errors(start_env: StartEnv, tmp_path: Path) -> None:
 
     sb = (await stub.CreateSandbox(pb.CreateSandboxRequest(image="host"), metadata=alice, timeout=30)).sandbox
     sid = sb.sandbox_id
-    s1 = (await stub.SnapshotSandbox(pb.SnapshotSandboxRequest(sandbox_id=sid, snapshot_id="a1", labels={"k": "x"},
-                                                               request_id="r1"), metadata=alice)).snapshot
-    again = (await stub.SnapshotSandbox(pb.SnapshotSandboxRequest(sandbox_id=sid, request_id="r1"),
-                                        metadata=alice)).snapshot
+    s1 = (
+        await stub.SnapshotSandbox(
+            pb.SnapshotSandboxRequest(sandbox_id=sid, snapshot_id="a1", labels={"k": "x"}, request_id="r1"),
+            metadata=alice,
+        )
+    ).snapshot
+    again = (
+        await stub.SnapshotSandbox(pb.SnapshotSandboxRequest(sandbox_id=sid, request_id="r1"), metadata=alice)
+    ).snapshot
     assert again == s1 and s1.tenant == "alice"
-    s2 = (await stub.SnapshotSandbox(pb.SnapshotSandboxRequest(sandbox_id=sid, labels={"k": "y"}),
-                                     metadata=alice)).snapshot
+    s2 = (
+        await stub.SnapshotSandbox(pb.SnapshotSandboxRequest(sandbox_id=sid, labels={"k": "y"}), metadata=alice)
+    ).snapshot
 
     for bad in ("", "Bad_Id", "-x", "x" * 64):
-        assert await code(stub.GetSnapshot(pb.GetSnapshotRequest(snapshot_id=bad), metadata=alice),
-                          "snapshot_id") is Code.INVALID_ARGUMENT
-    assert await code(stub.SnapshotSandbox(pb.SnapshotSandboxRequest(sandbox_id=sid, snapshot_id="UP"),
-                                           metadata=alice), "snapshot_id") is Code.INVALID_ARGUMENT
-    assert await code(stub.CreateSandbox(pb.CreateSandboxRequest(from_snapshot="no/pe"), metadata=alice),
-                      "from_snapshot") is Code.INVALID_ARGUMENT
-    assert await code(stub.CreateSandbox(pb.CreateSandboxRequest(image="python:3.11-slim", from_snapshot="a1"),
-                                         metadata=alice), "image") is Code.INVALID_ARGUMENT
-    assert await code(stub.SnapshotSandbox(pb.SnapshotSandboxRequest(sandbox_id=sid, snapshot_id="a1"),
-                                           metadata=alice), "a1") is Code.ALREADY_EXISTS
-    assert await code(stub.SnapshotSandbox(pb.SnapshotSandboxRequest(sandbox_id="sb-nope"), metadata=alice),
-                      "sb-nope") is Code.NOT_FOUND
-    assert await code(stub.ListSnapshots(pb.ListSnapshotsRequest(page_token="zz"), metadata=alice),
-                      "page_token") is Code.INVALID_ARGUMENT
+        assert (
+            await code(stub.GetSnapshot(pb.GetSnapshotRequest(snapshot_id=bad), metadata=alice), "snapshot_id")
+            is Code.INVALID_ARGUMENT
+        )
+    assert (
+        await code(
+            stub.SnapshotSandbox(pb.SnapshotSandboxRequest(sandbox_id=sid, snapshot_id="UP"), metadata=alice),
+            "snapshot_id",
+        )
+        is Code.INVALID_ARGUMENT
+    )
+    assert (
+        await code(stub.CreateSandbox(pb.CreateSandboxRequest(from_snapshot="no/pe"), metadata=alice), "from_snapshot")
+        is Code.INVALID_ARGUMENT
+    )
+    assert (
+        await code(
+            stub.CreateSandbox(pb.CreateSandboxRequest(image="python:3.11-slim", from_snapshot="a1"), metadata=alice),
+            "image",
+        )
+        is Code.INVALID_ARGUMENT
+    )
+    assert (
+        await code(
+            stub.SnapshotSandbox(pb.SnapshotSandboxRequest(sandbox_id=sid, snapshot_id="a1"), metadata=alice), "a1"
+        )
+        is Code.ALREADY_EXISTS
+    )
+    assert (
+        await code(stub.SnapshotSandbox(pb.SnapshotSandboxRequest(sandbox_id="sb-nope"), metadata=alice), "sb-nope")
+        is Code.NOT_FOUND
+    )
+    assert (
+        await code(stub.ListSnapshots(pb.ListSnapshotsRequest(page_token="zz"), metadata=alice), "page_token")
+        is Code.INVALID_ARGUMENT
+    )
     for who in (alice, bob):  # unknown, and another tenant's: the same NOT_FOUND
         for snapshot_id in ("nope", "a1") if who is bob else ("nope",):
-            assert await code(stub.GetSnapshot(pb.GetSnapshotRequest(snapshot_id=snapshot_id), metadata=who),
-                              snapshot_id) is Code.NOT_FOUND
-            assert await code(stub.DeleteSnapshot(pb.DeleteSnapshotRequest(snapshot_id=snapshot_id), metadata=who),
-                              snapshot_id) is Code.NOT_FOUND
-            assert await code(stub.CreateSandbox(pb.CreateSandboxRequest(from_snapshot=snapshot_id), metadata=who),
-                              snapshot_id) is Code.NOT_FOUND
-    assert await code(stub.SnapshotSandbox(pb.SnapshotSandboxRequest(sandbox_id=sid), metadata=bob),
-                      sid) is Code.NOT_FOUND
+            assert (
+                await code(stub.GetSnapshot(pb.GetSnapshotRequest(snapshot_id=snapshot_id), metadata=who), snapshot_id)
+                is Code.NOT_FOUND
+            )
+            assert (
+                await code(
+                    stub.DeleteSnapshot(pb.DeleteSnapshotRequest(snapshot_id=snapshot_id), metadata=who), snapshot_id
+                )
+                is Code.NOT_FOUND
+            )
+            assert (
+                await code(
+                    stub.CreateSandbox(pb.CreateSandboxRequest(from_snapshot=snapshot_id), metadata=who), snapshot_id
+                )
+                is Code.NOT_FOUND
+            )
+    assert (
+        await code(stub.SnapshotSandbox(pb.SnapshotSandboxRequest(sandbox_id=sid), metadata=bob), sid) is Code.NOT_FOUND
+    )
     assert not (await stub.ListSnapshots(pb.ListSnapshotsRequest(), metadata=bob)).snapshots
 
     page1 = await stub.ListSnapshots(pb.ListSnapshotsRequest(page_size=1), metadata=alice)
-    page2 = await stub.ListSnapshots(pb.ListSnapshotsRequest(page_size=1, page_token=page1.next_page_token),
-                                     metadata=alice)
+    page2 = await stub.ListSnapshots(
+        pb.ListSnapshotsRequest(page_size=1, page_token=page1.next_page_token), metadata=alice
+    )
     assert [s.snapshot_id for s in [*page1.snapshots, *page2.snapshots]] == sorted(["a1", s2.snapshot_id])
     assert not page2.next_page_token
     filtered = await stub.ListSnapshots(pb.ListSnapshotsRequest(label_selector={"k": "y"}), metadata=alice)
     assert [s.snapshot_id for s in filtered.snapshots] == [s2.snapshot_id]
 
     await stub.SnapshotSandbox(pb.SnapshotSandboxRequest(sandbox_id=sid), metadata=alice)
-    assert await code(stub.SnapshotSandbox(pb.SnapshotSandboxRequest(sandbox_id=sid), metadata=alice),
-                      "3 snapshots") is Code.RESOURCE_EXHAUSTED
+    assert (
+        await code(stub.SnapshotSandbox(pb.SnapshotSandboxRequest(sandbox_id=sid), metadata=alice), "3 snapshots")
+        is Code.RESOURCE_EXHAUSTED
+    )
     await stub.DeleteSnapshot(pb.DeleteSnapshotRequest(snapshot_id="a1"), metadata=alice)
     await stub.SnapshotSandbox(pb.SnapshotSandboxRequest(sandbox_id=sid), metadata=alice)
 

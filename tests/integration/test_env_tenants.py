@@ -31,8 +31,13 @@ async def test_tenants_are_isolated_over_grpc(start_env: StartEnv, tmp_path: Pat
     stub = env.stub
     mine = (await stub.CreateSandbox(pb.CreateSandboxRequest(image="host"), metadata=md(ALICE), timeout=30)).sandbox
     assert mine.tenant == "alice"
-    ex = (await stub.StartExec(pb.StartExecRequest(sandbox_id=mine.sandbox_id, shell="echo secret",
-                                                   wait=duration(10)), metadata=md(ALICE), timeout=30)).exec
+    ex = (
+        await stub.StartExec(
+            pb.StartExecRequest(sandbox_id=mine.sandbox_id, shell="echo secret", wait=duration(10)),
+            metadata=md(ALICE),
+            timeout=30,
+        )
+    ).exec
     assert ex.stdout == b"secret\n"
 
     async def bob_gets(call: object) -> grpc.StatusCode:
@@ -55,7 +60,9 @@ async def test_tenants_are_isolated_over_grpc(start_env: StartEnv, tmp_path: Pat
     assert unknown is grpc.StatusCode.NOT_FOUND  # the same answer as for an id that exists
     theirs = (await stub.CreateSandbox(pb.CreateSandboxRequest(image="host"), metadata=md(BOB), timeout=30)).sandbox
     listed = {
-        who: [sb.sandbox_id for sb in (await stub.ListSandboxes(pb.ListSandboxesRequest(), metadata=md(token))).sandboxes]
+        who: [
+            sb.sandbox_id for sb in (await stub.ListSandboxes(pb.ListSandboxesRequest(), metadata=md(token))).sandboxes
+        ]
         for who, token in (("alice", ALICE), ("bob", BOB))
     }
     assert listed == {"alice": [sid], "bob": [theirs.sandbox_id]}
@@ -86,8 +93,13 @@ async def test_a_chosen_id_reveals_nothing_across_tenants(start_env: StartEnv, t
     assert (alices.sandbox_id, bobs.sandbox_id, fresh.sandbox_id) == ("shared-name", "shared-name", "never-used")
     assert (alices.tenant, bobs.tenant) == ("alice", "bob")
     for token, owner in ((ALICE, "alice"), (BOB, "bob-t")):
-        ex = (await stub.StartExec(pb.StartExecRequest(sandbox_id="shared-name", shell="echo $OWNER",
-                                                       wait=duration(10)), metadata=md(token), timeout=30)).exec
+        ex = (
+            await stub.StartExec(
+                pb.StartExecRequest(sandbox_id="shared-name", shell="echo $OWNER", wait=duration(10)),
+                metadata=md(token),
+                timeout=30,
+            )
+        ).exec
         assert ex.stdout.decode().strip() == owner[:5]
     for token in (ALICE, BOB):
         with pytest.raises(grpc.aio.AioRpcError) as info:
@@ -99,9 +111,12 @@ async def test_a_chosen_id_reveals_nothing_across_tenants(start_env: StartEnv, t
 
 
 def _http(port: int, method: str, path: str, key: str, body: dict[str, object] | None = None) -> tuple[int, dict]:
-    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method,
-                                     data=json.dumps(body).encode() if body is not None else None,
-                                     headers={"X-API-Key": key, "Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}{path}",
+        method=method,
+        data=json.dumps(body).encode() if body is not None else None,
+        headers={"X-API-Key": key, "Content-Type": "application/json"},
+    )
     try:
         with urllib.request.urlopen(request, timeout=30) as response:
             return response.status, json.loads(response.read())

@@ -10,6 +10,7 @@ from pathlib import Path
 import nats.errors
 import pytest
 from experience_helpers import NatsServer, rollout
+
 from orchard import events
 from orchard.events.subjects import STREAM
 from orchard.experience.v1 import experience_pb2 as pb
@@ -37,11 +38,14 @@ async def test_events_land_on_their_subjects_once(tmp_path: Path) -> None:
         nats_server.stop()
 
 
-@pytest.mark.parametrize("event", [
-    pb.RolloutEvent(event_id="x", run_id="r"),  # no event kind
-    pb.RolloutEvent(run_id="r", rollout_step=pb.RolloutStep()),  # no id
-    pb.RolloutEvent(event_id="x", run_id="bad.run", rollout_step=pb.RolloutStep()),  # not a subject token
-])
+@pytest.mark.parametrize(
+    "event",
+    [
+        pb.RolloutEvent(event_id="x", run_id="r"),  # no event kind
+        pb.RolloutEvent(run_id="r", rollout_step=pb.RolloutStep()),  # no id
+        pb.RolloutEvent(event_id="x", run_id="bad.run", rollout_step=pb.RolloutStep()),  # not a subject token
+    ],
+)
 def test_bad_events_are_refused(event: pb.RolloutEvent) -> None:
     with pytest.raises(ValueError, match="event|run id"):
         events.subject_of(event)
@@ -54,8 +58,9 @@ async def test_backpressure_is_bounded_and_nothing_is_lost(tmp_path: Path) -> No
     nats_server = NatsServer(tmp_path / "nats")
     nats_server.start()
     try:
-        async with events.EventPublisher.connect(nats_server.url, max_pending=50, max_wait_s=0.3,
-                                                 ack_timeout_s=0.5) as publisher:
+        async with events.EventPublisher.connect(
+            nats_server.url, max_pending=50, max_wait_s=0.3, ack_timeout_s=0.5
+        ) as publisher:
             await asyncio.to_thread(nats_server.stop)
             steps = [events.step("run-1", "t1", tpb.Step(index=i)) for i in range(60)]
             for event in steps[:50]:

@@ -14,6 +14,7 @@ from pathlib import Path
 import grpc
 import pytest
 from experience_helpers import NatsServer, free_port
+
 from orchard import events
 from orchard.experience.v1 import experience_pb2 as pb
 from orchard.experience.v1 import experience_pb2_grpc
@@ -30,16 +31,41 @@ def all_events() -> list[pb.RolloutEvent]:
         out.append(events.started(tpb.Trajectory(trajectory_id=tid, run_id="noloss", task_id=f"task{i % 50}")))
         steps = [tpb.Step(index=k, tokens=tpb.TokenSpan(token_ids=[k, k + 1], mask=[1, 0])) for k in range(STEPS)]
         out += [events.step("noloss", tid, s) for s in steps]
-        out.append(events.finished(tpb.Trajectory(trajectory_id=tid, run_id="noloss", task_id=f"task{i % 50}",
-                                                  steps=steps, stop_reason=tpb.STOP_REASON_SUBMITTED)))
+        out.append(
+            events.finished(
+                tpb.Trajectory(
+                    trajectory_id=tid,
+                    run_id="noloss",
+                    task_id=f"task{i % 50}",
+                    steps=steps,
+                    stop_reason=tpb.STOP_REASON_SUBMITTED,
+                )
+            )
+        )
     return out
 
 
 def start_service(nats_url: str, db: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-m", "orchard.services.experience.server", "--port", str(port), "--nats-url", nats_url,
-         "--store-url", f"sqlite:///{db}", "--ack-wait-s", "3", "--log-format", "text"],
-        stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True)
+        [
+            sys.executable,
+            "-m",
+            "orchard.services.experience.server",
+            "--port",
+            str(port),
+            "--nats-url",
+            nats_url,
+            "--store-url",
+            f"sqlite:///{db}",
+            "--ack-wait-s",
+            "3",
+            "--log-format",
+            "text",
+        ],
+        stdout=log.open("ab"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def stored(db: Path) -> int:
@@ -97,14 +123,18 @@ async def test_100k_events_survive_a_nats_restart_and_a_killed_consumer(tmp_path
         with sqlite3.connect(db) as conn:
             assert conn.execute("SELECT count(*), count(DISTINCT event_id) FROM events").fetchone() == (TOTAL, TOTAL)
             assert conn.execute("SELECT count(*) FROM steps").fetchone()[0] == TRAJECTORIES * STEPS
-            assert conn.execute("SELECT count(*), min(step_count), max(step_count) FROM trajectories "
-                                "WHERE state = 2").fetchone() == (TRAJECTORIES, STEPS, STEPS)
+            assert conn.execute(
+                "SELECT count(*), min(step_count), max(step_count) FROM trajectories WHERE state = 2"
+            ).fetchone() == (TRAJECTORIES, STEPS, STEPS)
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
             reply = await experience_pb2_grpc.ExperienceServiceStub(channel).QueryStats(
-                pb.QueryStatsRequest(), timeout=30, wait_for_ready=True)
+                pb.QueryStatsRequest(), timeout=30, wait_for_ready=True
+            )
         assert (reply.total.trajectory_count, reply.total.finished_count) == (TRAJECTORIES, TRAJECTORIES)
-        print(f"killed the consumer at {killed_at} stored events; publisher retries {publisher.stats.retries}, "
-              f"backpressure refusals {refusals}")
+        print(
+            f"killed the consumer at {killed_at} stored events; publisher retries {publisher.stats.retries}, "
+            f"backpressure refusals {refusals}"
+        )
     finally:
         if service.poll() is None:
             service.terminate()

@@ -14,6 +14,7 @@ import grpc
 import pyarrow.parquet as pq
 import pytest
 from experience_helpers import NatsServer, outcome, publish_and_store, rollout, stamp
+
 from orchard import events
 from orchard.experience.v1 import experience_pb2 as pb
 from orchard.experience.v1 import experience_pb2_grpc
@@ -30,8 +31,14 @@ async def stub(tmp_path: Path, nats_server: NatsServer) -> AsyncIterator[Stub]:
     """The service with eval set {task-eval}, fed one run of five rollouts and an unfinished one."""
     eval_file = tmp_path / "eval.txt"
     eval_file.write_text("# held out\ntask-eval\n")
-    settings = ExperienceSettings(port=0, nats_url=nats_server.url, store_url=f"sqlite:///{tmp_path / 'e.db'}",
-                                  log_format="text", eval_task_files=[eval_file], grace_period_s=1)
+    settings = ExperienceSettings(
+        port=0,
+        nats_url=nats_server.url,
+        store_url=f"sqlite:///{tmp_path / 'e.db'}",
+        log_format="text",
+        eval_task_files=[eval_file],
+        grace_period_s=1,
+    )
     server, store = await build(settings)
     port = await server.start()
     published = [
@@ -54,31 +61,36 @@ async def test_get_trajectory(stub: Stub) -> None:
     assert (t.name, t.run_id, t.task_id, t.step_count) == ("runs/run-a/trajectories/t0", "run-a", "task-a", 2)
     assert [s.tokens.mask[0] for s in t.steps] == [1, 1] and len(t.messages) == 6
     assert [(r.kind, r.value) for r in t.rewards] == [(tpb.REWARD_KIND_OUTCOME, 1.0), (tpb.REWARD_KIND_RPR, 1.3)]
-    basic = (await stub.GetTrajectory(pb.GetTrajectoryRequest(trajectory_id="t0", view=pb.TRAJECTORY_VIEW_BASIC),
-                                      timeout=5)).trajectory
+    basic = (
+        await stub.GetTrajectory(pb.GetTrajectoryRequest(trajectory_id="t0", view=pb.TRAJECTORY_VIEW_BASIC), timeout=5)
+    ).trajectory
     assert not basic.steps and not basic.messages and basic.step_count == 2
 
 
 async def _list(stub: Stub, f: pb.TrajectoryFilter, page_size: int = 0) -> list[str]:
     ids, token = [], ""
     while True:
-        reply = await stub.ListTrajectories(pb.ListTrajectoriesRequest(filter=f, page_size=page_size,
-                                                                       page_token=token), timeout=5)
+        reply = await stub.ListTrajectories(
+            pb.ListTrajectoriesRequest(filter=f, page_size=page_size, page_token=token), timeout=5
+        )
         ids += [t.trajectory_id for t in reply.trajectories]
         token = reply.next_page_token
         if not token:
             return ids
 
 
-@pytest.mark.parametrize(("f", "expected"), [
-    (pb.TrajectoryFilter(), ["t4", "t3", "t2", "t1", "t0"]),
-    (pb.TrajectoryFilter(run_ids=["run-b"], include_unfinished=True), ["t4", "t5"]),
-    (pb.TrajectoryFilter(task_ids=["task-b"]), ["t4", "t2"]),
-    (pb.TrajectoryFilter(outcome_status=RESOLVED), ["t3", "t2", "t0"]),
-    (pb.TrajectoryFilter(weights_version="v2"), ["t4", "t2"]),
-    (pb.TrajectoryFilter(end_after_time=stamp(1_700_000_200), end_before_time=stamp(1_700_000_400)), ["t2", "t1"]),
-    (pb.TrajectoryFilter(reward_kind=tpb.REWARD_KIND_RPR, min_reward=1.0), ["t0"]),
-])
+@pytest.mark.parametrize(
+    ("f", "expected"),
+    [
+        (pb.TrajectoryFilter(), ["t4", "t3", "t2", "t1", "t0"]),
+        (pb.TrajectoryFilter(run_ids=["run-b"], include_unfinished=True), ["t4", "t5"]),
+        (pb.TrajectoryFilter(task_ids=["task-b"]), ["t4", "t2"]),
+        (pb.TrajectoryFilter(outcome_status=RESOLVED), ["t3", "t2", "t0"]),
+        (pb.TrajectoryFilter(weights_version="v2"), ["t4", "t2"]),
+        (pb.TrajectoryFilter(end_after_time=stamp(1_700_000_200), end_before_time=stamp(1_700_000_400)), ["t2", "t1"]),
+        (pb.TrajectoryFilter(reward_kind=tpb.REWARD_KIND_RPR, min_reward=1.0), ["t0"]),
+    ],
+)
 async def test_query_trajectories_paginated(stub: Stub, f: pb.TrajectoryFilter, expected: list[str]) -> None:
     for page_size in (0, 1, 2):
         assert await _list(stub, f, page_size) == expected, f"page_size {page_size}"
@@ -87,12 +99,16 @@ async def test_query_trajectories_paginated(stub: Stub, f: pb.TrajectoryFilter, 
 async def test_stats_and_runs(stub: Stub) -> None:
     reply = await stub.QueryStats(pb.QueryStatsRequest(group_by=pb.STATS_GROUP_BY_TASK), timeout=5)
     assert [(g.key, g.resolved_count, g.graded_count) for g in reply.groups] == [
-        ("task-a", 1, 2), ("task-b", 1, 2), ("task-eval", 1, 1)]
+        ("task-a", 1, 2),
+        ("task-b", 1, 2),
+        ("task-eval", 1, 1),
+    ]
     assert reply.total.trajectory_count == 5 and reply.total.mean_steps == 2
     assert dict(reply.total.stop_reason_counts) == {"STOP_REASON_SUBMITTED": 5}
     page = await stub.QueryStats(pb.QueryStatsRequest(group_by=pb.STATS_GROUP_BY_TASK, page_size=2), timeout=5)
-    rest = await stub.QueryStats(pb.QueryStatsRequest(group_by=pb.STATS_GROUP_BY_TASK, page_size=2,
-                                                      page_token=page.next_page_token), timeout=5)
+    rest = await stub.QueryStats(
+        pb.QueryStatsRequest(group_by=pb.STATS_GROUP_BY_TASK, page_size=2, page_token=page.next_page_token), timeout=5
+    )
     assert [g.key for g in [*page.groups, *rest.groups]] == ["task-a", "task-b", "task-eval"]
     runs = await stub.ListRuns(pb.ListRunsRequest(), timeout=5)
     assert {(r.run_id, r.trajectory_count, r.finished_count) for r in runs.runs} == {("run-a", 4, 4), ("run-b", 2, 1)}
@@ -109,7 +125,10 @@ async def test_export_jsonl_decontaminated(stub: Stub) -> None:
     rows = [json.loads(line) for line in data.decode().splitlines()]
     assert [r["trajectory_id"] for r in rows] == ["t0", "t1", "t2", "t4"]  # oldest first, t3 (task-eval) left out
     assert (summary.row_count, summary.decontaminated_count, list(summary.decontaminated_task_ids)) == (
-        4, 1, ["task-eval"])
+        4,
+        1,
+        ["task-eval"],
+    )
     row = rows[0]
     assert row["messages"][0] == {"role": "system", "content": "be brief"}
     assert row["messages"][2] == {"role": "assistant", "content": "step 0"}
@@ -131,8 +150,9 @@ async def test_export_parquet(stub: Stub) -> None:
 
 
 async def test_export_trajectories_stream(stub: Stub) -> None:
-    replies = [r async for r in stub.ExportTrajectories(pb.ExportTrajectoriesRequest(distinct_patches=True),
-                                                        timeout=10)]
+    replies = [
+        r async for r in stub.ExportTrajectories(pb.ExportTrajectoriesRequest(distinct_patches=True), timeout=10)
+    ]
     # t3 is an eval task (training is the default purpose); t1 repeats t0's (task, patch) pair.
     assert [r.trajectory.trajectory_id for r in replies] == ["t0", "t2"]
     assert all(len(r.trajectory.steps) == 2 for r in replies)
@@ -143,27 +163,57 @@ async def test_training_export_naming_an_eval_task_is_refused(stub: Stub) -> Non
         await _dataset(stub, format=pb.DATASET_FORMAT_JSONL, filter=pb.TrajectoryFilter(task_ids=["task-eval"]))
     assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "evaluation-set tasks (task-eval, from eval.txt)" in (caught.value.details() or "")
-    data, _ = await _dataset(stub, format=pb.DATASET_FORMAT_JSONL, purpose=pb.EXPORT_PURPOSE_EVALUATION,
-                             filter=pb.TrajectoryFilter(task_ids=["task-eval"]))
+    data, _ = await _dataset(
+        stub,
+        format=pb.DATASET_FORMAT_JSONL,
+        purpose=pb.EXPORT_PURPOSE_EVALUATION,
+        filter=pb.TrajectoryFilter(task_ids=["task-eval"]),
+    )
     assert len(data.splitlines()) == 1
 
 
-@pytest.mark.parametrize(("call", "code", "words"), [
-    (lambda s: s.GetTrajectory(pb.GetTrajectoryRequest(), timeout=5), "INVALID_ARGUMENT", "trajectory_id is empty"),
-    (lambda s: s.GetTrajectory(pb.GetTrajectoryRequest(trajectory_id="nope"), timeout=5), "NOT_FOUND", "'nope'"),
-    (lambda s: s.GetTrajectory(pb.GetTrajectoryRequest(trajectory_id="t0", view=9), timeout=5), "INVALID_ARGUMENT",
-     "not a TrajectoryView"),
-    (lambda s: s.ListTrajectories(pb.ListTrajectoriesRequest(page_size=-1), timeout=5), "INVALID_ARGUMENT",
-     "negative"),
-    (lambda s: s.ListTrajectories(pb.ListTrajectoriesRequest(page_token="garbage"), timeout=5), "INVALID_ARGUMENT",
-     "not a token this service issued"),
-    (lambda s: s.ListTrajectories(pb.ListTrajectoriesRequest(filter=pb.TrajectoryFilter(min_reward=2, max_reward=1)),
-                                  timeout=5), "INVALID_ARGUMENT", "above filter.max_reward"),
-    (lambda s: s.ListTrajectories(pb.ListTrajectoriesRequest(filter=pb.TrajectoryFilter(stop_reasons=[42])),
-                                  timeout=5), "INVALID_ARGUMENT", "not a StopReason"),
-    (lambda s: s.QueryStats(pb.QueryStatsRequest(group_by=77), timeout=5), "INVALID_ARGUMENT", "not a StatsGroupBy"),
-    (lambda s: _dataset(s), "INVALID_ARGUMENT", "DATASET_FORMAT_JSONL or DATASET_FORMAT_PARQUET"),
-])
+@pytest.mark.parametrize(
+    ("call", "code", "words"),
+    [
+        (lambda s: s.GetTrajectory(pb.GetTrajectoryRequest(), timeout=5), "INVALID_ARGUMENT", "trajectory_id is empty"),
+        (lambda s: s.GetTrajectory(pb.GetTrajectoryRequest(trajectory_id="nope"), timeout=5), "NOT_FOUND", "'nope'"),
+        (
+            lambda s: s.GetTrajectory(pb.GetTrajectoryRequest(trajectory_id="t0", view=9), timeout=5),
+            "INVALID_ARGUMENT",
+            "not a TrajectoryView",
+        ),
+        (
+            lambda s: s.ListTrajectories(pb.ListTrajectoriesRequest(page_size=-1), timeout=5),
+            "INVALID_ARGUMENT",
+            "negative",
+        ),
+        (
+            lambda s: s.ListTrajectories(pb.ListTrajectoriesRequest(page_token="garbage"), timeout=5),
+            "INVALID_ARGUMENT",
+            "not a token this service issued",
+        ),
+        (
+            lambda s: s.ListTrajectories(
+                pb.ListTrajectoriesRequest(filter=pb.TrajectoryFilter(min_reward=2, max_reward=1)), timeout=5
+            ),
+            "INVALID_ARGUMENT",
+            "above filter.max_reward",
+        ),
+        (
+            lambda s: s.ListTrajectories(
+                pb.ListTrajectoriesRequest(filter=pb.TrajectoryFilter(stop_reasons=[42])), timeout=5
+            ),
+            "INVALID_ARGUMENT",
+            "not a StopReason",
+        ),
+        (
+            lambda s: s.QueryStats(pb.QueryStatsRequest(group_by=77), timeout=5),
+            "INVALID_ARGUMENT",
+            "not a StatsGroupBy",
+        ),
+        (lambda s: _dataset(s), "INVALID_ARGUMENT", "DATASET_FORMAT_JSONL or DATASET_FORMAT_PARQUET"),
+    ],
+)
 async def test_bad_input(stub: Stub, call, code: str, words: str) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await call(stub)
@@ -173,8 +223,12 @@ async def test_bad_input(stub: Stub, call, code: str, words: str) -> None:  # ty
 async def test_page_token_of_another_filter_is_refused(stub: Stub) -> None:
     first = await stub.ListTrajectories(pb.ListTrajectoriesRequest(page_size=1), timeout=5)
     with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await stub.ListTrajectories(pb.ListTrajectoriesRequest(
-            page_size=1, page_token=first.next_page_token, filter=pb.TrajectoryFilter(run_ids=["run-a"])), timeout=5)
+        await stub.ListTrajectories(
+            pb.ListTrajectoriesRequest(
+                page_size=1, page_token=first.next_page_token, filter=pb.TrajectoryFilter(run_ids=["run-a"])
+            ),
+            timeout=5,
+        )
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "different filter" in caught.value.details()
 
 

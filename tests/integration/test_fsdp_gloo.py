@@ -37,8 +37,16 @@ def test_rank_slice_refuses_an_uneven_split() -> None:
 
 def test_torchrun_command_and_env() -> None:
     assert torchrun_command(2, "orchard.trainers.sft_job", ["--job-dir", "/j"]) == [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-        "-m", "orchard.trainers.sft_job", "--job-dir", "/j"]
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "-m",
+        "orchard.trainers.sft_job",
+        "--job-dir",
+        "/j",
+    ]
     assert torchrun_env() == {"MASTER_ADDR": "127.0.0.1", "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
 
 
@@ -81,6 +89,12 @@ def test_ranks_exit_cleanly_after_gathering_sharded_tensors() -> None:
     worker thread freed the gathered tensors while the interpreter was finalizing. The race is timing-bound, so
     this launches repeatedly; 12 launches would catch the old behaviour about 3 times in 4."""
     for launch in range(12):
-        proc = subprocess.run(torchrun_command(2, EXIT_SCRIPT, []), check=False, env=_script_env(),
-                              capture_output=True, text=True, timeout=60)
+        proc = subprocess.run(
+            torchrun_command(2, EXIT_SCRIPT, []),
+            check=False,
+            env=_script_env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert proc.returncode == 0, f"launch {launch}: " + proc.stderr[-3000:]

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 from conftest import EnvServer
+
 from orchard.harness import AgentLoop, Limits, ListSink, SamplingConfig, ScriptedModel, run_rollouts
 from orchard.harness.gui import GUIHarness, WebScriptModel
 from orchard.sdk import AsyncSandboxClient
@@ -40,13 +41,22 @@ def task(task_id: str) -> WebTask:
 async def test_the_scripted_policy_completes_every_bundled_and_miniwob_task(env: EnvServer, site: str) -> None:
     sink = ListSink()
     async with AsyncSandboxClient(f"127.0.0.1:{env.server.port}") as client:
-        loop = AgentLoop(WebScriptModel(TASKS, site), Limits(max_steps=40, max_tokens=200_000),
-                         SamplingConfig(max_step_tokens=4096), sink=sink, run_id="gui-it")
-        results = await run_rollouts(TASKS, 1, loop=loop, client=client, concurrency=4,
-                                     make_harness=lambda t: GUIHarness(t, client, site))
+        loop = AgentLoop(
+            WebScriptModel(TASKS, site),
+            Limits(max_steps=40, max_tokens=200_000),
+            SamplingConfig(max_step_tokens=4096),
+            sink=sink,
+            run_id="gui-it",
+        )
+        results = await run_rollouts(
+            TASKS, 1, loop=loop, client=client, concurrency=4, make_harness=lambda t: GUIHarness(t, client, site)
+        )
         left = [s async for s in client.list_sandboxes()]
-    failed = {r.trajectory.task_id: (r.trajectory.stop_detail, r.grade and r.grade.log_tail) for r in results
-              if r.grade is None or not r.grade.resolved}
+    failed = {
+        r.trajectory.task_id: (r.trajectory.stop_detail, r.grade and r.grade.log_tail)
+        for r in results
+        if r.grade is None or not r.grade.resolved
+    }
     assert not failed, failed
     assert not left  # every browser sandbox was deleted
     for result in results:
@@ -69,13 +79,15 @@ async def test_the_scripted_policy_completes_every_bundled_and_miniwob_task(env:
 def tree_reader(path: list[str]):  # type: ignore[no-untyped-def]
     """A text policy: it follows the links named in `path` in order, each only once it sees the link in the
     accessibility tree of the page it was shown; it gives up (done) when a link is not there."""
+
     def policy(prompt: str, step: int) -> str:
         page = prompt.rsplit("<|im_start|>", 2)[-2]
         if step == len(path):
             return "I am there.\n" + tool_call("done")
         if f'link "{path[step]}"' not in page:
             return f"I see no link {path[step]!r}.\n" + tool_call("done", answer="not found")
-        return f"Following {path[step]}.\n" + tool_call("click", selector=f"role=link[name=\"{path[step]}\"] >> nth=0")
+        return f"Following {path[step]}.\n" + tool_call("click", selector=f'role=link[name="{path[step]}"] >> nth=0')
+
     return policy
 
 
@@ -84,10 +96,14 @@ async def test_a_text_policy_finds_its_way_by_the_accessibility_tree(env: EnvSer
     path = ["Guides", "Deployment", "Kubernetes"]
     async with AsyncSandboxClient(f"127.0.0.1:{env.server.port}") as client:
         for links, succeeds in ((path, True), (path[:1] + ["No such page"], False)):
-            loop = AgentLoop(ScriptedModel(tree_reader(links), name="tree-reader"), Limits(max_steps=8),
-                             SamplingConfig(max_step_tokens=512))
-            [result] = await run_rollouts([target], 1, loop=loop, client=client,
-                                          make_harness=lambda t: GUIHarness(t, client, site))
+            loop = AgentLoop(
+                ScriptedModel(tree_reader(links), name="tree-reader"),
+                Limits(max_steps=8),
+                SamplingConfig(max_step_tokens=512),
+            )
+            [result] = await run_rollouts(
+                [target], 1, loop=loop, client=client, make_harness=lambda t: GUIHarness(t, client, site)
+            )
             assert result.grade is not None and result.grade.resolved is succeeds, result.grade
             assert result.trajectory.final_answer == ("" if succeeds else "not found")
             if not succeeds:
@@ -97,16 +113,21 @@ async def test_a_text_policy_finds_its_way_by_the_accessibility_tree(env: EnvSer
 async def test_screenshots_reach_the_model_as_png_images(env: EnvServer, site: str) -> None:
     target = task("nav-kubernetes")
     async with AsyncSandboxClient(f"127.0.0.1:{env.server.port}") as client:
-        loop = AgentLoop(WebScriptModel([target], site), Limits(max_steps=20, max_tokens=200_000),
-                         SamplingConfig(max_step_tokens=4096))
-        [result] = await run_rollouts([target], 1, loop=loop, client=client,
-                                      make_harness=lambda t: GUIHarness(t, client, site, observe="both"))
+        loop = AgentLoop(
+            WebScriptModel([target], site),
+            Limits(max_steps=20, max_tokens=200_000),
+            SamplingConfig(max_step_tokens=4096),
+        )
+        [result] = await run_rollouts(
+            [target], 1, loop=loop, client=client, make_harness=lambda t: GUIHarness(t, client, site, observe="both")
+        )
     traj = result.trajectory
     assert result.grade is not None and result.grade.resolved, result.grade
     images = [part.image for m in traj.messages for part in m.parts if part.HasField("image")]
     assert len(images) == len(traj.steps)  # the opening page, then one after every action but done
-    assert all(i.data.startswith(PNG) and i.mime_type == "image/png" and (i.width, i.height) == (1024, 768)
-               for i in images)
+    assert all(
+        i.data.startswith(PNG) and i.mime_type == "image/png" and (i.width, i.height) == (1024, 768) for i in images
+    )
     opening = traj.messages[1]
     assert opening.parts[0].text.startswith(f"Goal: {target.goal}") and "URL: " in opening.parts[0].text
 
@@ -115,15 +136,25 @@ async def test_bad_actions_come_back_as_observations(env: EnvServer, site: str) 
     """A missing element, an unknown argument and a blocked site are the agent's mistakes: each is shown to it and
     the rollout goes on; done on the wrong page fails the check with the reason."""
     target = task("shop-blue-mug")
-    replies = [tool_call("click", selector="#no-such-button"),
-               tool_call("click", selector="#x", colour="red"),
-               tool_call("navigate", url="http://example.com/"),
-               tool_call("done", answer="gave up")]
+    replies = [
+        tool_call("click", selector="#no-such-button"),
+        tool_call("click", selector="#x", colour="red"),
+        tool_call("navigate", url="http://example.com/"),
+        tool_call("done", answer="gave up"),
+    ]
     async with AsyncSandboxClient(f"127.0.0.1:{env.server.port}") as client:
-        loop = AgentLoop(ScriptedModel(lambda prompt, step: replies[step]), Limits(max_steps=6, max_tokens=100_000),
-                         SamplingConfig(max_step_tokens=512))
-        [result] = await run_rollouts([target], 1, loop=loop, client=client,
-                                      make_harness=lambda t: GUIHarness(t, client, site, action_timeout_s=1))
+        loop = AgentLoop(
+            ScriptedModel(lambda prompt, step: replies[step]),
+            Limits(max_steps=6, max_tokens=100_000),
+            SamplingConfig(max_step_tokens=512),
+        )
+        [result] = await run_rollouts(
+            [target],
+            1,
+            loop=loop,
+            client=client,
+            make_harness=lambda t: GUIHarness(t, client, site, action_timeout_s=1),
+        )
     traj = result.trajectory
     assert traj.stop_reason == tpb.STOP_REASON_SUBMITTED, traj.stop_detail
     missing, unknown, blocked = (s.observations[0].message.content for s in traj.steps[:3])

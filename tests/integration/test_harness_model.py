@@ -1,4 +1,5 @@
-"""Smoke test of the SWE, GUI and assistant harnesses with the real embedded model (SmolLM2-135M-Instruct on CPU) through the real
+"""Smoke test of the SWE, GUI and assistant harnesses with the real embedded model (SmolLM2-135M-Instruct on CPU)
+through the real
 inference service and real sandboxes. The model is too weak to solve tasks; this checks that the loop runs and
 that the recorded tokens are consistent: the prompt is the chat template's, log-probs match ScoreTokens on the
 exact sequence, and the mask marks exactly the sampled tokens."""
@@ -10,6 +11,7 @@ from collections.abc import AsyncIterator
 import pytest
 import pytest_asyncio
 from conftest import EnvServer, needs_image, needs_sandboxes
+
 from orchard.harness import (
     AgentLoop,
     InferenceModel,
@@ -51,8 +53,11 @@ async def test_two_step_rollout_records_consistent_tokens(env: EnvServer, infere
         async with AsyncSandboxClient(f"127.0.0.1:{env.server.port}") as client:
             loop = AgentLoop(model, Limits(max_steps=2, wall_clock_s=240), model.sampling)
             traj = await loop.run(SWEHarness(TASK, client))
-        assert traj.stop_reason in (tpb.STOP_REASON_STEP_LIMIT, tpb.STOP_REASON_SUBMITTED,
-                                    tpb.STOP_REASON_FORMAT_ERROR), traj.stop_detail
+        assert traj.stop_reason in (
+            tpb.STOP_REASON_STEP_LIMIT,
+            tpb.STOP_REASON_SUBMITTED,
+            tpb.STOP_REASON_FORMAT_ERROR,
+        ), traj.stop_detail
         assert traj.policy.model == "SmolLM2-135M-Instruct" and traj.policy.weights_version
         opening = await model.render(list(traj.messages[:2]), list(traj.tools), add_generation_prompt=True)
         assert list(traj.prompt_tokens.token_ids) == opening.token_ids
@@ -62,11 +67,14 @@ async def test_two_step_rollout_records_consistent_tokens(env: EnvServer, infere
             assert len(tokens.token_ids) == len(tokens.logprobs) == len(tokens.mask)
             sampled = [t for t, m in zip(tokens.token_ids, tokens.mask, strict=True) if m]
             assert len(sampled) == step.completion_token_count > 0 and step.prompt_token_count == len(sequence)
-            assert tokens.mask[:len(sampled)] == [1] * len(sampled) and set(tokens.mask[len(sampled):]) <= {0}
+            assert tokens.mask[: len(sampled)] == [1] * len(sampled) and set(tokens.mask[len(sampled) :]) <= {0}
             # The behaviour log-probs are the model's own on exactly this sequence.
-            scored = await model._call("ScoreTokens", ipb.ScoreTokensRequest(
-                token_ids=ipb.TokenIds(ids=sequence), continuation_token_ids=sampled), 120)
-            assert list(scored.logprobs) == pytest.approx(list(tokens.logprobs[:len(sampled)]), abs=2e-3)  # type: ignore[attr-defined]
+            scored = await model._call(
+                "ScoreTokens",
+                ipb.ScoreTokensRequest(token_ids=ipb.TokenIds(ids=sequence), continuation_token_ids=sampled),
+                120,
+            )
+            assert list(scored.logprobs) == pytest.approx(list(tokens.logprobs[: len(sampled)]), abs=2e-3)  # type: ignore[attr-defined]
             sequence += tokens.token_ids
         assert traj.token_count == len(sequence)
         if traj.stop_reason == tpb.STOP_REASON_STEP_LIMIT:
@@ -90,8 +98,11 @@ async def test_gui_rollout_over_the_accessibility_tree(env: EnvServer, inference
             loop = AgentLoop(model, Limits(max_steps=2, wall_clock_s=240), model.sampling)
             traj = await loop.run(GUIHarness(web_task, client, site.url))
             assert [s async for s in client.list_sandboxes()] == []  # the browser sandbox is gone
-        assert traj.stop_reason in (tpb.STOP_REASON_STEP_LIMIT, tpb.STOP_REASON_SUBMITTED,
-                                    tpb.STOP_REASON_FORMAT_ERROR), traj.stop_detail
+        assert traj.stop_reason in (
+            tpb.STOP_REASON_STEP_LIMIT,
+            tpb.STOP_REASON_SUBMITTED,
+            tpb.STOP_REASON_FORMAT_ERROR,
+        ), traj.stop_detail
         assert traj.harness == "orchard-gui" and traj.steps
         opening = traj.messages[1].content
         assert opening.startswith(f"Goal: {web_task.goal}") and 'link "Guides"' in opening
@@ -115,8 +126,11 @@ async def test_assistant_rollout_with_the_real_model(env: EnvServer, inference: 
             loop = AgentLoop(model, Limits(max_steps=2, wall_clock_s=240), model.sampling)
             traj = await loop.run(AssistantHarness(claw_task, client))
             assert [s async for s in client.list_sandboxes()] == []
-        assert traj.stop_reason in (tpb.STOP_REASON_STEP_LIMIT, tpb.STOP_REASON_SUBMITTED,
-                                    tpb.STOP_REASON_FORMAT_ERROR), traj.stop_detail
+        assert traj.stop_reason in (
+            tpb.STOP_REASON_STEP_LIMIT,
+            tpb.STOP_REASON_SUBMITTED,
+            tpb.STOP_REASON_FORMAT_ERROR,
+        ), traj.stop_detail
         assert traj.harness == "orchard-assistant" and traj.steps
         assert {t.name for t in traj.tools} >= {"send_mail", "search_mail", "find_events", "write_file", "finish"}
         rendered = await model.render(list(traj.messages[:2]), list(traj.tools), add_generation_prompt=True)

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 from conftest import EnvServer, needs_image, needs_sandboxes
+
 from orchard.harness import (
     AgentLoop,
     Limits,
@@ -37,6 +38,7 @@ def tool_call(name: str, **arguments: object) -> str:
 
 def fixer(tasks: list[TaskInstance]):  # type: ignore[no-untyped-def]
     """A policy that looks around, applies the task's gold patch with bash, runs the tests and submits."""
+
     def policy(prompt: str, step: int) -> str:
         task = next(t for t in tasks if t.problem_statement in prompt)
         if step == 0:
@@ -46,6 +48,7 @@ def fixer(tasks: list[TaskInstance]):  # type: ignore[no-untyped-def]
         if step == 2:
             return tool_call("bash", command="python -m pytest -q")
         return tool_call("submit")
+
     return policy
 
 
@@ -61,8 +64,14 @@ async def test_scripted_fixes_resolve_every_task(client: AsyncSandboxClient) -> 
     model = ScriptedModel(fixer(TASKS))
     loop = AgentLoop(model, Limits(max_steps=6), WIDE, sink=sink, run_id="it")
     started = time.monotonic()
-    results = await run_rollouts(TASKS, 2, loop=loop, client=client, concurrency=4,
-                                 make_harness=lambda t: SWEHarness(t, client, task_set="toyrepair"))
+    results = await run_rollouts(
+        TASKS,
+        2,
+        loop=loop,
+        client=client,
+        concurrency=4,
+        make_harness=lambda t: SWEHarness(t, client, task_set="toyrepair"),
+    )
     elapsed = time.monotonic() - started
     assert len(results) == 2 * len(TASKS) and model.max_in_flight <= 4
     for result in results:
@@ -71,7 +80,9 @@ async def test_scripted_fixes_resolve_every_task(client: AsyncSandboxClient) -> 
         assert result.grade is not None and result.grade.resolved, (traj.task_id, result.grade.log_tail)
         assert traj.final_patch.startswith("diff --git") and "tests/" not in traj.final_patch
         assert [s.action_status for s in traj.steps] == [tpb.ACTION_STATUS_OK] * 3 + [tpb.ACTION_STATUS_SUBMITTED]
-        assert traj.steps[2].observations[0].exit_code == 0 and "passed" in traj.steps[2].observations[0].message.content
+        assert (
+            traj.steps[2].observations[0].exit_code == 0 and "passed" in traj.steps[2].observations[0].message.content
+        )
         assert traj.rewards[0].value == 1.0 and traj.metadata["verify_status"] == "resolved"
         # The text-form action (a bash block) is answered as user text, the tool calls as tool messages.
         assert traj.messages[3].role == tpb.ROLE_USER and traj.messages[5].role == tpb.ROLE_TOOL
@@ -87,8 +98,13 @@ async def test_editor_tool_flow(client: AsyncSandboxClient) -> None:
     replies = [
         tool_call("editor", command="view", path="numkit/power.py"),
         tool_call("editor", command="str_replace", path="numkit/power.py", old_str="nothing like this", new_str="x"),
-        tool_call("editor", command="str_replace", path="numkit/power.py", old_str="_power(exponent, base)",
-                  new_str="_power(base, exponent)"),
+        tool_call(
+            "editor",
+            command="str_replace",
+            path="numkit/power.py",
+            old_str="_power(exponent, base)",
+            new_str="_power(base, exponent)",
+        ),
         tool_call("editor", command="create", path="NOTES.md", file_text="fixed\n"),
         tool_call("submit"),
     ]
@@ -103,8 +119,9 @@ async def test_editor_tool_flow(client: AsyncSandboxClient) -> None:
 
 async def test_command_timeout_and_step_budget(client: AsyncSandboxClient) -> None:
     harness = SWEHarness(TASKS[0], client, command_timeout_s=1)
-    traj = await AgentLoop(ScriptedModel(replay([tool_call("bash", command="sleep 30")])),
-                           Limits(max_steps=2)).run(harness)
+    traj = await AgentLoop(ScriptedModel(replay([tool_call("bash", command="sleep 30")])), Limits(max_steps=2)).run(
+        harness
+    )
     assert traj.stop_reason == tpb.STOP_REASON_STEP_LIMIT and len(traj.steps) == 2
     assert traj.steps[0].action_status == tpb.ACTION_STATUS_TIMED_OUT
     assert "timed out after 1s" in traj.steps[0].observations[0].message.content
@@ -115,8 +132,9 @@ async def test_command_timeout_and_step_budget(client: AsyncSandboxClient) -> No
 async def test_wall_clock_budget_stops_a_long_command(client: AsyncSandboxClient) -> None:
     harness = SWEHarness(TASKS[0], client, command_timeout_s=60)
     started = time.monotonic()
-    traj = await AgentLoop(ScriptedModel(replay([tool_call("bash", command="sleep 60")])),
-                           Limits(wall_clock_s=3)).run(harness)
+    traj = await AgentLoop(ScriptedModel(replay([tool_call("bash", command="sleep 60")])), Limits(wall_clock_s=3)).run(
+        harness
+    )
     assert traj.stop_reason == tpb.STOP_REASON_TIME_LIMIT and time.monotonic() - started < 40  # not sleep 60
     assert not [s async for s in client.list_sandboxes()]
 

@@ -19,18 +19,48 @@ from orchard.services.env.images import BuildProgress, ImageStore, default_image
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.timeout(600),
-    pytest.mark.skipif(os.geteuid() != 0 or not (shutil.which("debootstrap") and shutil.which("bwrap")),
-                       reason="needs root, debootstrap and bubblewrap (apt-get install debootstrap bubblewrap)"),
+    pytest.mark.skipif(
+        os.geteuid() != 0 or not (shutil.which("debootstrap") and shutil.which("bwrap")),
+        reason="needs root, debootstrap and bubblewrap (apt-get install debootstrap bubblewrap)",
+    ),
 ]
 
 
 def run_in_image(rootfs: Path, *argv: str) -> subprocess.CompletedProcess[str]:
     """Run argv in the image under bubblewrap, with no capabilities, network or host environment."""
     return subprocess.run(
-        ["bwrap", "--ro-bind", str(rootfs), "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
-         "--chdir", "/workspace", "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
-         "--clearenv", "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--setenv", "HOME", "/root", *argv],
-        capture_output=True, text=True, timeout=60, check=False)
+        [
+            "bwrap",
+            "--ro-bind",
+            str(rootfs),
+            "/",
+            "--dev",
+            "/dev",
+            "--proc",
+            "/proc",
+            "--tmpfs",
+            "/tmp",
+            "--chdir",
+            "/workspace",
+            "--unshare-all",
+            "--die-with-parent",
+            "--new-session",
+            "--cap-drop",
+            "ALL",
+            "--clearenv",
+            "--setenv",
+            "PATH",
+            "/usr/local/bin:/usr/bin:/bin",
+            "--setenv",
+            "HOME",
+            "/root",
+            *argv,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
 
 async def test_build_python_image_and_run_it() -> None:

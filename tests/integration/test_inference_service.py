@@ -65,8 +65,10 @@ async def wait_idle(engine: TransformersEngine, seconds: float = 10) -> None:
 @pytest.mark.slow
 async def test_chat_is_coherent_with_token_ids_and_logprobs(svc: Service) -> None:
     """Greedy chat answers the question; token ids, logprobs and usage line up."""
-    reply = await svc.stub.Chat(pb.ChatRequest(messages=FRANCE, sampling=sampling(logprobs=True, top_logprobs=3),
-                                               return_prompt_token_ids=True), timeout=60)
+    reply = await svc.stub.Chat(
+        pb.ChatRequest(messages=FRANCE, sampling=sampling(logprobs=True, top_logprobs=3), return_prompt_token_ids=True),
+        timeout=60,
+    )
     choice = reply.choices[0]
     assert "Paris" in choice.message.content and choice.message.role == tpb.ROLE_ASSISTANT
     assert choice.finish_reason in (pb.FINISH_REASON_STOP, pb.FINISH_REASON_LENGTH)
@@ -83,28 +85,47 @@ async def test_chat_is_coherent_with_token_ids_and_logprobs(svc: Service) -> Non
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 async def test_score_tokens_matches_sampled_logprobs(svc: Service, temperature: float) -> None:
     """ScoreTokens of a sampled continuation gives the logprobs sampling reported (same model distribution)."""
-    reply = await svc.stub.Chat(pb.ChatRequest(messages=FRANCE, return_prompt_token_ids=True,
-                                               sampling=sampling(temperature=temperature, seed=5, logprobs=True)),
-                                timeout=60)
+    reply = await svc.stub.Chat(
+        pb.ChatRequest(
+            messages=FRANCE,
+            return_prompt_token_ids=True,
+            sampling=sampling(temperature=temperature, seed=5, logprobs=True),
+        ),
+        timeout=60,
+    )
     choice = reply.choices[0]
-    scored = await svc.stub.ScoreTokens(pb.ScoreTokensRequest(
-        token_ids=pb.TokenIds(ids=reply.prompt_token_ids), continuation_token_ids=choice.token_ids), timeout=60)
+    scored = await svc.stub.ScoreTokens(
+        pb.ScoreTokensRequest(
+            token_ids=pb.TokenIds(ids=reply.prompt_token_ids), continuation_token_ids=choice.token_ids
+        ),
+        timeout=60,
+    )
     assert len(scored.logprobs) == len(choice.logprobs)
     assert max(abs(a - b) for a, b in zip(scored.logprobs, choice.logprobs, strict=True)) < 1e-4
     # The same prompt given as a conversation scores the same.
-    by_chat = await svc.stub.ScoreTokens(pb.ScoreTokensRequest(
-        chat=pb.ChatPrompt(messages=FRANCE, add_generation_prompt=True), continuation_token_ids=choice.token_ids,
-        top_logprobs=2), timeout=60)
+    by_chat = await svc.stub.ScoreTokens(
+        pb.ScoreTokensRequest(
+            chat=pb.ChatPrompt(messages=FRANCE, add_generation_prompt=True),
+            continuation_token_ids=choice.token_ids,
+            top_logprobs=2,
+        ),
+        timeout=60,
+    )
     assert list(by_chat.prompt_token_ids) == list(reply.prompt_token_ids)
     assert len(by_chat.top_logprobs) == len(choice.token_ids)
 
 
 async def test_score_discriminates(svc: Service) -> None:
     """Paris is far likelier than Berlin as the capital of France."""
+
     async def total(answer: str) -> float:
         ids = (await svc.stub.Tokenize(pb.TokenizeRequest(text=answer), timeout=10)).token_ids
-        scored = await svc.stub.ScoreTokens(pb.ScoreTokensRequest(
-            chat=pb.ChatPrompt(messages=FRANCE, add_generation_prompt=True), continuation_token_ids=ids), timeout=60)
+        scored = await svc.stub.ScoreTokens(
+            pb.ScoreTokensRequest(
+                chat=pb.ChatPrompt(messages=FRANCE, add_generation_prompt=True), continuation_token_ids=ids
+            ),
+            timeout=60,
+        )
         return sum(scored.logprobs)
 
     assert await total("The capital of France is Paris.") > await total("The capital of France is Berlin.") + 3
@@ -115,8 +136,10 @@ async def test_stream_chat_matches_unary(svc: Service) -> None:
     """StreamChat's deltas add up to the unary reply, then one summary ends the stream."""
     unary = await svc.stub.Chat(pb.ChatRequest(messages=FRANCE, sampling=sampling(max_tokens=12)), timeout=60)
     deltas, summaries = [], []
-    async for msg in svc.stub.StreamChat(pb.StreamChatRequest(messages=FRANCE, sampling=sampling(max_tokens=12),
-                                                              return_prompt_token_ids=True), timeout=60):
+    async for msg in svc.stub.StreamChat(
+        pb.StreamChatRequest(messages=FRANCE, sampling=sampling(max_tokens=12), return_prompt_token_ids=True),
+        timeout=60,
+    ):
         (deltas if msg.WhichOneof("event") == "delta" else summaries).append(msg)
     assert len(summaries) == 1 and msg.WhichOneof("event") == "summary"
     text = "".join(d.delta.text for d in deltas)
@@ -139,8 +162,9 @@ async def test_generate_n_samples_and_seed(svc: Service) -> None:
     assert len({tuple(c.token_ids) for c in first.choices}) > 1  # choices are seeded apart
     assert first.usage.completion_tokens == sum(len(c.token_ids) for c in first.choices)
     streamed: dict[int, list[int]] = {0: [], 1: [], 2: []}
-    async for msg in svc.stub.StreamGenerate(pb.StreamGenerateRequest(
-            text=STORY, sampling=sampling(temperature=1.0, seed=11, n=3, max_tokens=8)), timeout=60):
+    async for msg in svc.stub.StreamGenerate(
+        pb.StreamGenerateRequest(text=STORY, sampling=sampling(temperature=1.0, seed=11, n=3, max_tokens=8)), timeout=60
+    ):
         if msg.WhichOneof("event") == "delta":
             streamed[msg.delta.index] += msg.delta.token_ids
     assert [streamed[i] for i in range(3)] == [list(c.token_ids) for c in first.choices]
@@ -149,33 +173,40 @@ async def test_generate_n_samples_and_seed(svc: Service) -> None:
 async def test_generate_from_token_ids_and_stop(svc: Service) -> None:
     """A token-id prompt is used exactly; a stop string ends the text before it."""
     ids = (await svc.stub.Tokenize(pb.TokenizeRequest(text=STORY), timeout=10)).token_ids
-    by_text = await svc.stub.Generate(pb.GenerateRequest(text=STORY, sampling=sampling(max_tokens=6),
-                                                         return_prompt_token_ids=True), timeout=60)
-    by_ids = await svc.stub.Generate(pb.GenerateRequest(token_ids=pb.TokenIds(ids=ids),
-                                                        sampling=sampling(max_tokens=6)), timeout=60)
+    by_text = await svc.stub.Generate(
+        pb.GenerateRequest(text=STORY, sampling=sampling(max_tokens=6), return_prompt_token_ids=True), timeout=60
+    )
+    by_ids = await svc.stub.Generate(
+        pb.GenerateRequest(token_ids=pb.TokenIds(ids=ids), sampling=sampling(max_tokens=6)), timeout=60
+    )
     assert list(by_text.prompt_token_ids) == list(ids)
     assert by_ids.choices[0].token_ids == by_text.choices[0].token_ids
     text = by_text.choices[0].text
     word = text.split()[1]
-    stopped = await svc.stub.Generate(pb.GenerateRequest(text=STORY, sampling=sampling(max_tokens=6, stop=[word])),
-                                      timeout=60)
+    stopped = await svc.stub.Generate(
+        pb.GenerateRequest(text=STORY, sampling=sampling(max_tokens=6, stop=[word])), timeout=60
+    )
     choice = stopped.choices[0]
-    assert choice.text == text[:text.index(word)]
+    assert choice.text == text[: text.index(word)]
     assert choice.finish_reason == pb.FINISH_REASON_STOP and choice.stop_sequence == word
 
 
 @pytest.mark.slow
 async def test_concurrent_requests_are_batched(svc: Service) -> None:
     """Four concurrent calls decode together: the batch-size histogram records steps with more than one row."""
+
     def multi_row_steps() -> float:
         count = REGISTRY.get_sample_value("orchard_inference_batch_size_count") or 0.0
         single = REGISTRY.get_sample_value("orchard_inference_batch_size_bucket", {"le": "1.0"}) or 0.0
         return count - single
 
     before = multi_row_steps()
-    replies = await asyncio.gather(*[
-        svc.stub.Generate(pb.GenerateRequest(text=f"{STORY} {name}", sampling=sampling(max_tokens=8)), timeout=60)
-        for name in ("Tom", "Ann", "Bob", "Eve")])
+    replies = await asyncio.gather(
+        *[
+            svc.stub.Generate(pb.GenerateRequest(text=f"{STORY} {name}", sampling=sampling(max_tokens=8)), timeout=60)
+            for name in ("Tom", "Ann", "Bob", "Eve")
+        ]
+    )
     assert all(len(r.choices[0].token_ids) == 8 for r in replies)
     assert multi_row_steps() - before >= 4
     assert svc.engine.stats.max_batch_size >= 3
@@ -183,22 +214,22 @@ async def test_concurrent_requests_are_batched(svc: Service) -> None:
 
 async def test_tokenize_apply_chat_template_list_models(svc: Service) -> None:
     """The template renders ChatML; its ids are what Tokenize gives; ListModels names the model."""
-    rendered = await svc.stub.ApplyChatTemplate(pb.ApplyChatTemplateRequest(
-        prompt=pb.ChatPrompt(messages=FRANCE, add_generation_prompt=True)), timeout=10)
-    assert rendered.text.endswith("<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"
-                                  "<|im_start|>assistant\n")
+    rendered = await svc.stub.ApplyChatTemplate(
+        pb.ApplyChatTemplateRequest(prompt=pb.ChatPrompt(messages=FRANCE, add_generation_prompt=True)), timeout=10
+    )
+    assert rendered.text.endswith("<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n")
     tokens = await svc.stub.Tokenize(pb.TokenizeRequest(text=rendered.text), timeout=10)
     assert list(tokens.token_ids) == list(rendered.token_ids)
     assert len(tokens.tokens) == len(tokens.token_ids) and "<|im_start|>" in tokens.tokens
     models = (await svc.stub.ListModels(pb.ListModelsRequest(), timeout=10)).models
     assert [(m.name, m.engine, m.is_default, m.max_context_tokens) for m in models] == [
-        ("models/SmolLM2-135M-Instruct", "transformers", True, 8192)]
+        ("models/SmolLM2-135M-Instruct", "transformers", True, 8192)
+    ]
 
 
 async def test_cancelled_stream_leaves_the_batch(svc: Service) -> None:
     """A client that goes away mid-stream frees its row at once."""
-    call = svc.stub.StreamGenerate(pb.StreamGenerateRequest(text=STORY, sampling=sampling(max_tokens=2000)),
-                                   timeout=60)
+    call = svc.stub.StreamGenerate(pb.StreamGenerateRequest(text=STORY, sampling=sampling(max_tokens=2000)), timeout=60)
     async for _ in call:
         break
     assert svc.engine.running == 1
@@ -214,29 +245,51 @@ async def test_deadline_is_honoured(svc: Service) -> None:
     await wait_idle(svc.engine)
 
 
-@pytest.mark.parametrize(("request_", "code", "needle"), [
-    (pb.ChatRequest(), grpc.StatusCode.INVALID_ARGUMENT, "messages is empty"),
-    (pb.ChatRequest(messages=FRANCE, sampling=pb.SamplingParams(max_tokens=10**6)), grpc.StatusCode.INVALID_ARGUMENT,
-     "exceed the model's context"),
-    (pb.ChatRequest(messages=FRANCE, sampling=pb.SamplingParams(n=100)), grpc.StatusCode.INVALID_ARGUMENT,
-     "n must be between 1 and 16"),
-    (pb.ChatRequest(messages=FRANCE, sampling=pb.SamplingParams(top_logprobs=50)),
-     grpc.StatusCode.INVALID_ARGUMENT, "top_logprobs"),
-    (pb.ChatRequest(messages=FRANCE, sampling=pb.SamplingParams(temperature=-1)),
-     grpc.StatusCode.INVALID_ARGUMENT, "temperature"),
-    (pb.ChatRequest(model="gpt-9", messages=FRANCE), grpc.StatusCode.NOT_FOUND, "not served here"),
-    (pb.ChatRequest(messages=[tpb.Message(content="no role")]), grpc.StatusCode.INVALID_ARGUMENT, "no role"),
-    (pb.GenerateRequest(), grpc.StatusCode.INVALID_ARGUMENT, "prompt is missing"),
-    (pb.GenerateRequest(token_ids=pb.TokenIds(ids=[1, 10**7])), grpc.StatusCode.INVALID_ARGUMENT,
-     "outside the vocabulary"),
-    (pb.ScoreTokensRequest(text="Hello"), grpc.StatusCode.INVALID_ARGUMENT, "continuation_token_ids is empty"),
-    (pb.UpdateWeightsRequest(checkpoint_path="/nonexistent/ckpt-1"), grpc.StatusCode.NOT_FOUND, "not found"),
-    (pb.UpdateWeightsRequest(checkpoint_path="/tmp"), grpc.StatusCode.INVALID_ARGUMENT, "no config.json"),
-])
+@pytest.mark.parametrize(
+    ("request_", "code", "needle"),
+    [
+        (pb.ChatRequest(), grpc.StatusCode.INVALID_ARGUMENT, "messages is empty"),
+        (
+            pb.ChatRequest(messages=FRANCE, sampling=pb.SamplingParams(max_tokens=10**6)),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "exceed the model's context",
+        ),
+        (
+            pb.ChatRequest(messages=FRANCE, sampling=pb.SamplingParams(n=100)),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "n must be between 1 and 16",
+        ),
+        (
+            pb.ChatRequest(messages=FRANCE, sampling=pb.SamplingParams(top_logprobs=50)),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "top_logprobs",
+        ),
+        (
+            pb.ChatRequest(messages=FRANCE, sampling=pb.SamplingParams(temperature=-1)),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "temperature",
+        ),
+        (pb.ChatRequest(model="gpt-9", messages=FRANCE), grpc.StatusCode.NOT_FOUND, "not served here"),
+        (pb.ChatRequest(messages=[tpb.Message(content="no role")]), grpc.StatusCode.INVALID_ARGUMENT, "no role"),
+        (pb.GenerateRequest(), grpc.StatusCode.INVALID_ARGUMENT, "prompt is missing"),
+        (
+            pb.GenerateRequest(token_ids=pb.TokenIds(ids=[1, 10**7])),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "outside the vocabulary",
+        ),
+        (pb.ScoreTokensRequest(text="Hello"), grpc.StatusCode.INVALID_ARGUMENT, "continuation_token_ids is empty"),
+        (pb.UpdateWeightsRequest(checkpoint_path="/nonexistent/ckpt-1"), grpc.StatusCode.NOT_FOUND, "not found"),
+        (pb.UpdateWeightsRequest(checkpoint_path="/tmp"), grpc.StatusCode.INVALID_ARGUMENT, "no config.json"),
+    ],
+)
 async def test_bad_input(svc: Service, request_: object, code: grpc.StatusCode, needle: str) -> None:
     """Bad requests get a clear status and message; the service keeps serving."""
-    method = {pb.ChatRequest: svc.stub.Chat, pb.GenerateRequest: svc.stub.Generate,
-              pb.ScoreTokensRequest: svc.stub.ScoreTokens, pb.UpdateWeightsRequest: svc.stub.UpdateWeights}
+    method = {
+        pb.ChatRequest: svc.stub.Chat,
+        pb.GenerateRequest: svc.stub.Generate,
+        pb.ScoreTokensRequest: svc.stub.ScoreTokens,
+        pb.UpdateWeightsRequest: svc.stub.UpdateWeights,
+    }
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await method[type(request_)](request_, timeout=30)
     assert err.value.code() == code and needle in (err.value.details() or ""), err.value.details()
@@ -257,18 +310,19 @@ async def test_update_weights_swaps_checkpoint(svc: Service, tmp_path: Path) -> 
     request = pb.GenerateRequest(text=STORY, sampling=sampling(max_tokens=4, logprobs=True))
     before = (await svc.stub.Generate(request, timeout=60)).choices[0]
 
-    updated = await svc.stub.UpdateWeights(pb.UpdateWeightsRequest(checkpoint_path=str(tmp_path / "ckpt-7")),
-                                           timeout=60)
+    updated = await svc.stub.UpdateWeights(
+        pb.UpdateWeightsRequest(checkpoint_path=str(tmp_path / "ckpt-7")), timeout=60
+    )
     assert updated.model.weights_version == "ckpt-7" and updated.previous_weights_version == base.weights_version
     assert updated.model.checkpoint_path == str(tmp_path / "ckpt-7") and updated.load_duration.ToNanoseconds() > 0
     after = await svc.stub.Generate(request, timeout=60)
     assert after.weights_version == "ckpt-7" and after.choices[0].token_ids != before.token_ids
-    again = await svc.stub.UpdateWeights(pb.UpdateWeightsRequest(checkpoint_path=str(tmp_path / "ckpt-7")),
-                                         timeout=60)
+    again = await svc.stub.UpdateWeights(pb.UpdateWeightsRequest(checkpoint_path=str(tmp_path / "ckpt-7")), timeout=60)
     assert again.previous_weights_version == "ckpt-7"  # a retry is a no-op
 
-    restored = await svc.stub.UpdateWeights(pb.UpdateWeightsRequest(checkpoint_path=base.checkpoint_path,
-                                                                     weights_version="base"), timeout=60)
+    restored = await svc.stub.UpdateWeights(
+        pb.UpdateWeightsRequest(checkpoint_path=base.checkpoint_path, weights_version="base"), timeout=60
+    )
     assert restored.model.weights_version == "base"
     assert (await svc.stub.Generate(request, timeout=60)).choices[0].token_ids == before.token_ids
 
@@ -277,37 +331,57 @@ async def test_update_weights_swaps_checkpoint(svc: Service, tmp_path: Path) -> 
 async def test_chat_tool_call(svc: Service) -> None:
     """Offered tools, the reply is parsed into the message's tool calls (one earlier call shows the tiny model
     the format; it does not call tools zero-shot)."""
-    weather = tpb.ToolDefinition(name="get_weather", description="Get the current weather in a city.",
-                                 parameters='{"type": "object", "properties": {"city": {"type": "string"}}}')
-    messages = [tpb.Message(role=tpb.ROLE_USER, content="What is the weather in Berlin?"),
-                tpb.Message(role=tpb.ROLE_ASSISTANT, tool_calls=[
-                    tpb.ToolCall(id="call_1", name="get_weather", arguments='{"city": "Berlin"}')]),
-                tpb.Message(role=tpb.ROLE_USER, content="What is the weather in Paris?")]
-    reply = await svc.stub.Chat(pb.ChatRequest(messages=messages, tools=[weather], sampling=sampling(max_tokens=24)),
-                                timeout=60)
+    weather = tpb.ToolDefinition(
+        name="get_weather",
+        description="Get the current weather in a city.",
+        parameters='{"type": "object", "properties": {"city": {"type": "string"}}}',
+    )
+    messages = [
+        tpb.Message(role=tpb.ROLE_USER, content="What is the weather in Berlin?"),
+        tpb.Message(
+            role=tpb.ROLE_ASSISTANT,
+            tool_calls=[tpb.ToolCall(id="call_1", name="get_weather", arguments='{"city": "Berlin"}')],
+        ),
+        tpb.Message(role=tpb.ROLE_USER, content="What is the weather in Paris?"),
+    ]
+    reply = await svc.stub.Chat(
+        pb.ChatRequest(messages=messages, tools=[weather], sampling=sampling(max_tokens=24)), timeout=60
+    )
     choice = reply.choices[0]
     assert choice.finish_reason == pb.FINISH_REASON_TOOL_CALLS, choice.text
     assert [(c.name, c.arguments) for c in choice.message.tool_calls] == [("get_weather", '{"city": "Paris"}')]
     assert "<tool_call>" in choice.text and not choice.message.content
-    plain = await svc.stub.Chat(pb.ChatRequest(messages=messages, tools=[weather], tool_choice=pb.TOOL_CHOICE_NONE,
-                                               sampling=sampling(max_tokens=8)), timeout=60)
+    plain = await svc.stub.Chat(
+        pb.ChatRequest(
+            messages=messages, tools=[weather], tool_choice=pb.TOOL_CHOICE_NONE, sampling=sampling(max_tokens=8)
+        ),
+        timeout=60,
+    )
     assert not plain.choices[0].message.tool_calls
 
 
 SCREENSHOT = tpb.Image(data=b"\x89PNG\r\n\x1a\n", mime_type="image/png", width=1, height=1)
-LOOK = tpb.Message(role=tpb.ROLE_USER, parts=[tpb.ContentPart(text="What is on the screen?"),
-                                              tpb.ContentPart(image=SCREENSHOT)])
+LOOK = tpb.Message(
+    role=tpb.ROLE_USER, parts=[tpb.ContentPart(text="What is on the screen?"), tpb.ContentPart(image=SCREENSHOT)]
+)
 
 
-@pytest.mark.parametrize(("method", "request_", "where"), [
-    ("Generate", pb.GenerateRequest(text=STORY, images=[SCREENSHOT]), "images holds an image"),
-    ("StreamGenerate", pb.StreamGenerateRequest(text=STORY, images=[SCREENSHOT]), "images holds an image"),
-    ("Chat", pb.ChatRequest(messages=[*FRANCE, LOOK]), "messages[1] holds an image"),
-    ("ApplyChatTemplate", pb.ApplyChatTemplateRequest(prompt=pb.ChatPrompt(messages=[LOOK])),
-     "messages[0] holds an image"),
-])
-async def test_images_are_refused_by_the_text_only_model(svc: Service, method: str, request_: object,
-                                                         where: str) -> None:
+@pytest.mark.parametrize(
+    ("method", "request_", "where"),
+    [
+        ("Generate", pb.GenerateRequest(text=STORY, images=[SCREENSHOT]), "images holds an image"),
+        ("StreamGenerate", pb.StreamGenerateRequest(text=STORY, images=[SCREENSHOT]), "images holds an image"),
+        ("Chat", pb.ChatRequest(messages=[*FRANCE, LOOK]), "messages[1] holds an image"),
+        (
+            "ApplyChatTemplate",
+            pb.ApplyChatTemplateRequest(prompt=pb.ChatPrompt(messages=[LOOK])),
+            "messages[0] holds an image",
+        ),
+    ],
+)
+async def test_images_are_refused_by_the_text_only_model(
+    svc: Service, method: str, request_: object, where: str
+) -> None:
     """The CPU model takes text only: images answer UNIMPLEMENTED VISION_UNSUPPORTED saying what to serve instead,
     ListModels says vision is false, and the service keeps serving."""
     with pytest.raises(grpc.aio.AioRpcError) as err:
@@ -317,8 +391,10 @@ async def test_images_are_refused_by_the_text_only_model(svc: Service, method: s
         else:
             await call
     assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
-    assert err.value.details() == (f"{where}, but model 'SmolLM2-135M-Instruct' on the transformers engine takes "
-                                   "text only; serve a vision-language model on the vllm engine to send images")
+    assert err.value.details() == (
+        f"{where}, but model 'SmolLM2-135M-Instruct' on the transformers engine takes "
+        "text only; serve a vision-language model on the vllm engine to send images"
+    )
     assert from_rpc_error(err.value).reason == "VISION_UNSUPPORTED"
     models = (await svc.stub.ListModels(pb.ListModelsRequest(), timeout=10)).models
     assert [m.vision for m in models] == [False]

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+
 from orchard.errors import Unavailable
 from orchard.services.env.agent_client import AgentClient, connect_tcp
 
@@ -42,8 +43,13 @@ async def agent(agent_bin: Path, tmp_path: Path) -> AsyncIterator[tuple[int, asy
     """The agent listening on HOST:port with TOKEN; yields (port, process)."""
     port = free_port()
     proc = await asyncio.create_subprocess_exec(
-        str(agent_bin), "--listen-tcp", f"{HOST}:{port}", cwd=tmp_path, stderr=asyncio.subprocess.PIPE,
-        env={"PATH": os.environ["PATH"], "ORCHARD_AGENT_TOKEN": TOKEN})
+        str(agent_bin),
+        "--listen-tcp",
+        f"{HOST}:{port}",
+        cwd=tmp_path,
+        stderr=asyncio.subprocess.PIPE,
+        env={"PATH": os.environ["PATH"], "ORCHARD_AGENT_TOKEN": TOKEN},
+    )
     for _ in range(500):  # until it listens (tests below open raw connections, which do not retry)
         try:
             socket.create_connection((HOST, port), timeout=1).close()  # a silent peer: dropped quietly
@@ -111,8 +117,14 @@ async def test_silent_and_oversized_peers_block_nobody(agent: tuple[int, asyncio
 
 
 def test_without_a_token_the_agent_will_not_listen(agent_bin: Path) -> None:
-    done = subprocess.run([str(agent_bin), "--listen-tcp", f"{HOST}:{free_port()}"],
-                          env={"ORCHARD_AGENT_TOKEN": "short"}, capture_output=True, text=True, timeout=10, check=False)
+    done = subprocess.run(
+        [str(agent_bin), "--listen-tcp", f"{HOST}:{free_port()}"],
+        env={"ORCHARD_AGENT_TOKEN": "short"},
+        capture_output=True,
+        text=True,
+        timeout=10,
+        check=False,
+    )
     assert done.returncode == 2 and "ORCHARD_AGENT_TOKEN" in done.stderr
 
 

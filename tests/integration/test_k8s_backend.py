@@ -17,9 +17,10 @@ import grpc
 import pytest
 from conftest import EnvServer, StartEnv, duration, run
 from k8s_fake_api import FakeKubernetes
+from test_env_service import download, upload
+
 from orchard.env.v1 import env_pb2 as pb
 from orchard.services.env.backends import k8s_manifests as m
-from test_env_service import download, upload
 
 pytest.importorskip("kubernetes", reason="pip install 'orchard[kubernetes]'")
 pytestmark = [pytest.mark.timeout(60)]
@@ -48,8 +49,13 @@ def fake(agent_bin: Path, tmp_path: Path) -> Iterator[FakeKubernetes]:
 
 
 async def start_k8s_env(start_env: StartEnv, fake: FakeKubernetes, tmp_path: Path, **overrides: Any) -> EnvServer:
-    env = await start_env(backend="kubernetes", k8s_kubeconfig=fake.kubeconfig(tmp_path / "kubeconfig", NS),
-                          k8s_namespace=NS, k8s_service_id=SERVICE, **overrides)
+    env = await start_env(
+        backend="kubernetes",
+        k8s_kubeconfig=fake.kubeconfig(tmp_path / "kubeconfig", NS),
+        k8s_namespace=NS,
+        k8s_service_id=SERVICE,
+        **overrides,
+    )
     (env.settings.state_dir / "sandboxes").mkdir(exist_ok=True)  # the start_env fixture checks it is empty
     return env
 
@@ -74,9 +80,18 @@ async def test_sandbox_pod_lifecycle(fake: FakeKubernetes, start_env: StartEnv, 
     work = tmp_path / "ws1"
     began = time.perf_counter()
     requests_before = len(fake.requests)
-    created = (await stub.CreateSandbox(pb.CreateSandboxRequest(
-        image=IMAGE, workdir=str(work), env={"GREETING": "hello"}, ttl=duration(600),
-        resources=pb.Resources(cpu_millis=500, memory_bytes=256 << 20)), timeout=30)).sandbox
+    created = (
+        await stub.CreateSandbox(
+            pb.CreateSandboxRequest(
+                image=IMAGE,
+                workdir=str(work),
+                env={"GREETING": "hello"},
+                ttl=duration(600),
+                resources=pb.Resources(cpu_millis=500, memory_bytes=256 << 20),
+            ),
+            timeout=30,
+        )
+    ).sandbox
     create_ms = (time.perf_counter() - began) * 1000
     sid = created.sandbox_id
     calls = [c for c in fake.requests[requests_before:] if c[0] != "GET" or "watch=true" not in c[1].lower()]
@@ -88,8 +103,11 @@ async def test_sandbox_pod_lifecycle(fake: FakeKubernetes, start_env: StartEnv, 
     assert meta["annotations"][m.ANN_TENANT] == "default" and meta["annotations"][m.ANN_IMAGE] == IMAGE
     expire = m.expire_epoch(meta["annotations"])
     assert expire is not None and abs(expire - (created.create_time.seconds + 600)) <= 1
-    assert container["resources"]["requests"] == container["resources"]["limits"] == {
-        "cpu": "500m", "memory": str(256 << 20)}
+    assert (
+        container["resources"]["requests"]
+        == container["resources"]["limits"]
+        == {"cpu": "500m", "memory": str(256 << 20)}
+    )
 
     printed = await run(stub, sid, "echo $GREETING from $(pwd)")
     assert printed.state == pb.EXEC_STATE_SUCCEEDED, printed.stderr
@@ -122,36 +140,66 @@ async def test_egress_policies(fake: FakeKubernetes, start_env: StartEnv, tmp_pa
     assert fake.policies(NS)[m.DENY_POLICY]["spec"]["podSelector"] == {"matchLabels": {m.LABEL_ROLE: "sandbox"}}
 
     with pytest.raises(grpc.aio.AioRpcError) as err:
-        await stub.CreateSandbox(pb.CreateSandboxRequest(
-            image=IMAGE, workdir=str(tmp_path / "w0"),
-            network_policy=pb.NetworkPolicy(allow=[pb.EgressRule(host="pypi.org", port=443)])), timeout=30)
+        await stub.CreateSandbox(
+            pb.CreateSandboxRequest(
+                image=IMAGE,
+                workdir=str(tmp_path / "w0"),
+                network_policy=pb.NetworkPolicy(allow=[pb.EgressRule(host="pypi.org", port=443)]),
+            ),
+            timeout=30,
+        )
     assert err.value.code() is grpc.StatusCode.FAILED_PRECONDITION and "IP blocks only" in err.value.details()
     assert fake.pods(NS, m.LABEL_SANDBOX) == []
 
-    sid = (await stub.CreateSandbox(pb.CreateSandboxRequest(
-        image=IMAGE, workdir=str(tmp_path / "w1"),
-        network_policy=pb.NetworkPolicy(allow=[pb.EgressRule(cidr="10.0.0.0/8", port=443)])),
-        timeout=30)).sandbox.sandbox_id
+    sid = (
+        await stub.CreateSandbox(
+            pb.CreateSandboxRequest(
+                image=IMAGE,
+                workdir=str(tmp_path / "w1"),
+                network_policy=pb.NetworkPolicy(allow=[pb.EgressRule(cidr="10.0.0.0/8", port=443)]),
+            ),
+            timeout=30,
+        )
+    ).sandbox.sandbox_id
     name = m.egress_policy_name(sid)
     policy = fake.policies(NS)[name]
-    assert policy["spec"]["egress"] == [{"to": [{"ipBlock": {"cidr": "10.0.0.0/8"}}], "ports": [
-        {"protocol": "TCP", "port": 443}, {"protocol": "UDP", "port": 443}]}]
+    assert policy["spec"]["egress"] == [
+        {
+            "to": [{"ipBlock": {"cidr": "10.0.0.0/8"}}],
+            "ports": [{"protocol": "TCP", "port": 443}, {"protocol": "UDP", "port": 443}],
+        }
+    ]
 
-    await stub.SetNetworkPolicy(pb.SetNetworkPolicyRequest(sandbox_id=sid, network_policy=pb.NetworkPolicy(allow=[
-        pb.EgressRule(cidr="192.0.2.1"), pb.EgressRule(cidr="2001:db8::/48", port=53)])), timeout=30)
+    await stub.SetNetworkPolicy(
+        pb.SetNetworkPolicyRequest(
+            sandbox_id=sid,
+            network_policy=pb.NetworkPolicy(
+                allow=[pb.EgressRule(cidr="192.0.2.1"), pb.EgressRule(cidr="2001:db8::/48", port=53)]
+            ),
+        ),
+        timeout=30,
+    )
     cidrs = [e["to"][0]["ipBlock"]["cidr"] for e in fake.policies(NS)[name]["spec"]["egress"]]
     assert cidrs == ["192.0.2.1/32", "2001:db8::/48"]
 
     with pytest.raises(grpc.aio.AioRpcError) as err:
-        await stub.SetNetworkPolicy(pb.SetNetworkPolicyRequest(sandbox_id=sid, network_policy=pb.NetworkPolicy(allow=[
-            pb.EgressRule(host="example.com")])), timeout=30)
+        await stub.SetNetworkPolicy(
+            pb.SetNetworkPolicyRequest(
+                sandbox_id=sid, network_policy=pb.NetworkPolicy(allow=[pb.EgressRule(host="example.com")])
+            ),
+            timeout=30,
+        )
     assert err.value.code() is grpc.StatusCode.FAILED_PRECONDITION
     assert len(fake.policies(NS)[name]["spec"]["egress"]) == 2  # unchanged
 
     await stub.SetNetworkPolicy(pb.SetNetworkPolicyRequest(sandbox_id=sid), timeout=30)
     assert name not in fake.policies(NS)
-    await stub.SetNetworkPolicy(pb.SetNetworkPolicyRequest(sandbox_id=sid, network_policy=pb.NetworkPolicy(allow=[
-        pb.EgressRule(cidr="10.1.0.0/16")])), timeout=30)
+    await stub.SetNetworkPolicy(
+        pb.SetNetworkPolicyRequest(
+            sandbox_id=sid, network_policy=pb.NetworkPolicy(allow=[pb.EgressRule(cidr="10.1.0.0/16")])
+        ),
+        timeout=30,
+    )
     await stub.DeleteSandbox(pb.DeleteSandboxRequest(sandbox_id=sid), timeout=30)
     assert name not in fake.policies(NS) and m.DENY_POLICY in fake.policies(NS)
 
@@ -169,15 +217,19 @@ async def test_warm_pool_hands_out_and_refills(fake: FakeKubernetes, start_env: 
     await eventually(lambda: len(running(pool)) == 2)
     warm = set(running(pool))
     cold_began = time.perf_counter()
-    cold = (await stub.CreateSandbox(pb.CreateSandboxRequest(image=IMAGE, workdir=str(tmp_path / "cold"),
-                                                             env={"X": "1"}), timeout=30)).sandbox
+    cold = (
+        await stub.CreateSandbox(
+            pb.CreateSandboxRequest(image=IMAGE, workdir=str(tmp_path / "cold"), env={"X": "1"}), timeout=30
+        )
+    ).sandbox
     cold_ms = (time.perf_counter() - cold_began) * 1000
     assert sandbox_pod(fake, cold.sandbox_id)["metadata"]["name"] not in warm  # env does not fit a warm pod
 
     work = tmp_path / "handed"
     began = time.perf_counter()
-    sid = (await stub.CreateSandbox(pb.CreateSandboxRequest(image=IMAGE, workdir=str(work), ttl=duration(300)),
-                                    timeout=30)).sandbox.sandbox_id
+    sid = (
+        await stub.CreateSandbox(pb.CreateSandboxRequest(image=IMAGE, workdir=str(work), ttl=duration(300)), timeout=30)
+    ).sandbox.sandbox_id
     warm_ms = (time.perf_counter() - began) * 1000
     pod = sandbox_pod(fake, sid)
     assert pod["metadata"]["name"] in warm
@@ -193,8 +245,7 @@ async def test_warm_pool_hands_out_and_refills(fake: FakeKubernetes, start_env: 
     assert fake.pods(NS) == []  # closing deletes sandboxes and waiting warm pods alike
 
 
-async def test_start_up_removes_orphans_and_expired(fake: FakeKubernetes, start_env: StartEnv,
-                                                    tmp_path: Path) -> None:
+async def test_start_up_removes_orphans_and_expired(fake: FakeKubernetes, start_env: StartEnv, tmp_path: Path) -> None:
     """What this instance left (its service label) goes, so does anything past its expiry annotation; another
     live instance's pods and policies stay; an existing deny-all policy is brought up to date."""
     cfg_mine = m.PodConfig(NS, SERVICE, "orchard-agent", 7070)
@@ -202,11 +253,26 @@ async def test_start_up_removes_orphans_and_expired(fake: FakeKubernetes, start_
     now = time.time()
 
     def seed(cfg: m.PodConfig, name: str, expire_s: float) -> None:
-        fake.seed("pods", m.sandbox_pod(cfg, name=name, image=IMAGE, container_image=IMAGE, token="k" * 32,
-                                        workdir="/", env={}, resources=m.Resources(), expire_s=expire_s, ttl_s=60,
-                                        tenant="t", sandbox_id=f"sb-{name}"))
-        fake.seed("networkpolicies", m.egress_policy(cfg, f"sb-{name}", (m.EgressRule(cidr="10.0.0.0/8"),),
-                                                     expire_s=expire_s))
+        fake.seed(
+            "pods",
+            m.sandbox_pod(
+                cfg,
+                name=name,
+                image=IMAGE,
+                container_image=IMAGE,
+                token="k" * 32,
+                workdir="/",
+                env={},
+                resources=m.Resources(),
+                expire_s=expire_s,
+                ttl_s=60,
+                tenant="t",
+                sandbox_id=f"sb-{name}",
+            ),
+        )
+        fake.seed(
+            "networkpolicies", m.egress_policy(cfg, f"sb-{name}", (m.EgressRule(cidr="10.0.0.0/8"),), expire_s=expire_s)
+        )
 
     seed(cfg_mine, "mine-left", now + 3600)
     seed(cfg_other, "other-expired", now - 5)
@@ -226,8 +292,11 @@ async def test_watch_resumes_and_relists(fake: FakeKubernetes, start_env: StartE
     env = await start_k8s_env(start_env, fake, tmp_path)
     for i, disturb in enumerate((fake.end_watches, fake.compact)):
         disturb()
-        sid = (await env.stub.CreateSandbox(pb.CreateSandboxRequest(image=IMAGE, workdir=str(tmp_path / f"w{i}")),
-                                            timeout=30)).sandbox.sandbox_id
+        sid = (
+            await env.stub.CreateSandbox(
+                pb.CreateSandboxRequest(image=IMAGE, workdir=str(tmp_path / f"w{i}")), timeout=30
+            )
+        ).sandbox.sandbox_id
         assert (await run(env.stub, sid, ["true"])).state == pb.EXEC_STATE_SUCCEEDED
     watches = [path for method, path in fake.requests if method == "GET" and "watch=true" in path.lower()]
     assert len(watches) >= 3 and any("resourceVersion=" in w for w in watches[1:])
@@ -236,8 +305,9 @@ async def test_watch_resumes_and_relists(fake: FakeKubernetes, start_env: StartE
 async def test_dead_pod_is_reported(fake: FakeKubernetes, start_env: StartEnv, tmp_path: Path) -> None:
     """A pod whose container was OOM-killed: commands fail with UNAVAILABLE-style errors, not hangs."""
     env = await start_k8s_env(start_env, fake, tmp_path)
-    sid = (await env.stub.CreateSandbox(pb.CreateSandboxRequest(image=IMAGE, workdir=str(tmp_path / "w")),
-                                        timeout=30)).sandbox.sandbox_id
+    sid = (
+        await env.stub.CreateSandbox(pb.CreateSandboxRequest(image=IMAGE, workdir=str(tmp_path / "w")), timeout=30)
+    ).sandbox.sandbox_id
     pod = sandbox_pod(fake, sid)
     fake.kill_container(NS, pod["metadata"]["name"])
     await eventually(lambda: sandbox_pod(fake, sid)["status"]["phase"] == "Failed")

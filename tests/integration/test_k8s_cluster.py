@@ -16,9 +16,10 @@ from typing import Any
 import grpc
 import pytest
 from conftest import StartEnv, run
+from test_env_service import download, upload
+
 from orchard.env.v1 import env_pb2 as pb
 from orchard.services.env.backends import k8s_manifests as m
-from test_env_service import download, upload
 
 pytestmark = [pytest.mark.timeout(600)]
 
@@ -46,12 +47,19 @@ def cluster() -> Iterator[Any]:
 async def test_sandbox_on_a_cluster(cluster: Any, start_env: StartEnv) -> None:
     """Create (a pod with requests = limits), exec, files, egress policies, delete."""
     namespace, core, net = cluster
-    env = await start_env(backend="kubernetes", k8s_namespace=namespace, k8s_kubeconfig=os.environ["KUBECONFIG"],
-                          k8s_service_id=f"test-{uuid.uuid4().hex[:6]}", agent_start_timeout_s=60)
+    env = await start_env(
+        backend="kubernetes",
+        k8s_namespace=namespace,
+        k8s_kubeconfig=os.environ["KUBECONFIG"],
+        k8s_service_id=f"test-{uuid.uuid4().hex[:6]}",
+        agent_start_timeout_s=60,
+    )
     (env.settings.state_dir / "sandboxes").mkdir(exist_ok=True)  # the start_env fixture checks it is empty
     stub = env.stub
-    created = await stub.CreateSandbox(pb.CreateSandboxRequest(
-        image=IMAGE, resources=pb.Resources(cpu_millis=500, memory_bytes=256 << 20)), timeout=600)
+    created = await stub.CreateSandbox(
+        pb.CreateSandboxRequest(image=IMAGE, resources=pb.Resources(cpu_millis=500, memory_bytes=256 << 20)),
+        timeout=600,
+    )
     sid = created.sandbox.sandbox_id
     (pod,) = core.list_namespaced_pod(namespace, label_selector=f"{m.LABEL_SANDBOX}={sid}").items
     main = pod.spec.containers[0]
@@ -68,16 +76,24 @@ async def test_sandbox_on_a_cluster(cluster: Any, start_env: StartEnv) -> None:
     enforced = os.environ.get("ORCHARD_TEST_K8S_NETPOL") == "1"
     if enforced:
         assert (await run(stub, sid, ["python3", "-c", PROBE])).state == pb.EXEC_STATE_FAILED
-    await stub.SetNetworkPolicy(pb.SetNetworkPolicyRequest(sandbox_id=sid, network_policy=pb.NetworkPolicy(
-        allow=[pb.EgressRule(cidr="1.1.1.1/32", port=443)])), timeout=30)
+    await stub.SetNetworkPolicy(
+        pb.SetNetworkPolicyRequest(
+            sandbox_id=sid, network_policy=pb.NetworkPolicy(allow=[pb.EgressRule(cidr="1.1.1.1/32", port=443)])
+        ),
+        timeout=30,
+    )
     assert m.egress_policy_name(sid) in {p.metadata.name for p in net.list_namespaced_network_policy(namespace).items}
     if enforced:
         allowed = await run(stub, sid, ["python3", "-c", PROBE])
         assert allowed.stdout == b"connected\n", allowed.stderr
 
     with pytest.raises(grpc.aio.AioRpcError) as err:
-        await stub.SetNetworkPolicy(pb.SetNetworkPolicyRequest(sandbox_id=sid, network_policy=pb.NetworkPolicy(
-            allow=[pb.EgressRule(host="pypi.org", port=443)])), timeout=30)
+        await stub.SetNetworkPolicy(
+            pb.SetNetworkPolicyRequest(
+                sandbox_id=sid, network_policy=pb.NetworkPolicy(allow=[pb.EgressRule(host="pypi.org", port=443)])
+            ),
+            timeout=30,
+        )
     assert err.value.code() is grpc.StatusCode.FAILED_PRECONDITION
 
     await stub.DeleteSandbox(pb.DeleteSandboxRequest(sandbox_id=sid), timeout=60)

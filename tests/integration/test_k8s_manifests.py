@@ -47,8 +47,9 @@ pytestmark = [
 @cache
 def _render(target: str) -> tuple[int, str, str]:
     assert KUBECTL is not None
-    out = subprocess.run([KUBECTL, "kustomize", str(K8S / target)], capture_output=True, text=True, timeout=30,
-                         check=False)
+    out = subprocess.run(
+        [KUBECTL, "kustomize", str(K8S / target)], capture_output=True, text=True, timeout=30, check=False
+    )
     return out.returncode, out.stdout, out.stderr
 
 
@@ -59,8 +60,11 @@ def docs(target: str) -> list[dict[str, Any]]:
 
 
 def find(target: str, kind: str, name: str, namespace: str | None = NAMESPACE) -> dict[str, Any]:
-    hits = [d for d in docs(target) if d["kind"] == kind and d["metadata"]["name"] == name
-            and d["metadata"].get("namespace") == namespace]
+    hits = [
+        d
+        for d in docs(target)
+        if d["kind"] == kind and d["metadata"]["name"] == name and d["metadata"].get("namespace") == namespace
+    ]
     assert len(hits) == 1, f"{target}: expected one {kind} {namespace}/{name}, found {len(hits)}"
     return hits[0]
 
@@ -130,11 +134,14 @@ def test_env_has_grpc_probes_on_the_named_grpc_port(target: str) -> None:
 @pytest.mark.parametrize("target", TARGETS)
 def test_env_requests_equal_limits(target: str) -> None:
     """Every Orchard service's and NATS's resource requests equal their limits (Guaranteed QoS)."""
-    for workload, name in ((env_deployment(target), "env"), (inference_deployment(target), "inference"),
-                           (find(target, "Deployment", "orchard-experience"), "experience"),
-                           (find(target, "Deployment", "orchard-reward"), "reward"),
-                           (find(target, "Deployment", "orchard-trainer"), "trainer"),
-                           (find(target, "StatefulSet", "nats"), "nats")):
+    for workload, name in (
+        (env_deployment(target), "env"),
+        (inference_deployment(target), "inference"),
+        (find(target, "Deployment", "orchard-experience"), "experience"),
+        (find(target, "Deployment", "orchard-reward"), "reward"),
+        (find(target, "Deployment", "orchard-trainer"), "trainer"),
+        (find(target, "StatefulSet", "nats"), "nats"),
+    ):
         res = container(workload, name)["resources"]
         assert res["requests"] and res["requests"] == res["limits"], name
 
@@ -172,7 +179,8 @@ def test_pod_security_of_the_orchard_namespace(target: str) -> None:
     namespace = find(target, "Namespace", NAMESPACE, namespace=None)
     restricted = target in POD_PER_SANDBOX
     assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == (
-        "restricted" if restricted else "privileged")
+        "restricted" if restricted else "privileged"
+    )
     if not restricted:
         return
     for workload in [d for d in docs(target) if d["kind"] in ("Deployment", "StatefulSet")]:
@@ -210,7 +218,10 @@ def test_inference_serves_grpc_http_and_metrics(target: str) -> None:
     assert pvc["spec"]["accessModes"] == ["ReadWriteOnce" if target == "overlays/single-node" else "ReadWriteMany"]
     svc = find(target, "Service", "orchard-inference")
     assert {p["name"]: (p["port"], p["targetPort"]) for p in svc["spec"]["ports"]} == {
-        "grpc": (50052, "grpc"), "http": (8000, "http"), "metrics": (9100, "metrics")}
+        "grpc": (50052, "grpc"),
+        "http": (8000, "http"),
+        "metrics": (9100, "metrics"),
+    }
     assert svc["spec"]["selector"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
 
 
@@ -261,8 +272,11 @@ def test_rbac_lets_env_manage_sandbox_pods_and_network_policies(target: str) -> 
     assert {"create", "delete", "get", "list", "patch"} <= allowed[("networking.k8s.io", "networkpolicies")]
     assert set(allowed) == {("", "pods"), ("networking.k8s.io", "networkpolicies")}
     binding = find(target, "RoleBinding", "orchard-env-sandboxes", namespace=SANDBOX_NAMESPACE)
-    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
-                                  "name": "orchard-env-sandboxes"}
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": "orchard-env-sandboxes",
+    }
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "orchard-env", "namespace": NAMESPACE}]
 
 
@@ -317,8 +331,10 @@ def test_reward_reaches_env_and_inference_through_their_services(target: str) ->
     env = env_vars(c)
     fields = {f.upper() for f in RewardSettings.model_fields}
     assert {k.removeprefix("ORCHARD_REWARD_") for k in env if k.startswith("ORCHARD_REWARD_")} <= fields
-    for var, service in (("ORCHARD_REWARD_ENV_ADDRESS", "orchard-env"),
-                         ("ORCHARD_REWARD_INFERENCE_ADDRESS", "orchard-inference")):
+    for var, service in (
+        ("ORCHARD_REWARD_ENV_ADDRESS", "orchard-env"),
+        ("ORCHARD_REWARD_INFERENCE_ADDRESS", "orchard-inference"),
+    ):
         grpc_port = {p["name"]: p["port"] for p in find(target, "Service", service)["spec"]["ports"]}["grpc"]
         assert env[var] == f"{service}:{grpc_port}", var
     labels = deployment["spec"]["template"]["metadata"]["labels"]
@@ -345,26 +361,34 @@ def test_trainer_writes_the_checkpoints_inference_reads(target: str) -> None:
     fields = {f.upper() for f in TrainerSettings.model_fields}
     assert {k.removeprefix("ORCHARD_TRAINER_") for k in env if k.startswith("ORCHARD_TRAINER_")} <= fields
     assert env["ORCHARD_TRAINER_PORT"] == "50056" and env["ORCHARD_TRAINER_METRICS_PORT"] == "9100"
-    for var, service in (("ORCHARD_TRAINER_INFERENCE_ADDRESS", "orchard-inference"),
-                         ("ORCHARD_TRAINER_EXPERIENCE_ADDRESS", "orchard-experience"),
-                         ("ORCHARD_TRAINER_ENV_ADDRESS", "orchard-env"),
-                         ("ORCHARD_TRAINER_REWARD_ADDRESS", "orchard-reward")):
+    for var, service in (
+        ("ORCHARD_TRAINER_INFERENCE_ADDRESS", "orchard-inference"),
+        ("ORCHARD_TRAINER_EXPERIENCE_ADDRESS", "orchard-experience"),
+        ("ORCHARD_TRAINER_ENV_ADDRESS", "orchard-env"),
+        ("ORCHARD_TRAINER_REWARD_ADDRESS", "orchard-reward"),
+    ):
         grpc_port = {p["name"]: p["port"] for p in find(target, "Service", service)["spec"]["ports"]}["grpc"]
         assert env[var] == f"{service}:{grpc_port}", var
     # One owner of the jobs at a time: a second pod would resume every running job again.
     assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"]["type"] == "Recreate"
-    assert not [d for d in docs(target) if d["kind"] == "HorizontalPodAutoscaler"
-                and d["spec"]["scaleTargetRef"]["name"] == "orchard-trainer"]
+    assert not [
+        d
+        for d in docs(target)
+        if d["kind"] == "HorizontalPodAutoscaler" and d["spec"]["scaleTargetRef"]["name"] == "orchard-trainer"
+    ]
 
     (jobs,) = [m for m in c["volumeMounts"] if m["mountPath"] == env["ORCHARD_TRAINER_JOBS_DIR"]]
     assert not jobs.get("readOnly", False)
     (claim,) = [v for v in pod["volumes"] if v["name"] == jobs["name"]]
     inference = inference_deployment(target)
-    (inference_claim,) = [v for v in inference["spec"]["template"]["spec"]["volumes"]
-                          if v.get("persistentVolumeClaim", {}).get("claimName")
-                          == claim["persistentVolumeClaim"]["claimName"]]
-    (inference_mount,) = [m for m in container(inference, "inference")["volumeMounts"]
-                          if m["name"] == inference_claim["name"]]
+    (inference_claim,) = [
+        v
+        for v in inference["spec"]["template"]["spec"]["volumes"]
+        if v.get("persistentVolumeClaim", {}).get("claimName") == claim["persistentVolumeClaim"]["claimName"]
+    ]
+    (inference_mount,) = [
+        m for m in container(inference, "inference")["volumeMounts"] if m["name"] == inference_claim["name"]
+    ]
     assert inference_mount["mountPath"] == jobs["mountPath"] and inference_mount["readOnly"] is True
     pvc = find(target, "PersistentVolumeClaim", claim["persistentVolumeClaim"]["claimName"])
     assert pvc["spec"]["accessModes"] == ["ReadWriteOnce" if target == "overlays/single-node" else "ReadWriteMany"]
@@ -375,7 +399,9 @@ def test_trainer_writes_the_checkpoints_inference_reads(target: str) -> None:
     assert labels["orchard.dev/env-client"] == labels["orchard.dev/inference-client"] == "true"
     svc = find(target, "Service", "orchard-trainer")
     assert {p["name"]: (p["port"], p["targetPort"]) for p in svc["spec"]["ports"]} == {
-        "grpc": (50056, "grpc"), "metrics": (9100, "metrics")}
+        "grpc": (50056, "grpc"),
+        "metrics": (9100, "metrics"),
+    }
     assert svc["spec"]["selector"].items() <= labels.items()
     assert pod["serviceAccountName"] == "orchard-trainer" and pod["automountServiceAccountToken"] is False
 
@@ -384,8 +410,10 @@ def test_prod_is_bigger_than_dev() -> None:
     """Prod runs more and bigger env replicas than dev; dev uses the `dev` image tag."""
     dev, prod = env_deployment("overlays/dev"), env_deployment("overlays/prod")
     assert dev["spec"]["replicas"] == 1 < prod["spec"]["replicas"]
-    assert prod["spec"]["replicas"] <= find("overlays/prod", "HorizontalPodAutoscaler", "orchard-env")["spec"][
-        "minReplicas"]
+    assert (
+        prod["spec"]["replicas"]
+        <= find("overlays/prod", "HorizontalPodAutoscaler", "orchard-env")["spec"]["minReplicas"]
+    )
     assert container(dev, "env")["image"] == "orchard-env:dev"
     assert container(inference_deployment("overlays/dev"), "inference")["image"] == "orchard-inference:dev"
     dev_res, prod_res = container(dev, "env")["resources"]["limits"], container(prod, "env")["resources"]["limits"]
@@ -424,8 +452,10 @@ def test_prod_network_policies_for_inference_and_sandbox_agents() -> None:
     (only,) = sandboxes["spec"]["ingress"]
     (source,) = only["from"]
     assert source["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}}
-    assert source["podSelector"]["matchLabels"].items() <= \
-        env_deployment("overlays/prod")["spec"]["template"]["metadata"]["labels"].items()
+    assert (
+        source["podSelector"]["matchLabels"].items()
+        <= env_deployment("overlays/prod")["spec"]["template"]["metadata"]["labels"].items()
+    )
     from orchard.services.env.settings import EnvSettings
 
     assert only["ports"] == [{"port": EnvSettings.model_fields["k8s_agent_port"].default, "protocol": "TCP"}]
@@ -437,8 +467,11 @@ def _admits(policy: dict[str, Any], labels: dict[str, str], port: str) -> bool:
         if {"port": port, "protocol": "TCP"} not in rule["ports"]:
             continue
         for source in rule["from"]:
-            if "podSelector" in source and "namespaceSelector" not in source and \
-                    source["podSelector"].get("matchLabels", {}).items() <= labels.items():
+            if (
+                "podSelector" in source
+                and "namespaceSelector" not in source
+                and source["podSelector"].get("matchLabels", {}).items() <= labels.items()
+            ):
                 return True
     return False
 
@@ -456,8 +489,9 @@ def test_prod_network_policies_for_the_trainer() -> None:
     assert {"podSelector": {"matchLabels": {"orchard.dev/metrics-scraper": "true"}}} in metrics["from"]
     for rule in pol["spec"]["ingress"]:
         assert rule.get("from"), "every rule names its sources (an empty `from` admits everyone)"
-    policies = [d for d in docs("overlays/prod") if d["kind"] == "NetworkPolicy"
-                and d["metadata"]["namespace"] == NAMESPACE]
+    policies = [
+        d for d in docs("overlays/prod") if d["kind"] == "NetworkPolicy" and d["metadata"]["namespace"] == NAMESPACE
+    ]
     for service in ("orchard-inference", "orchard-experience", "orchard-env", "orchard-reward"):
         pods = find("overlays/prod", "Deployment", service)["spec"]["template"]["metadata"]["labels"]
         for policy in policies:

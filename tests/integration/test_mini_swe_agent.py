@@ -25,6 +25,7 @@ pytest.importorskip("minisweagent", reason="mini-swe-agent is not installed (pip
 
 from minisweagent.environments import get_environment
 from minisweagent.exceptions import Submitted
+
 from orchard import SandboxClient
 from orchard.errors import NotFound
 from orchard.integrations.mini_swe_agent import (
@@ -44,14 +45,16 @@ TASK = "ANSWER in consts.py should be 42, not 41."
 FILES = {
     "consts.py": "ANSWER = 41\n",
     "test_consts.py": "import unittest\n\nfrom consts import ANSWER\n\n\nclass T(unittest.TestCase):\n"
-                      "    def test_answer(self):\n        self.assertEqual(ANSWER, 42)\n",
+    "    def test_answer(self):\n        self.assertEqual(ANSWER, 42)\n",
 }
 EMBEDDED_MODEL = "SmolLM2-135M-Instruct"
 
 pytestmark = [
     needs_sandboxes,
-    pytest.mark.skipif(not (default_images_dir() / image_dirname(IMAGE) / "rootfs").is_dir(),
-                       reason=f"image {IMAGE} is not built (orchard image build {IMAGE})"),
+    pytest.mark.skipif(
+        not (default_images_dir() / image_dirname(IMAGE) / "rootfs").is_dir(),
+        reason=f"image {IMAGE} is not built (orchard image build {IMAGE})",
+    ),
     pytest.mark.timeout(120),
 ]
 
@@ -114,8 +117,12 @@ def put_repo(sandbox: Sandbox) -> None:
     """The tiny repository at /testbed, committed, with its test failing."""
     for name, text in FILES.items():
         sandbox.upload_content(text, f"{REPO}/{name}")
-    done = sandbox.exec("git init -q && git add -A && git -c user.name=t -c user.email=t@example.com commit -qm init"
-                        " && python3 -m unittest", cwd=REPO, timeout=60)
+    done = sandbox.exec(
+        "git init -q && git add -A && git -c user.name=t -c user.email=t@example.com commit -qm init"
+        " && python3 -m unittest",
+        cwd=REPO,
+        timeout=60,
+    )
     assert done.exit_code == 1 and "AssertionError: 41 != 42" in done.stderr, done
 
 
@@ -129,6 +136,7 @@ def fixes_the_repo(address: str, patch: str) -> bool:
 
 # (a) The environment contract, called directly.
 
+
 def test_output_is_merged_in_order_with_the_exit_code(environment: OrchardEnvironment) -> None:
     out = environment.execute({"command": "echo one; echo two >&2; echo three; exit 3"})
     assert out == {"output": "one\ntwo\nthree\n", "returncode": 3, "exception_info": ""}
@@ -137,8 +145,10 @@ def test_output_is_merged_in_order_with_the_exit_code(environment: OrchardEnviro
 def test_every_command_runs_in_a_fresh_subshell(environment: OrchardEnvironment) -> None:
     """cd and exports do not carry over; files do; cwd= picks the directory of one call."""
     assert environment.execute({"command": "cd /tmp && export X=1 && touch kept && pwd"})["output"] == "/tmp\n"
-    assert environment.execute({"command": 'pwd; echo "${X-unset}"; ls /tmp/kept'})["output"] == \
-        "/workspace\nunset\n/tmp/kept\n"
+    assert (
+        environment.execute({"command": 'pwd; echo "${X-unset}"; ls /tmp/kept'})["output"]
+        == "/workspace\nunset\n/tmp/kept\n"
+    )
     assert environment.execute({"command": "pwd"}, cwd="/tmp")["output"] == "/tmp\n"
 
 
@@ -176,8 +186,17 @@ def test_the_magic_first_line_submits_the_rest_of_the_output(repo_env: OrchardEn
 def test_mini_builds_it_from_a_stock_config(address: str) -> None:
     """mini's own loader builds it from the stock swebench environment section (interpreter, BASH_ENV... and
     keys of other environments are tolerated); template vars describe the sandbox; close deletes the sandbox."""
-    stock = {"environment_class": ENVIRONMENT_CLASS, "cwd": "/", "timeout": 60, "interpreter": ["bash", "-c"],
-             "env": {"PAGER": "cat"}, "run_args": ["--rm"], "forward_env": [], "image": IMAGE, "address": address}
+    stock = {
+        "environment_class": ENVIRONMENT_CLASS,
+        "cwd": "/",
+        "timeout": 60,
+        "interpreter": ["bash", "-c"],
+        "env": {"PAGER": "cat"},
+        "run_args": ["--rm"],
+        "forward_env": [],
+        "image": IMAGE,
+        "address": address,
+    }
     env = get_environment(stock)
     assert isinstance(env, OrchardEnvironment)
     sandbox_id = env.sandbox.sandbox_id
@@ -195,6 +214,7 @@ def test_mini_builds_it_from_a_stock_config(address: str) -> None:
 
 
 # (b) End to end: mini's DefaultAgent, its litellm model classes, our adapter.
+
 
 class ScriptedChat:
     """A SCRIPTED model, not a real one: a tiny OpenAI-compatible HTTP server whose POST /v1/chat/completions
@@ -217,13 +237,25 @@ class ScriptedChat:
                 if self.path != "/v1/chat/completions" or n >= len(chat.commands):
                     self.send_error(404 if n < len(chat.commands) else 500, "no scripted reply left")
                     return
-                call = {"id": f"call_{n}", "type": "function",
-                        "function": {"name": "bash", "arguments": json.dumps({"command": chat.commands[n]})}}
-                reply = {"id": f"chatcmpl-{n}", "object": "chat.completion", "created": int(time.time()),
-                         "model": body["model"],
-                         "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
-                             "role": "assistant", "content": f"Step {n + 1}.", "tool_calls": [call]}}],
-                         "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+                call = {
+                    "id": f"call_{n}",
+                    "type": "function",
+                    "function": {"name": "bash", "arguments": json.dumps({"command": chat.commands[n]})},
+                }
+                reply = {
+                    "id": f"chatcmpl-{n}",
+                    "object": "chat.completion",
+                    "created": int(time.time()),
+                    "model": body["model"],
+                    "choices": [
+                        {
+                            "index": 0,
+                            "finish_reason": "tool_calls",
+                            "message": {"role": "assistant", "content": f"Step {n + 1}.", "tool_calls": [call]},
+                        }
+                    ],
+                    "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+                }
                 data = json.dumps(reply).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
@@ -248,12 +280,14 @@ class ScriptedChat:
 def test_scripted_model_solves_the_task_through_the_adapter(repo_env: OrchardEnvironment, address: str) -> None:
     """mini's stock SWE-bench config (tool calls, litellm) with a SCRIPTED model: it reads, edits, tests, writes
     the patch and submits it; the patch fixes a fresh copy of the repository."""
-    chat = ScriptedChat([
-        "cat consts.py && python3 -m unittest",
-        "sed -i 's/ANSWER = 41/ANSWER = 42/' consts.py && python3 -m unittest",
-        "git diff -- consts.py > patch.txt",
-        "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && cat patch.txt",
-    ])
+    chat = ScriptedChat(
+        [
+            "cat consts.py && python3 -m unittest",
+            "sed -i 's/ANSWER = 41/ANSWER = 42/' consts.py && python3 -m unittest",
+            "git diff -- consts.py > patch.txt",
+            "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && cat patch.txt",
+        ]
+    )
     try:
         config = mini_config("scripted", chat.api_base, address=address, step_limit=10)
         run = run_mini_swe_agent(TASK, config, repo_env)
@@ -264,8 +298,9 @@ def test_scripted_model_solves_the_task_through_the_adapter(repo_env: OrchardEnv
     # Every request went through litellm's OpenAI client with mini's bash tool, and each carried the
     # observation of the previous command back as a tool message.
     assert len(chat.requests) == 4
-    assert all(r["model"] == "scripted" and [t["function"]["name"] for t in r["tools"]] == ["bash"]
-               for r in chat.requests)
+    assert all(
+        r["model"] == "scripted" and [t["function"]["name"] for t in r["tools"]] == ["bash"] for r in chat.requests
+    )
     observations = [r["messages"][-1] for r in chat.requests[1:]]
     assert [(m["role"], m["tool_call_id"]) for m in observations] == [("tool", f"call_{i}") for i in range(3)]
     assert "ANSWER = 41" in observations[0]["content"] and "AssertionError: 41 != 42" in observations[0]["content"]
@@ -289,17 +324,38 @@ def test_the_mini_cli_runs_unmodified_on_it(address: str, tmp_path: Path) -> Non
     deleted when the process exits (the SDK client's exit hook: mini never closes environments)."""
     chat = ScriptedChat(["echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && uname -s"])
     trajectory = tmp_path / "run.traj.json"
-    settings = {"environment.image": IMAGE, "environment.address": address, "model.model_name": "openai/scripted",
-                "model.model_kwargs.api_base": chat.api_base, "model.model_kwargs.api_key": "none",
-                "model.cost_tracking": "ignore_errors"}
-    argv = [str(Path(sys.executable).parent / "mini"), "--yolo", "--exit-immediately", "--task", TASK,
-            "--environment-class", ENVIRONMENT_CLASS, "--output", str(trajectory), "-c", "mini.yaml",
-            *[arg for key, value in settings.items() for arg in ("-c", f"{key}={value}")]]
-    env = {**os.environ, "MSWEA_CONFIGURED": "1", "MSWEA_GLOBAL_CONFIG_DIR": str(tmp_path),
-           "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    settings = {
+        "environment.image": IMAGE,
+        "environment.address": address,
+        "model.model_name": "openai/scripted",
+        "model.model_kwargs.api_base": chat.api_base,
+        "model.model_kwargs.api_key": "none",
+        "model.cost_tracking": "ignore_errors",
+    }
+    argv = [
+        str(Path(sys.executable).parent / "mini"),
+        "--yolo",
+        "--exit-immediately",
+        "--task",
+        TASK,
+        "--environment-class",
+        ENVIRONMENT_CLASS,
+        "--output",
+        str(trajectory),
+        "-c",
+        "mini.yaml",
+        *[arg for key, value in settings.items() for arg in ("-c", f"{key}={value}")],
+    ]
+    env = {
+        **os.environ,
+        "MSWEA_CONFIGURED": "1",
+        "MSWEA_GLOBAL_CONFIG_DIR": str(tmp_path),
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+    }
     try:
-        done = subprocess.run(argv, env=env, check=False, capture_output=True, text=True, timeout=90,
-                              stdin=subprocess.DEVNULL)
+        done = subprocess.run(
+            argv, env=env, check=False, capture_output=True, text=True, timeout=90, stdin=subprocess.DEVNULL
+        )
     finally:
         chat.close()
     assert done.returncode == 0, done.stdout + done.stderr
@@ -356,14 +412,17 @@ echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && git diff
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_embedded_model_solves_the_trivial_task_through_our_endpoint(
-        repo_env: OrchardEnvironment, address: str, embedded_api_base: str) -> None:
+    repo_env: OrchardEnvironment, address: str, embedded_api_base: str
+) -> None:
     """The REAL embedded model behind our OpenAI endpoint, mini's text-based litellm model class, very explicit
     prompts (see above) and a step limit of 4: two model calls, an observation in between, a patch that works."""
     config = mini_config(EMBEDDED_MODEL, embedded_api_base, textbased=True, address=address, step_limit=4)
     config["agent"] |= {"system_template": EMBEDDED_SYSTEM, "instance_template": EMBEDDED_INSTANCE}
-    config["model"] |= {"observation_template": EMBEDDED_OBSERVATION,
-                        # the model writes ```bash, never mini's ```mswea_bash_command tag
-                        "action_regex": r"```(?:mswea_bash_command|bash)\s*\n(.*?)\n```"}
+    config["model"] |= {
+        "observation_template": EMBEDDED_OBSERVATION,
+        # the model writes ```bash, never mini's ```mswea_bash_command tag
+        "action_regex": r"```(?:mswea_bash_command|bash)\s*\n(.*?)\n```",
+    }
     config["model"]["model_kwargs"] |= {"max_tokens": 64, "temperature": 0}
     run = run_mini_swe_agent(TASK, config, repo_env)
 
@@ -383,14 +442,37 @@ def test_orchard_rollout_runs_mini_on_a_task_set(address: str, tmp_path: Path) -
     from orchard.tasks import load_instances
 
     task = load_instances("toyrepair")[0]
-    chat = ScriptedChat([f"git apply <<'PATCH'\n{task.patch}PATCH", "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && "
-                                                                    "git diff"])
+    chat = ScriptedChat(
+        [f"git apply <<'PATCH'\n{task.patch}PATCH", "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && git diff"]
+    )
     try:
-        done = subprocess.run([str(Path(sys.executable).with_name("orchard")), "rollout", "--tasks", "toyrepair",
-                               "--ids", task.instance_id, "--harness", "mini-swe-agent", "--openai-base",
-                               chat.api_base, "--model", "scripted", "--env-address", address, "--no-events",
-                               "--run-id", "mini-run", "--out", str(tmp_path)], capture_output=True, text=True,
-                              timeout=240, check=False)
+        done = subprocess.run(
+            [
+                str(Path(sys.executable).with_name("orchard")),
+                "rollout",
+                "--tasks",
+                "toyrepair",
+                "--ids",
+                task.instance_id,
+                "--harness",
+                "mini-swe-agent",
+                "--openai-base",
+                chat.api_base,
+                "--model",
+                "scripted",
+                "--env-address",
+                address,
+                "--no-events",
+                "--run-id",
+                "mini-run",
+                "--out",
+                str(tmp_path),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=240,
+            check=False,
+        )
     finally:
         chat.close()
     assert done.returncode == 0, done.stdout + done.stderr

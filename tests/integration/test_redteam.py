@@ -24,8 +24,11 @@ from pathlib import Path
 import grpc
 import pytest
 from conftest import StartEnv, create, duration, image_built, needs_sandboxes, run
-from test_env_network import LinkLocalHost, rule
-from test_env_network import test_host as test_host  # the link-local test host fixture
+from test_env_network import (
+    LinkLocalHost,
+    rule,
+    test_host,  # noqa: F401 - the link-local test host fixture
+)
 
 from orchard.env.v1 import env_pb2 as pb
 
@@ -88,16 +91,29 @@ async def test_in_sandbox_probes_get_nothing(start_env: StartEnv, tally: Tally, 
     by_class: dict[str, list[dict[str, object]]] = collections.defaultdict(list)
     for row in rows:
         by_class[str(row["cls"])].append(row)
-    least = {"writable-sysctl": 100, "core-pattern": 5, "masked-path": 10, "keyring": 3, "user-namespace": 1,
-             "namespace": 8, "mount": 6, "raw-socket": 5, "kernel-call": 15, "egress": 14}
+    least = {
+        "writable-sysctl": 100,
+        "core-pattern": 5,
+        "masked-path": 10,
+        "keyring": 3,
+        "user-namespace": 1,
+        "namespace": 8,
+        "mount": 6,
+        "raw-socket": 5,
+        "kernel-call": 15,
+        "egress": 14,
+    }
     for cls, minimum in least.items():
         assert len(by_class[cls]) >= minimum, f"only {len(by_class[cls])} {cls} probes ran"
     for cls, attempts in by_class.items():
         record(tally, cls, len(attempts), [f"{a['target']} ({a['detail']})" for a in attempts if a["through"]])
 
 
-async def test_egress_past_an_allowlist_reaches_only_what_it_allows(start_env: StartEnv, tally: Tally,
-                                                                    test_host: LinkLocalHost) -> None:
+async def test_egress_past_an_allowlist_reaches_only_what_it_allows(
+    start_env: StartEnv,
+    tally: Tally,
+    test_host: LinkLocalHost,  # noqa: F811 - the fixture imported above
+) -> None:
     """A sandbox allowed one address:port reaches it and nothing else: not the host's own addresses (its end of
     the veth included) where a host service listens, not another port or address, not the metadata service."""
     env = await start_env()
@@ -105,12 +121,22 @@ async def test_egress_past_an_allowlist_reaches_only_what_it_allows(start_env: S
     sb = await create(env.stub, network_policy=pb.NetworkPolicy(allow=[rule(f"{test_host.allowed}/32", 8080)]))
     gateway = (await run(env.stub, sb.sandbox_id, "ip -4 route show default")).stdout.decode().split()[2]
     with host_listener() as port:
-        targets = [f"{gateway}:{port}", f"{gateway}:{env.server.port}", f"{test_host.router}:{port}",
-                   f"{test_host.allowed}:8081", f"{test_host.other}:8080", f"{test_host.other}:22",
-                   "169.254.169.254:80", "127.0.0.1:" + str(port), *(f"{a}:{port}" for a in host_addresses())]
-        probe = ("import socket, sys\nfor t in sys.argv[1:]:\n    h, p = t.rsplit(':', 1)\n    try:\n"
-                 "        socket.create_connection((h, int(p)), timeout=2).close(); print(t, 'open')\n"
-                 "    except OSError as e: print(t, 'closed')\n")
+        targets = [
+            f"{gateway}:{port}",
+            f"{gateway}:{env.server.port}",
+            f"{test_host.router}:{port}",
+            f"{test_host.allowed}:8081",
+            f"{test_host.other}:8080",
+            f"{test_host.other}:22",
+            "169.254.169.254:80",
+            "127.0.0.1:" + str(port),
+            *(f"{a}:{port}" for a in host_addresses()),
+        ]
+        probe = (
+            "import socket, sys\nfor t in sys.argv[1:]:\n    h, p = t.rsplit(':', 1)\n    try:\n"
+            "        socket.create_connection((h, int(p)), timeout=2).close(); print(t, 'open')\n"
+            "    except OSError as e: print(t, 'closed')\n"
+        )
         ex = await run(env.stub, sb.sandbox_id, ["python3", "-c", probe, allowed, *targets], timeout=120)
     results = dict(line.split() for line in ex.stdout.decode().splitlines())
     assert results.pop(allowed) == "open"  # the allowlist works: the rest is not refused for want of a network
@@ -131,33 +157,61 @@ async def test_file_api_traversal_and_symlink_races_stay_inside(start_env: Start
     attempts = 0
     try:
         await run(env.stub, sid, "mkdir -p /workspace/d && ln -s / /workspace/root && ln -s /tmp /workspace/t")
-        flipper = await env.stub.StartExec(pb.StartExecRequest(sandbox_id=sid, timeout=duration(60), shell=(
-            "for i in $(seq 1 100000); do ln -sfn /workspace/d /workspace/race; ln -sfn / /workspace/race; done")),
-            timeout=10)
-        paths = [f"../../../../tmp/{secret}", f"/proc/1/root/tmp/{secret}", f"/proc/self/root/tmp/{secret}",
-                 f"root/tmp/{secret}", f"t/{secret}", f"race/tmp/{secret}", f"/proc/1/cwd/../../tmp/{secret}",
-                 f"//tmp//{secret}", f"/workspace/../tmp/{secret}"]
+        flipper = await env.stub.StartExec(
+            pb.StartExecRequest(
+                sandbox_id=sid,
+                timeout=duration(60),
+                shell=(
+                    "for i in $(seq 1 100000); do ln -sfn /workspace/d /workspace/race; ln -sfn / /workspace/race; done"
+                ),
+            ),
+            timeout=10,
+        )
+        paths = [
+            f"../../../../tmp/{secret}",
+            f"/proc/1/root/tmp/{secret}",
+            f"/proc/self/root/tmp/{secret}",
+            f"root/tmp/{secret}",
+            f"t/{secret}",
+            f"race/tmp/{secret}",
+            f"/proc/1/cwd/../../tmp/{secret}",
+            f"//tmp//{secret}",
+            f"/workspace/../tmp/{secret}",
+        ]
         for _ in range(8):
             for path in paths:
                 attempts += 1
                 with contextlib.suppress(grpc.aio.AioRpcError):
-                    got = b"".join([m.chunk async for m in env.stub.DownloadFile(
-                        pb.DownloadFileRequest(sandbox_id=sid, path=path), timeout=10)])
+                    got = b"".join(
+                        [
+                            m.chunk
+                            async for m in env.stub.DownloadFile(
+                                pb.DownloadFileRequest(sandbox_id=sid, path=path), timeout=10
+                            )
+                        ]
+                    )
                     if secret.encode() in got:
                         through.append(f"read {path}")
                 attempts += 1
                 target = path.replace(secret, marker.name)
                 with contextlib.suppress(grpc.aio.AioRpcError):
-                    await env.stub.UploadFile(iter([
-                        pb.UploadFileRequest(header=pb.FileHeader(sandbox_id=sid, path=target)),
-                        pb.UploadFileRequest(chunk=b"escaped")]), timeout=10)
+                    await env.stub.UploadFile(
+                        iter(
+                            [
+                                pb.UploadFileRequest(header=pb.FileHeader(sandbox_id=sid, path=target)),
+                                pb.UploadFileRequest(chunk=b"escaped"),
+                            ]
+                        ),
+                        timeout=10,
+                    )
                 if marker.exists():
                     through.append(f"wrote {target}")
                     marker.unlink()
                 attempts += 1
                 with contextlib.suppress(grpc.aio.AioRpcError):
-                    listed = await env.stub.ListFiles(pb.ListFilesRequest(sandbox_id=sid, path=path.rsplit("/", 1)[0]
-                                                                          or "/"), timeout=10)
+                    listed = await env.stub.ListFiles(
+                        pb.ListFilesRequest(sandbox_id=sid, path=path.rsplit("/", 1)[0] or "/"), timeout=10
+                    )
                     if any(f.name == secret for f in listed.files):
                         through.append(f"listed {path}")
         await env.stub.CancelExec(pb.CancelExecRequest(exec_id=flipper.exec.exec_id), timeout=15)
@@ -177,10 +231,16 @@ async def test_cross_tenant_calls_answer_as_unknown_ids(start_env: StartEnv, tal
     stub = env.stub
     alice, bob = (("authorization", f"Bearer {alice_token}"),), (("authorization", f"Bearer {bob_token}"),)
     sb = (await stub.CreateSandbox(pb.CreateSandboxRequest(image="host"), metadata=alice, timeout=30)).sandbox
-    ex = (await stub.StartExec(pb.StartExecRequest(sandbox_id=sb.sandbox_id, shell="echo alice-secret",
-                                                   wait=duration(10)), metadata=alice, timeout=30)).exec
-    snap = (await stub.SnapshotSandbox(pb.SnapshotSandboxRequest(sandbox_id=sb.sandbox_id), metadata=alice,
-                                       timeout=60)).snapshot
+    ex = (
+        await stub.StartExec(
+            pb.StartExecRequest(sandbox_id=sb.sandbox_id, shell="echo alice-secret", wait=duration(10)),
+            metadata=alice,
+            timeout=30,
+        )
+    ).exec
+    snap = (
+        await stub.SnapshotSandbox(pb.SnapshotSandboxRequest(sandbox_id=sb.sandbox_id), metadata=alice, timeout=60)
+    ).snapshot
 
     def calls(sid: str, eid: str, snap_id: str) -> list[tuple[str, object]]:
         header = pb.FileHeader(sandbox_id=sid, path="x")
@@ -200,8 +260,10 @@ async def test_cross_tenant_calls_answer_as_unknown_ids(start_env: StartEnv, tal
             ("ReadExecOutput", stub.ReadExecOutput(pb.ReadExecOutputRequest(exec_id=eid, stream=1), metadata=bob)),
             ("GetSnapshot", stub.GetSnapshot(pb.GetSnapshotRequest(snapshot_id=snap_id), metadata=bob)),
             ("DeleteSnapshot", stub.DeleteSnapshot(pb.DeleteSnapshotRequest(snapshot_id=snap_id), metadata=bob)),
-            ("CreateSandbox from_snapshot", stub.CreateSandbox(pb.CreateSandboxRequest(from_snapshot=snap_id),
-                                                               metadata=bob)),
+            (
+                "CreateSandbox from_snapshot",
+                stub.CreateSandbox(pb.CreateSandboxRequest(from_snapshot=snap_id), metadata=bob),
+            ),
         ]
 
     async def answer(call: object) -> tuple[str, str]:
@@ -220,19 +282,28 @@ async def test_cross_tenant_calls_answer_as_unknown_ids(start_env: StartEnv, tal
         return "OK", ""
 
     through = []
-    real, fake = calls(sb.sandbox_id, ex.exec_id, snap.snapshot_id), calls("sb-unknown00000", "ex-unknown00000000",
-                                                                           "snap-unknown0000")
+    real, fake = (
+        calls(sb.sandbox_id, ex.exec_id, snap.snapshot_id),
+        calls("sb-unknown00000", "ex-unknown00000000", "snap-unknown0000"),
+    )
     for (name, theirs), (_, unknown) in zip(real, fake, strict=True):
         got, expected = await answer(theirs), await answer(unknown)
-        for real_id, fake_id in ((sb.sandbox_id, "sb-unknown00000"), (ex.exec_id, "ex-unknown00000000"),
-                                 (snap.snapshot_id, "snap-unknown0000")):
+        for real_id, fake_id in (
+            (sb.sandbox_id, "sb-unknown00000"),
+            (ex.exec_id, "ex-unknown00000000"),
+            (snap.snapshot_id, "snap-unknown0000"),
+        ):
             got = (got[0], got[1].replace(real_id, fake_id))
         if got != expected or got[0] == "OK":
             through.append(f"{name}: {got} vs {expected}")
     for method, request, ids in (
-            ("StreamExec", pb.StreamExecRequest(exec_id=ex.exec_id), (ex.exec_id, "ex-unknown00000000")),
-            ("DownloadFile", pb.DownloadFileRequest(sandbox_id=sb.sandbox_id, path="x"),
-             (sb.sandbox_id, "sb-unknown00000"))):
+        ("StreamExec", pb.StreamExecRequest(exec_id=ex.exec_id), (ex.exec_id, "ex-unknown00000000")),
+        (
+            "DownloadFile",
+            pb.DownloadFileRequest(sandbox_id=sb.sandbox_id, path="x"),
+            (sb.sandbox_id, "sb-unknown00000"),
+        ),
+    ):
         unknown_request = type(request)()
         unknown_request.CopyFrom(request)
         if method == "StreamExec":
@@ -241,8 +312,9 @@ async def test_cross_tenant_calls_answer_as_unknown_ids(start_env: StartEnv, tal
             unknown_request.sandbox_id = ids[1]  # type: ignore[attr-defined]
         if await streamed(method, request, ids) != await streamed(method, unknown_request, ids):
             through.append(method)
-    mine = await stub.CreateSandbox(pb.CreateSandboxRequest(image="host", sandbox_id=sb.sandbox_id), metadata=bob,
-                                    timeout=30)  # an id Alice holds is as free to Bob as any unknown one
+    mine = await stub.CreateSandbox(
+        pb.CreateSandboxRequest(image="host", sandbox_id=sb.sandbox_id), metadata=bob, timeout=30
+    )  # an id Alice holds is as free to Bob as any unknown one
     listed = await stub.ListSandboxes(pb.ListSandboxesRequest(), metadata=bob, timeout=10)
     if [s.tenant for s in listed.sandboxes] != ["bob"] or mine.sandbox.tenant != "bob":
         through.append("ListSandboxes or CreateSandbox showed Alice's sandbox")
@@ -276,8 +348,12 @@ async def test_resource_attacks_are_contained(start_env: StartEnv, tally: Tally)
     record(tally, "memory-hog", 1, [] if hog.oom_killed else [f"1 GiB allocated under 128 MiB: {hog.state}"])
     full_box = await create(env.stub, resources=pb.Resources(disk_bytes=64 * MiB))
     free_before = os.statvfs(env.settings.state_dir).f_bavail * os.statvfs(env.settings.state_dir).f_frsize
-    fill = await run(env.stub, full_box.sandbox_id, "head -c 512M /dev/zero > /workspace/fill; echo $?; "
-                     "du -sm /workspace/fill", timeout=120)
+    fill = await run(
+        env.stub,
+        full_box.sandbox_id,
+        "head -c 512M /dev/zero > /workspace/fill; echo $?; du -sm /workspace/fill",
+        timeout=120,
+    )
     free_after = os.statvfs(env.settings.state_dir).f_bavail * os.statvfs(env.settings.state_dir).f_frsize
     written = int(fill.stdout.split()[-2])
     filled = [] if written <= 64 and b"No space left" in fill.stderr else [f"wrote {written} MiB under a 64 MiB cap"]
@@ -302,9 +378,22 @@ def env_process(tmp_path: Path) -> Iterator[tuple[str, int]]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([str(Path(sys.executable).with_name("orchard")), "serve", "env", "--port", str(port),
-                             "--state-dir", str(tmp_path / "state"), "--log-level", "WARNING",
-                             "--max-retained-output-bytes", str(256 * MiB)], stdout=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            str(Path(sys.executable).with_name("orchard")),
+            "serve",
+            "env",
+            "--port",
+            str(port),
+            "--state-dir",
+            str(tmp_path / "state"),
+            "--log-level",
+            "WARNING",
+            "--max-retained-output-bytes",
+            str(256 * MiB),
+        ],
+        stdout=subprocess.DEVNULL,
+    )
     try:
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
             grpc.channel_ready_future(channel).result(timeout=60)
@@ -341,8 +430,11 @@ async def test_every_sandbox_still_has_its_namespaces(start_env: StartEnv, tally
     own (its pid 1 is not the host's init), so what it could not do above it cannot do by another name."""
     env = await start_env()
     sb = await create(env.stub)
-    ex = await run(env.stub, sb.sandbox_id, "grep CapEff /proc/self/status; readlink /proc/self/ns/pid "
-                   "/proc/self/ns/net /proc/self/ns/mnt")
+    ex = await run(
+        env.stub,
+        sb.sandbox_id,
+        "grep CapEff /proc/self/status; readlink /proc/self/ns/pid /proc/self/ns/net /proc/self/ns/mnt",
+    )
     caps, *namespaces = ex.stdout.decode().split("\n")[:4]
     host = [os.readlink(f"/proc/self/ns/{n}") for n in ("pid", "net", "mnt")]
     through = []

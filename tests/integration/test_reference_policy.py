@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import EnvServer, needs_image, needs_sandboxes
+
 from orchard.harness import (
     AgentLoop,
     Limits,
@@ -38,13 +39,30 @@ async def client(env: EnvServer) -> AsyncIterator[AsyncSandboxClient]:
         yield client
 
 
-async def rollouts(client: AsyncSandboxClient, quality: float, tasks: list[TaskInstance], k: int, *,
-                   seed: int | None = None, run_id: str = "ref") -> list[RolloutResult]:
+async def rollouts(
+    client: AsyncSandboxClient,
+    quality: float,
+    tasks: list[TaskInstance],
+    k: int,
+    *,
+    seed: int | None = None,
+    run_id: str = "ref",
+) -> list[RolloutResult]:
     """k graded rollouts of each task by the reference policy of `quality` (built from all the tasks)."""
-    loop = AgentLoop(ReferenceModel(TASKS, quality), Limits(max_steps=10, max_tokens=32768),
-                     SamplingConfig(max_step_tokens=8192, seed=seed), run_id=run_id)
-    return await run_rollouts(tasks, k, loop=loop, client=client, concurrency=4,
-                              make_harness=lambda t: SWEHarness(t, client, task_set="toyrepair"))
+    loop = AgentLoop(
+        ReferenceModel(TASKS, quality),
+        Limits(max_steps=10, max_tokens=32768),
+        SamplingConfig(max_step_tokens=8192, seed=seed),
+        run_id=run_id,
+    )
+    return await run_rollouts(
+        tasks,
+        k,
+        loop=loop,
+        client=client,
+        concurrency=4,
+        make_harness=lambda t: SWEHarness(t, client, task_set="toyrepair"),
+    )
 
 
 def replies(trajectory: tpb.Trajectory) -> list[list[int]]:
@@ -116,9 +134,24 @@ async def test_rollout_command_runs_the_reference_policy(env: EnvServer, tmp_pat
     """`orchard rollout --policy reference:1` needs no inference service (none runs here)."""
     ids = [t.instance_id for t in TASKS[:2]]
     cli = await asyncio.create_subprocess_exec(  # a child process, so the env service in this loop can answer it
-        str(ORCHARD), "rollout", "--policy", "reference:1", "--no-events", "--ids", *ids, "--run-id", "ref-cli",
-        "--env-address", f"127.0.0.1:{env.server.port}", "--out", str(tmp_path), "--seed", "1",
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        str(ORCHARD),
+        "rollout",
+        "--policy",
+        "reference:1",
+        "--no-events",
+        "--ids",
+        *ids,
+        "--run-id",
+        "ref-cli",
+        "--env-address",
+        f"127.0.0.1:{env.server.port}",
+        "--out",
+        str(tmp_path),
+        "--seed",
+        "1",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     out, err = await asyncio.wait_for(cli.communicate(), 150)
     assert cli.returncode == 0, err.decode()
     assert "run ref-cli: reference-q1.00 on 2 tasks x 1 samples" in err.decode()
@@ -132,7 +165,12 @@ async def test_rollout_command_runs_the_reference_policy(env: EnvServer, tmp_pat
 
 @pytest.mark.parametrize("value", ["reference:1.5", "reference:x", "oracle:0.5"])
 def test_rollout_command_rejects_a_bad_policy(value: str) -> None:
-    run = subprocess.run([str(ORCHARD), "rollout", "--policy", value, "--no-events"], check=False,
-                         capture_output=True, text=True, timeout=60)
+    run = subprocess.run(
+        [str(ORCHARD), "rollout", "--policy", value, "--no-events"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert run.returncode == 2 and "Traceback" not in run.stderr
     assert f"argument --policy: {value!r} is not a policy: give reference:Q with Q a number in [0, 1]" in run.stderr

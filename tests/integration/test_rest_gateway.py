@@ -22,6 +22,7 @@ from typing import Any
 import aiohttp
 import pytest
 from conftest import HOST_IMAGE, needs_sandboxes
+
 from orchard.runtime import GrpcServer
 from orchard.services.env.manager import SandboxManager
 from orchard.services.env.server import build, start_gateway
@@ -64,8 +65,16 @@ async def start_api(tmp_path: Path) -> AsyncIterator[StartApi]:
     started: list[Api] = []
 
     async def start(headers: dict[str, str] | None = None, **overrides: Any) -> Api:
-        settings = EnvSettings(**{"port": 0, "http_port": 0, "state_dir": tmp_path / f"state{len(started)}",
-                                  "log_format": "text", "grace_period_s": 1.0, **overrides})
+        settings = EnvSettings(
+            **{
+                "port": 0,
+                "http_port": 0,
+                "state_dir": tmp_path / f"state{len(started)}",
+                "log_format": "text",
+                "grace_period_s": 1.0,
+                **overrides,
+            }
+        )
         server, manager = await build(settings)
         try:
             gateway = await start_gateway(settings, server, manager)
@@ -97,8 +106,12 @@ async def test_banner_health_resources_and_auth(start_api: StartApi) -> None:
     assert await api.call("GET", "/health") == {"status": "healthy"}
     missing = await api.call("GET", "/resources", 401)
     assert "X-API-Key" in missing["detail"]
-    assert "invalid API key" in (await api.call("POST", "/sandboxes", 403, json={"image": HOST_IMAGE},
-                                                headers={"X-API-Key": "wrong"}))["detail"]
+    assert (
+        "invalid API key"
+        in (await api.call("POST", "/sandboxes", 403, json={"image": HOST_IMAGE}, headers={"X-API-Key": "wrong"}))[
+            "detail"
+        ]
+    )
     resources = await api.call("GET", "/resources", headers={"X-API-Key": TOKEN})
     assert resources["status"] == "ok" and resources["total_capacity"]["cpu"] >= 1
 
@@ -106,16 +119,26 @@ async def test_banner_health_resources_and_auth(start_api: StartApi) -> None:
 async def test_sandbox_lifecycle(api: Api) -> None:
     """Create (upstream defaults echoed), get, wait, heartbeat (arms a 180 s timeout), delete, then 404."""
     created = await api.call("POST", "/sandboxes", json={"image": HOST_IMAGE, "sandbox_id": "rest-box-1"})
-    assert created == {"sandbox_id": "rest-box-1", "namespace": "local", "image": HOST_IMAGE, "block_network": True,
-                       "cpu": "4", "memory": "16Gi", "timeout": 3600, "status": "ready"}
+    assert created == {
+        "sandbox_id": "rest-box-1",
+        "namespace": "local",
+        "image": HOST_IMAGE,
+        "block_network": True,
+        "cpu": "4",
+        "memory": "16Gi",
+        "timeout": 3600,
+        "status": "ready",
+    }
     info = await api.call("GET", "/sandboxes/rest-box-1")
     assert info["ready"] is True and info["status"] == "ready" and info["created_at"] <= time.time()
     assert (await api.call("GET", "/sandboxes/rest-box-1/wait", params={"timeout": "5"}))["ready"] is True
     assert api.manager.sandboxes["rest-box-1"].heartbeat_timeout_s == 0
     assert await api.call("POST", "/sandboxes/rest-box-1/heartbeat") == {"status": "ok", "sandbox_id": "rest-box-1"}
     assert api.manager.sandboxes["rest-box-1"].heartbeat_timeout_s == 180
-    assert "already exists" in (await api.call("POST", "/sandboxes", 409, json={"image": HOST_IMAGE,
-                                                                               "sandbox_id": "rest-box-1"}))["detail"]
+    assert (
+        "already exists"
+        in (await api.call("POST", "/sandboxes", 409, json={"image": HOST_IMAGE, "sandbox_id": "rest-box-1"}))["detail"]
+    )
     assert await api.call("DELETE", "/sandboxes/rest-box-1") == {"status": "deleted", "sandbox_id": "rest-box-1"}
     assert "not found" in (await api.call("GET", "/sandboxes/rest-box-1", 404))["detail"]
     await api.call("DELETE", "/sandboxes/rest-box-1", 404)
@@ -143,20 +166,28 @@ async def test_create_options_and_refusals(start_api: StartApi) -> None:
 
 async def test_unknown_ids_routes_and_bad_bodies(api: Api) -> None:
     """Unknown sandbox/job/route → 404, wrong method → 405, bad JSON or fields → 422, all as {"detail": ...}."""
-    for method, path in [("GET", "/sandboxes/nope"), ("GET", "/jobs/ex-nope"), ("GET", "/jobs/ex-nope/wait"),
-                         ("POST", "/sandboxes/nope/heartbeat"), ("GET", "/sandboxes/nope/files/list")]:
+    for method, path in [
+        ("GET", "/sandboxes/nope"),
+        ("GET", "/jobs/ex-nope"),
+        ("GET", "/jobs/ex-nope/wait"),
+        ("POST", "/sandboxes/nope/heartbeat"),
+        ("GET", "/sandboxes/nope/files/list"),
+    ]:
         assert "not found" in (await api.call(method, path, 404))["detail"]
     assert (await api.call("POST", "/sandboxes/nope/exec", 404, json={"command": "true"}))["detail"]
     assert await api.call("GET", "/no/such/route", 404) == {"detail": "Not Found"}
     assert await api.call("PUT", "/sandboxes", 405) == {"detail": "Method Not Allowed"}
-    bad_json = await api.call("POST", "/sandboxes", 422, data=b"{not json",
-                              headers={"Content-Type": "application/json"})
+    bad_json = await api.call(
+        "POST", "/sandboxes", 422, data=b"{not json", headers={"Content-Type": "application/json"}
+    )
     assert bad_json["detail"][0]["type"] == "json_invalid"
     sandbox_id = await api.sandbox()
     bad_field = await api.call("POST", f"/sandboxes/{sandbox_id}/exec", 422, json={"command": 5})
     assert bad_field["detail"][0]["loc"][:2] == ["body", "command"]
-    assert (await api.call("GET", "/jobs/ex-x/wait", 422, params={"timeout": "soon"}))["detail"][0]["loc"] == \
-        ["query", "timeout"]
+    assert (await api.call("GET", "/jobs/ex-x/wait", 422, params={"timeout": "soon"}))["detail"][0]["loc"] == [
+        "query",
+        "timeout",
+    ]
 
 
 async def test_exec_without_wait_then_poll_and_wait(api: Api) -> None:
@@ -179,10 +210,25 @@ async def test_exec_with_wait(api: Api) -> None:
     sandbox_id = await api.sandbox()
     path = f"/sandboxes/{sandbox_id}/exec"
     failed = await api.call("POST", path, json={"command": "echo out; echo err >&2; exit 3", "wait": True})
-    assert (failed["status"], failed["exit_code"], failed["stdout"], failed["stderr"], failed["error"]) == \
-        ("failed", 3, "out\n", "err\n", None)
-    env = await api.call("POST", path, json={"command": "echo $A $(pwd) $0", "env": {"A": "1"}, "cwd": "/tmp",
-                                             "login_shell": True, "wait": True, "timeout_seconds": 10})
+    assert (failed["status"], failed["exit_code"], failed["stdout"], failed["stderr"], failed["error"]) == (
+        "failed",
+        3,
+        "out\n",
+        "err\n",
+        None,
+    )
+    env = await api.call(
+        "POST",
+        path,
+        json={
+            "command": "echo $A $(pwd) $0",
+            "env": {"A": "1"},
+            "cwd": "/tmp",
+            "login_shell": True,
+            "wait": True,
+            "timeout_seconds": 10,
+        },
+    )
     assert env["stdout"] == "1 /tmp bash\n" and env["status"] == "succeeded"
     argv = await api.call("POST", path, json={"command": ["printf", "%s|", "a b", "it's", "$HOME"], "wait": True})
     assert argv["stdout"] == "a b|it's|$HOME|" and argv["command"] == "printf '%s|' 'a b' 'it'\"'\"'s' '$HOME'"
@@ -209,8 +255,7 @@ async def test_apply_patch(api: Api) -> None:
     await api.call("POST", f"/sandboxes/{sandbox_id}/files", json={"path": "calc.py", "content": content})
     ok = await api.call("POST", f"/sandboxes/{sandbox_id}/apply_patch", json={"patch": PATCH})
     assert ok["success"] is True and ok["exit_code"] == 0
-    again = await api.call("POST", f"/sandboxes/{sandbox_id}/apply_patch",
-                           json={"patch": PATCH, "timeout_seconds": 5})
+    again = await api.call("POST", f"/sandboxes/{sandbox_id}/apply_patch", json={"patch": PATCH, "timeout_seconds": 5})
     assert again["success"] is False and "does not apply" in again["stderr"] and again["error"]
     download = await api.call("GET", f"/sandboxes/{sandbox_id}/files", params={"path": "calc.py"})
     assert base64.b64decode(download["content"]) == CALC.replace(b"a - b", b"a + b")
@@ -226,8 +271,9 @@ async def test_files_round_trip_and_list(api: Api) -> None:
     download = await api.call("GET", files, params={"path": "/workspace/dir/blob.bin"})
     assert base64.b64decode(download["content"]) == blob and download["size"] == len(blob)
     listing = await api.call("GET", files + "/list")
-    assert listing["path"] == "/workspace" and [(f["name"], f["type"]) for f in listing["files"]] == \
-        [("dir", "directory")]
+    assert listing["path"] == "/workspace" and [(f["name"], f["type"]) for f in listing["files"]] == [
+        ("dir", "directory")
+    ]
     inner = (await api.call("GET", files + "/list", params={"path": "dir"}))["files"]
     assert inner[0]["name"] == "blob.bin" and inner[0]["size"] == len(blob) and inner[0]["modified"].endswith("+00:00")
     assert (await api.call("GET", files, 404, params={"path": "missing.txt"}))["detail"]
@@ -262,8 +308,17 @@ async def test_pty_websocket(start_api: StartApi) -> None:
     ws_url = api.url.replace("http", "ws") + f"/sandboxes/{sandbox_id}/exec/pty"
     async with aiohttp.ClientSession() as bare:
         async with bare.ws_connect(f"{ws_url}?api_key={TOKEN}") as ws:
-            await ws.send_json({"type": "init", "cmd": ["bash", "-c", "stty size; read x; echo got-$x; exit 4"],
-                                "env": {}, "cwd": None, "rows": 30, "cols": 100, "login_shell": False})
+            await ws.send_json(
+                {
+                    "type": "init",
+                    "cmd": ["bash", "-c", "stty size; read x; echo got-$x; exit 4"],
+                    "env": {},
+                    "cwd": None,
+                    "rows": 30,
+                    "cols": 100,
+                    "login_shell": False,
+                }
+            )
             ready = await ws.receive_json(timeout=10)
             assert ready["type"] == "ready" and isinstance(ready["pid"], int) and ready["pid"] > 1
             assert b"30 100" in await read_until(ws, b"30 100")
@@ -303,16 +358,18 @@ async def test_pty_websocket(start_api: StartApi) -> None:
         with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
             await bare.ws_connect(ws_url)
         assert refused.value.status == 401
-    processes = await api.call("POST", f"/sandboxes/{sandbox_id}/exec", json={
-        "command": "cat /proc/[0-9]*/comm", "wait": True})
+    processes = await api.call(
+        "POST", f"/sandboxes/{sandbox_id}/exec", json={"command": "cat /proc/[0-9]*/comm", "wait": True}
+    )
     assert "sleep" not in processes["stdout"]  # closing a session killed its program's whole tree
 
 
 async def test_stop_drains_requests_in_flight(api: Api) -> None:
     """A request in flight when the service stops still gets its answer before the manager closes the sandboxes."""
     sandbox_id = await api.sandbox()
-    request = asyncio.create_task(api.call("POST", f"/sandboxes/{sandbox_id}/exec",
-                                           json={"command": "sleep 0.5; echo drained", "wait": True}))
+    request = asyncio.create_task(
+        api.call("POST", f"/sandboxes/{sandbox_id}/exec", json={"command": "sleep 0.5; echo drained", "wait": True})
+    )
     await asyncio.sleep(0.2)
     await api.server.stop()
     assert (await request)["stdout"] == "drained\n"
@@ -324,8 +381,12 @@ def upstream_style_session(base_url: str, api_key: str) -> bytes:
 
     def request(method: str, path: str, payload: dict[str, Any] | None = None) -> dict[str, Any]:
         data = json.dumps(payload).encode() if payload is not None else None
-        req = urllib.request.Request(f"{base_url}{path}", data=data, method=method,
-                                     headers={"X-API-Key": api_key, "Content-Type": "application/json"})
+        req = urllib.request.Request(
+            f"{base_url}{path}",
+            data=data,
+            method=method,
+            headers={"X-API-Key": api_key, "Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(req, timeout=60) as response:
             return json.load(response)
 
@@ -333,12 +394,24 @@ def upstream_style_session(base_url: str, api_key: str) -> bytes:
     try:
         ready = request("GET", f"/sandboxes/{sandbox_id}/wait?timeout=3600")
         assert ready.get("ready") or ready.get("status") == "ready"
-        job = request("POST", f"/sandboxes/{sandbox_id}/exec",
-                      {"command": "git --version", "timeout_seconds": None, "cwd": None, "env": None,
-                       "login_shell": False, "wait": True})
+        job = request(
+            "POST",
+            f"/sandboxes/{sandbox_id}/exec",
+            {
+                "command": "git --version",
+                "timeout_seconds": None,
+                "cwd": None,
+                "env": None,
+                "login_shell": False,
+                "wait": True,
+            },
+        )
         assert job["status"] == "succeeded", job
-        request("POST", f"/sandboxes/{sandbox_id}/files",
-                {"path": "/workspace/calc.py", "content": base64.b64encode(CALC).decode()})
+        request(
+            "POST",
+            f"/sandboxes/{sandbox_id}/files",
+            {"path": "/workspace/calc.py", "content": base64.b64encode(CALC).decode()},
+        )
         patched = request("POST", f"/sandboxes/{sandbox_id}/apply_patch", {"patch": PATCH, "timeout_seconds": 30})
         assert patched["success"], patched
         download = request("GET", f"/sandboxes/{sandbox_id}/files?path=/workspace/calc.py")
@@ -363,9 +436,23 @@ def test_serve_env_with_http_port(tmp_path: Path) -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         http_port = probe.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "orchard.services.env.server", "--port", "0", "--http-port",
-                             str(http_port), "--state-dir", str(tmp_path / "state"), "--log-format", "text"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "orchard.services.env.server",
+            "--port",
+            "0",
+            "--http-port",
+            str(http_port),
+            "--state-dir",
+            str(tmp_path / "state"),
+            "--log-format",
+            "text",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         deadline = time.monotonic() + 20
         while True:

@@ -71,7 +71,9 @@ async def rpc_error(call: Awaitable[object]) -> grpc.aio.AioRpcError:
 
 async def health_status(channel: grpc.aio.Channel, service: str = "") -> int:
     """Ask the real grpc health service for `service`'s status."""
-    response = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+    response = await health_pb2_grpc.HealthStub(channel).Check(
+        health_pb2.HealthCheckRequest(service=service), timeout=5
+    )
     return response.status  # type: ignore[no-any-return]
 
 
@@ -332,8 +334,14 @@ async def test_container_healthcheck_probe(start_server: StartServer) -> None:
     closed = await _closed_port()
 
     async def probe(*args: str, **env: str) -> int:
-        proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "orchard.runtime.healthcheck", *args,
-                                                    env={**os.environ, **env}, stderr=asyncio.subprocess.PIPE)
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "orchard.runtime.healthcheck",
+            *args,
+            env={**os.environ, **env},
+            stderr=asyncio.subprocess.PIPE,
+        )
         _, err = await proc.communicate()
         assert proc.returncode is not None
         if proc.returncode == 2:

@@ -27,14 +27,52 @@ def _openssl(*args: str) -> None:
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A CA, a server certificate for localhost/127.0.0.1 and a client certificate, all signed by the CA."""
     d = tmp_path_factory.mktemp("pki")
-    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=orchard-test-ca",
-             "-keyout", str(d / "ca.key"), "-out", str(d / "ca.pem"))
+    _openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=orchard-test-ca",
+        "-keyout",
+        str(d / "ca.key"),
+        "-out",
+        str(d / "ca.pem"),
+    )
     for name, san in (("server", "DNS:localhost,IP:127.0.0.1"), ("client", "DNS:client")):
-        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}", "-keyout", str(d / f"{name}.key"),
-                 "-out", str(d / f"{name}.csr"))
+        _openssl(
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            f"/CN={name}",
+            "-keyout",
+            str(d / f"{name}.key"),
+            "-out",
+            str(d / f"{name}.csr"),
+        )
         (d / f"{name}.ext").write_text(f"subjectAltName={san}\n")
-        _openssl("x509", "-req", "-in", str(d / f"{name}.csr"), "-CA", str(d / "ca.pem"), "-CAkey", str(d / "ca.key"),
-                 "-CAcreateserial", "-days", "2", "-extfile", str(d / f"{name}.ext"), "-out", str(d / f"{name}.pem"))
+        _openssl(
+            "x509",
+            "-req",
+            "-in",
+            str(d / f"{name}.csr"),
+            "-CA",
+            str(d / "ca.pem"),
+            "-CAkey",
+            str(d / "ca.key"),
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            str(d / f"{name}.ext"),
+            "-out",
+            str(d / f"{name}.pem"),
+        )
     return d
 
 
@@ -61,8 +99,9 @@ async def _echo(channel: grpc.aio.Channel, value: str) -> str:
 
 def _creds(pki: Path, *, client_cert: bool) -> grpc.ChannelCredentials:
     if client_cert:
-        return grpc.ssl_channel_credentials((pki / "ca.pem").read_bytes(), (pki / "client.key").read_bytes(),
-                                            (pki / "client.pem").read_bytes())
+        return grpc.ssl_channel_credentials(
+            (pki / "ca.pem").read_bytes(), (pki / "client.key").read_bytes(), (pki / "client.pem").read_bytes()
+        )
     return grpc.ssl_channel_credentials((pki / "ca.pem").read_bytes())
 
 
@@ -79,8 +118,9 @@ async def test_tls(pki: Path, servers: list[GrpcServer]) -> None:
 
 async def test_mutual_tls(pki: Path, servers: list[GrpcServer]) -> None:
     """With a client CA, only clients presenting a certificate it signed get through."""
-    server = await _start(servers, tls_cert_file=pki / "server.pem", tls_key_file=pki / "server.key",
-                          tls_client_ca_file=pki / "ca.pem")
+    server = await _start(
+        servers, tls_cert_file=pki / "server.pem", tls_key_file=pki / "server.key", tls_client_ca_file=pki / "ca.pem"
+    )
     async with grpc.aio.secure_channel(f"localhost:{server.port}", _creds(pki, client_cert=True)) as channel:
         assert await _echo(channel, "mutual") == "mutual"
     async with grpc.aio.secure_channel(f"localhost:{server.port}", _creds(pki, client_cert=False)) as channel:
@@ -91,8 +131,10 @@ async def test_mutual_tls(pki: Path, servers: list[GrpcServer]) -> None:
 
 @pytest.mark.parametrize(
     ("flags", "message"),
-    [(["--tls-cert-file", "/nonexistent.pem", "--tls-key-file", "/nonexistent.key"], "does not exist"),
-     (["--tls-client-ca-file", "/etc/hostname"], "needs tls_cert_file")],
+    [
+        (["--tls-cert-file", "/nonexistent.pem", "--tls-key-file", "/nonexistent.key"], "does not exist"),
+        (["--tls-client-ca-file", "/etc/hostname"], "needs tls_cert_file"),
+    ],
 )
 def test_tls_settings_are_checked(flags: list[str], message: str) -> None:
     """Half-configured or missing TLS files are refused at start-up with a message naming the problem."""
@@ -124,8 +166,14 @@ async def test_sdk_over_mutual_tls(pki: Path, tmp_path: Path, monkeypatch: pytes
     from orchard.services.env.server import build
     from orchard.services.env.settings import EnvSettings
 
-    settings = EnvSettings(port=0, state_dir=tmp_path / "state", log_format="text", tls_cert_file=pki / "server.pem",
-                           tls_key_file=pki / "server.key", tls_client_ca_file=pki / "ca.pem")
+    settings = EnvSettings(
+        port=0,
+        state_dir=tmp_path / "state",
+        log_format="text",
+        tls_cert_file=pki / "server.pem",
+        tls_key_file=pki / "server.key",
+        tls_client_ca_file=pki / "ca.pem",
+    )
     server, _ = await build(settings)
     port = await server.start()
     try:

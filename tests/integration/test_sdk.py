@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import needs_sandboxes
+
 from orchard import AsyncExecHandle, AsyncSandbox, AsyncSandboxClient, JobResult, PatchError, SandboxClient
 from orchard.errors import FailedPrecondition, NotFound, Unauthenticated, Unavailable
 from orchard.sdk.config import load_config
@@ -50,8 +51,10 @@ diff --git a/other.py b/other.py
 -x = 2
 +x = 3
 """
-TEST_CALC = "import unittest\nfrom calc import add\n\n\nclass T(unittest.TestCase):\n" \
-            "    def test_add(self):\n        self.assertEqual(add(2, 3), 5)\n"
+TEST_CALC = (
+    "import unittest\nfrom calc import add\n\n\nclass T(unittest.TestCase):\n"
+    "    def test_add(self):\n        self.assertEqual(add(2, 3), 5)\n"
+)
 
 
 @pytest.fixture(scope="module")
@@ -223,7 +226,9 @@ async def test_list_files(sandbox: AsyncSandbox) -> None:
     await sandbox.exec("mkdir d/sub")
     entries = await sandbox.list_files("d")
     assert [(e.name, e.path, e.type) for e in entries] == [
-        ("file.txt", "/workspace/d/file.txt", "file"), ("sub", "/workspace/d/sub", "directory")]
+        ("file.txt", "/workspace/d/file.txt", "file"),
+        ("sub", "/workspace/d/sub", "directory"),
+    ]
     assert entries[0].size == 5 and entries[0].modified is not None and entries[0].modified > 0
     assert "d" in [e.name for e in await sandbox.list_files()]  # the workdir by default
 
@@ -278,15 +283,16 @@ async def test_idempotent_calls_retry_then_raise_unavailable(tmp_path: Path, cap
 
 async def test_api_key_is_sent_as_bearer_token(tmp_path: Path) -> None:
     """With auth on, a client without the key is refused and one with it works."""
-    server, _ = await build(EnvSettings(port=0, state_dir=tmp_path / "state", log_format="text",
-                                        auth_token="s3cret"))
+    server, _ = await build(EnvSettings(port=0, state_dir=tmp_path / "state", log_format="text", auth_token="s3cret"))
     port = await server.start()
     try:
         async with AsyncSandboxClient(f"127.0.0.1:{port}") as anonymous:
             with pytest.raises(Unauthenticated):
                 await anonymous.create_sandbox("host")
-        async with (AsyncSandboxClient(f"http://127.0.0.1:{port}", api_key="s3cret") as client,
-                    await client.create_sandbox("host") as sandbox):
+        async with (
+            AsyncSandboxClient(f"http://127.0.0.1:{port}", api_key="s3cret") as client,
+            await client.create_sandbox("host") as sandbox,
+        ):
             assert (await sandbox.exec("echo ok")).stdout == "ok\n"
     finally:
         await server.stop()
@@ -331,7 +337,8 @@ def test_sync_quick_start(address: str) -> None:
         with pytest.raises(NotFound):
             client.get_sandbox(sandbox_id)
         assert [sb.sandbox_id for sb in client.list_sandboxes()] == sorted(
-            sb.sandbox_id for sb in client.list_sandboxes())
+            sb.sandbox_id for sb in client.list_sandboxes()
+        )
 
 
 def test_sync_get_unknown_sandbox_raises_not_found(address: str) -> None:
@@ -350,10 +357,13 @@ async def test_sync_client_inside_a_running_loop(address: str) -> None:
 
 def test_sync_client_cleans_up_at_process_exit(address: str) -> None:
     """A sync client that is never closed deletes its sandboxes when the process exits."""
-    script = ("import sys; from orchard import SandboxClient; "
-              "c = SandboxClient(sys.argv[1]); print(c.create_sandbox('host').sandbox_id)")
-    done = subprocess.run([sys.executable, "-c", script, address], capture_output=True, text=True, timeout=30,
-                          check=True)
+    script = (
+        "import sys; from orchard import SandboxClient; "
+        "c = SandboxClient(sys.argv[1]); print(c.create_sandbox('host').sandbox_id)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, address], capture_output=True, text=True, timeout=30, check=True
+    )
     sandbox_id = done.stdout.strip()
     assert sandbox_id.startswith("sb-")
     with SandboxClient(address) as client, pytest.raises(NotFound, match="deleted by a client"):

@@ -34,10 +34,25 @@ def test_up_without_inference_still_starts_the_trainer(tmp_path: Path) -> None:
     log_path = tmp_path / "up.log"
     with open(log_path, "w+b") as log:
         stack = subprocess.Popen(
-            [ORCHARD, "up", "--no-inference", "--no-value", "--env-port", str(_free_port()),
-             "--nats-port", str(_free_port()), "--experience-port", str(_free_port()),
-             "--trainer-port", str(trainer_port), "--state-dir", str(tmp_path / "state")],
-            stdout=log, stderr=subprocess.STDOUT)
+            [
+                ORCHARD,
+                "up",
+                "--no-inference",
+                "--no-value",
+                "--env-port",
+                str(_free_port()),
+                "--nats-port",
+                str(_free_port()),
+                "--experience-port",
+                str(_free_port()),
+                "--trainer-port",
+                str(trainer_port),
+                "--state-dir",
+                str(tmp_path / "state"),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         try:
             deadline = time.monotonic() + 120
             trainer_row = f"trainer    127.0.0.1:{trainer_port}".encode()

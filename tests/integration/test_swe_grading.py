@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 from conftest import EnvServer, needs_image, needs_sandboxes
+
 from orchard.sdk import AsyncSandboxClient
 from orchard.tasks import grade, load_instances, make_report
 
@@ -41,18 +42,24 @@ async def test_gold_patches_resolve_and_empty_patches_do_not(client: AsyncSandbo
     report = make_report([*gold, *empty], [t.instance_id for t in TASKS])
     assert report["pass@1"] == 0.5 and report["empty_patch_instances"] == len(TASKS)
     json.dumps(report)  # it is plain JSON
-    print(f"graded {2 * len(TASKS)} patches in {elapsed:.1f}s; per grade "
-          f"{sum(r.duration_s for r in gold + empty) / (2 * len(TASKS)):.2f}s")
+    print(
+        f"graded {2 * len(TASKS)} patches in {elapsed:.1f}s; per grade "
+        f"{sum(r.duration_s for r in gold + empty) / (2 * len(TASKS)):.2f}s"
+    )
 
 
 async def test_partial_fix_is_unresolved(client: AsyncSandboxClient) -> None:
-    partial = LEAP.patch.replace("+    return year % 4 == 0 and (year % 100 != 0 or year % 400 == 0)",
-                                 "+    return year % 4 == 0 and year % 100 != 0")
+    partial = LEAP.patch.replace(
+        "+    return year % 4 == 0 and (year % 100 != 0 or year % 400 == 0)",
+        "+    return year % 4 == 0 and year % 100 != 0",
+    )
     assert partial != LEAP.patch
     result = await grade(client, LEAP, partial)
     assert result.patch_applied and not result.resolved and not result.error
-    assert result.fail_to_pass == {"success": ["tests/test_leap_hidden.py::test_leap_year"],
-                                   "failure": ["tests/test_leap_hidden.py::test_divisible_by_400"]}
+    assert result.fail_to_pass == {
+        "success": ["tests/test_leap_hidden.py::test_leap_year"],
+        "failure": ["tests/test_leap_hidden.py::test_divisible_by_400"],
+    }
     reward = result.to_reward()
     assert reward.value == -1.0 and reward.outcome.fail_to_pass_passed == 1
 
@@ -65,8 +72,10 @@ async def test_patch_that_does_not_apply(client: AsyncSandboxClient) -> None:
 
 async def test_hidden_tests_override_the_models_test_edits(client: AsyncSandboxClient) -> None:
     """A patch that also writes the hidden test file (to make it pass trivially) is reset to the test patch's."""
-    cheat = ("diff --git a/tests/test_leap_hidden.py b/tests/test_leap_hidden.py\nnew file mode 100644\n"
-             "--- /dev/null\n+++ b/tests/test_leap_hidden.py\n@@ -0,0 +1,2 @@\n+def test_leap_year():\n+    pass\n")
+    cheat = (
+        "diff --git a/tests/test_leap_hidden.py b/tests/test_leap_hidden.py\nnew file mode 100644\n"
+        "--- /dev/null\n+++ b/tests/test_leap_hidden.py\n@@ -0,0 +1,2 @@\n+def test_leap_year():\n+    pass\n"
+    )
     result = await grade(client, LEAP, cheat)
     assert result.patch_applied and not result.resolved
     assert result.fail_to_pass["failure"] == LEAP.fail_to_pass

@@ -14,11 +14,12 @@ from pathlib import Path
 import grpc
 import pytest
 from google.protobuf import json_format
+from trainer_service_helpers import tiny_model, trainer_service
+
 from orchard.inference.v1 import inference_pb2 as ipb
 from orchard.inference.v1 import inference_pb2_grpc
 from orchard.trainer.v1 import trainer_pb2 as pb
 from orchard.types.v1 import types_pb2 as tpb
-from trainer_service_helpers import tiny_model, trainer_service
 
 pytestmark = pytest.mark.slow
 
@@ -38,8 +39,18 @@ class ScriptedAnnotator(inference_pb2_grpc.InferenceServiceServicer):
 @pytest.fixture
 async def annotator() -> AsyncIterator[tuple[ScriptedAnnotator, str]]:
     # Values over states s_0..s_4: a rise over s_1 -> s_3, then a fall to the failed end.
-    servicer = ScriptedAnnotator(json.dumps({"key_steps": [{"step": 0, "value": 0.1}, {"step": 1, "value": 0.1},
-                                                           {"step": 3, "value": 0.7}, {"step": 4, "value": 0.0}]}))
+    servicer = ScriptedAnnotator(
+        json.dumps(
+            {
+                "key_steps": [
+                    {"step": 0, "value": 0.1},
+                    {"step": 1, "value": 0.1},
+                    {"step": 3, "value": 0.7},
+                    {"step": 4, "value": 0.0},
+                ]
+            }
+        )
+    )
     server = grpc.aio.server()
     inference_pb2_grpc.add_InferenceServiceServicer_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
@@ -58,8 +69,11 @@ def trajectory(i: int, resolved: bool) -> tpb.Trajectory:
         t.messages.append(tpb.Message(role=tpb.ROLE_TOOL, content=f"output of {command}"))
         t.steps.append(tpb.Step(index=s, model_output=tpb.Message(role=tpb.ROLE_ASSISTANT, content=command)))
     status = tpb.OUTCOME_STATUS_RESOLVED if resolved else tpb.OUTCOME_STATUS_UNRESOLVED
-    t.rewards.append(tpb.Reward(kind=tpb.REWARD_KIND_OUTCOME, value=1.0 if resolved else -1.0,
-                                outcome=tpb.OutcomeDetails(status=status)))
+    t.rewards.append(
+        tpb.Reward(
+            kind=tpb.REWARD_KIND_OUTCOME, value=1.0 if resolved else -1.0, outcome=tpb.OutcomeDetails(status=status)
+        )
+    )
     return t
 
 
@@ -67,13 +81,17 @@ async def test_ca_sft_job_trains_resolved_and_rise_segments(tmp_path: Path, anno
     servicer, address = annotator
     model = tiny_model(tmp_path / "tiny")
     data = tmp_path / "trajectories.jsonl"
-    data.write_text("".join(json_format.MessageToJson(trajectory(i, resolved=i < 2), indent=None) + "\n"
-                            for i in range(4)))
+    data.write_text(
+        "".join(json_format.MessageToJson(trajectory(i, resolved=i < 2), indent=None) + "\n" for i in range(4))
+    )
     async with trainer_service(tmp_path / "jobs", inference_address=address) as stub:
-        config = pb.JobConfig(kind=pb.JOB_KIND_CREDIT_ASSIGNMENT_SFT, base_model=str(model),
-                              dataset=pb.DatasetSource(path=str(data)),
-                              hyperparameters=pb.Hyperparameters(learning_rate=1e-3, seed=0, global_batch_size=4),
-                              credit_assignment_sft=pb.CreditAssignmentSftConfig(annotator_model="teacher-big"))
+        config = pb.JobConfig(
+            kind=pb.JOB_KIND_CREDIT_ASSIGNMENT_SFT,
+            base_model=str(model),
+            dataset=pb.DatasetSource(path=str(data)),
+            hyperparameters=pb.Hyperparameters(learning_rate=1e-3, seed=0, global_batch_size=4),
+            credit_assignment_sft=pb.CreditAssignmentSftConfig(annotator_model="teacher-big"),
+        )
         await stub.CreateJob(pb.CreateJobRequest(config=config, job_id="ca"))
         done = (await stub.WaitJob(pb.WaitJobRequest(job_id="ca"), timeout=180)).job
     assert done.state == pb.JOB_STATE_SUCCEEDED, done.error
@@ -90,12 +108,16 @@ async def test_unparseable_annotations_leave_only_resolved_samples(tmp_path: Pat
     servicer.reply = "I think it went fine."  # no JSON
     model = tiny_model(tmp_path / "tiny")
     data = tmp_path / "trajectories.jsonl"
-    data.write_text("".join(json_format.MessageToJson(trajectory(i, resolved=i == 0), indent=None) + "\n"
-                            for i in range(3)))
+    data.write_text(
+        "".join(json_format.MessageToJson(trajectory(i, resolved=i == 0), indent=None) + "\n" for i in range(3))
+    )
     async with trainer_service(tmp_path / "jobs", inference_address=address) as stub:
-        config = pb.JobConfig(kind=pb.JOB_KIND_CREDIT_ASSIGNMENT_SFT, base_model=str(model),
-                              dataset=pb.DatasetSource(path=str(data)),
-                              hyperparameters=pb.Hyperparameters(seed=0))
+        config = pb.JobConfig(
+            kind=pb.JOB_KIND_CREDIT_ASSIGNMENT_SFT,
+            base_model=str(model),
+            dataset=pb.DatasetSource(path=str(data)),
+            hyperparameters=pb.Hyperparameters(seed=0),
+        )
         await stub.CreateJob(pb.CreateJobRequest(config=config, job_id="ca-bad"))
         done = (await stub.WaitJob(pb.WaitJobRequest(job_id="ca-bad"), timeout=180)).job
     assert done.state == pb.JOB_STATE_SUCCEEDED, done.error

@@ -21,6 +21,8 @@ import torch
 from conftest import EnvServer, needs_image, needs_sandboxes
 from experience_helpers import NatsServer
 from google.protobuf.duration_pb2 import Duration
+from trainer_service_helpers import tiny_model, trainer_service
+
 from orchard.errors import InvalidArgument, Unimplemented
 from orchard.inference.v1 import inference_pb2 as ipb
 from orchard.inference.v1 import inference_pb2_grpc
@@ -34,7 +36,6 @@ from orchard.tasks import load_instances
 from orchard.trainer.v1 import trainer_pb2 as pb
 from orchard.trainers import bar, optim, rl_job
 from orchard.types.v1 import types_pb2 as tpb
-from trainer_service_helpers import tiny_model, trainer_service
 
 TASKS = load_instances("toyrepair")
 
@@ -66,12 +67,15 @@ def test_trajectory_row_keeps_exact_tokens_up_to_the_last_sampled_one() -> None:
 
 
 def test_sampled_logprobs_equal_the_full_forward_at_sampled_tokens(tiny: Path) -> None:
-    from orchard.trainers.sft import token_logprobs
     from transformers import AutoModelForCausalLM
 
+    from orchard.trainers.sft import token_logprobs
+
     model = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32)
-    rows = [rl_job.Row(list(range(200, 212)), [0] * 5 + [1] * 3 + [0, 0, 1, 1], [0.0] * 12, 5),
-            rl_job.Row(list(range(300, 307)), [0, 0, 0, 1, 1, 1, 1], [0.0] * 7, 3)]
+    rows = [
+        rl_job.Row(list(range(200, 212)), [0] * 5 + [1] * 3 + [0, 0, 1, 1], [0.0] * 12, 5),
+        rl_job.Row(list(range(300, 307)), [0, 0, 0, 1, 1, 1, 1], [0.0] * 7, 3),
+    ]
     t = rl_job.batch_tensors(rows, pad_id=0)
     assert t["mask"][1].tolist() == [0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0]  # right padding has no loss
     with torch.no_grad():
@@ -80,9 +84,15 @@ def test_sampled_logprobs_equal_the_full_forward_at_sampled_tokens(tiny: Path) -
     assert torch.allclose(sampled, full * t["mask"], atol=1e-5)
 
 
-@pytest.mark.parametrize(("status", "expected"), [
-    (tpb.OUTCOME_STATUS_RESOLVED, 2.0), (tpb.OUTCOME_STATUS_UNRESOLVED, 0.0), (tpb.OUTCOME_STATUS_TRUNCATED, -1.0),
-    (tpb.OUTCOME_STATUS_ERROR, None)])
+@pytest.mark.parametrize(
+    ("status", "expected"),
+    [
+        (tpb.OUTCOME_STATUS_RESOLVED, 2.0),
+        (tpb.OUTCOME_STATUS_UNRESOLVED, 0.0),
+        (tpb.OUTCOME_STATUS_TRUNCATED, -1.0),
+        (tpb.OUTCOME_STATUS_ERROR, None),
+    ],
+)
 def test_outcome_value_maps_each_status(status: int, expected: float | None) -> None:
     reward = tpb.Reward(kind=tpb.REWARD_KIND_OUTCOME, outcome=tpb.OutcomeDetails(status=status))
     assert rl_job.outcome_value(reward, (2.0, 0.0, -1.0)) == expected
@@ -95,17 +105,24 @@ def test_settings_fill_defaults_and_refuse_what_cannot_run() -> None:
     assert (s.clip_low, s.clip_high, s.outcome, s.alpha, s.opd_coef) == (0.2, 0.28, (1.0, -1.0, -1.0), 0.0, 0.0)
     assert (s.sampling.temperature, s.sampling.top_p, s.sampling.seed) == (0.95, 0.95, 3)
     assert s.group_filter == bar.GroupFilter.DEFAULT
-    rl = pb.RlConfig(group_size=2, bar=pb.BarConfig(max_group_size=4, stride=2, rho_max=0.5),
-                     judge=rpb.JudgeConfig(), opd=pb.OpdConfig(opd_only=True), max_staleness=1)
+    rl = pb.RlConfig(
+        group_size=2,
+        bar=pb.BarConfig(max_group_size=4, stride=2, rho_max=0.5),
+        judge=rpb.JudgeConfig(),
+        opd=pb.OpdConfig(opd_only=True),
+        max_staleness=1,
+    )
     s = rl_job.settings(pb.JobConfig(kind=pb.JOB_KIND_RL, rl=rl), o)
     assert s.bar == bar.BarConfig(n=2, n_max=4, stride=2, rho_min=0.0, rho_max=0.5)
     assert (s.alpha, s.opd_coef, s.opd_only, s.max_staleness) == (0.5, 1.0, True, 1)
-    for bad, error in [(pb.RlConfig(max_staleness=2), InvalidArgument),
-                       (pb.RlConfig(bar=pb.BarConfig(max_group_size=4)), InvalidArgument),
-                       (pb.RlConfig(group_size=4, bar=pb.BarConfig(max_group_size=4, rho_max=1)), InvalidArgument),
-                       (pb.RlConfig(algorithm=pb.RL_ALGORITHM_RLOO), Unimplemented),
-                       (pb.RlConfig(entropy_coef=1e-4), Unimplemented),
-                       (pb.RlConfig(harness="mini-swe-agent"), InvalidArgument)]:
+    for bad, error in [
+        (pb.RlConfig(max_staleness=2), InvalidArgument),
+        (pb.RlConfig(bar=pb.BarConfig(max_group_size=4)), InvalidArgument),
+        (pb.RlConfig(group_size=4, bar=pb.BarConfig(max_group_size=4, rho_max=1)), InvalidArgument),
+        (pb.RlConfig(algorithm=pb.RL_ALGORITHM_RLOO), Unimplemented),
+        (pb.RlConfig(entropy_coef=1e-4), Unimplemented),
+        (pb.RlConfig(harness="mini-swe-agent"), InvalidArgument),
+    ]:
         with pytest.raises(error):
             rl_job.settings(pb.JobConfig(kind=pb.JOB_KIND_RL, rl=bad), o)
 
@@ -130,8 +147,9 @@ class Inference:
 
 
 async def start_inference(model: Path) -> tuple[GrpcServer, Inference, grpc.aio.Channel]:
-    server, _ = await build_inference(InferenceSettings(port=0, model=str(model), log_format="text",
-                                                        grace_period_s=1.0))
+    server, _ = await build_inference(
+        InferenceSettings(port=0, model=str(model), log_format="text", grace_period_s=1.0)
+    )
     port = await server.start()
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
     return server, Inference(f"127.0.0.1:{port}", inference_pb2_grpc.InferenceServiceStub(channel)), channel
@@ -148,17 +166,30 @@ async def policy(tiny: Path) -> AsyncIterator[Inference]:
 
 def rl_config(model: Path, steps: int, **rl: object) -> pb.JobConfig:
     """A short RL job on ToyRepair: one prompt, a group of two two-turn rollouts of 8-token replies per step."""
-    fields = {"group_size": 2, "prompts_per_step": 1, "group_filter": pb.GROUP_FILTER_NONE, "max_turns": 2,
-              "max_concurrent_rollouts": 4, "sampling": ipb.SamplingParams(temperature=1.0, max_tokens=8), **rl}
+    fields = {
+        "group_size": 2,
+        "prompts_per_step": 1,
+        "group_filter": pb.GROUP_FILTER_NONE,
+        "max_turns": 2,
+        "max_concurrent_rollouts": 4,
+        "sampling": ipb.SamplingParams(temperature=1.0, max_tokens=8),
+        **rl,
+    }
     # Every reward is -1 (no advantage): a large weight decay still moves the weights each step.
-    return pb.JobConfig(kind=pb.JOB_KIND_RL, base_model=str(model), dataset=pb.DatasetSource(path="toyrepair"),
-                        hyperparameters=pb.Hyperparameters(max_steps=steps, learning_rate=0.05, weight_decay=2.0,
-                                                           seed=11),
-                        rl=pb.RlConfig(**fields))  # type: ignore[arg-type]
+    return pb.JobConfig(
+        kind=pb.JOB_KIND_RL,
+        base_model=str(model),
+        dataset=pb.DatasetSource(path="toyrepair"),
+        hyperparameters=pb.Hyperparameters(max_steps=steps, learning_rate=0.05, weight_decay=2.0, seed=11),
+        rl=pb.RlConfig(**fields),
+    )  # type: ignore[arg-type]
 
 
-async def run_job(stub, job_id: str,  # type: ignore[no-untyped-def]
-                  config: pb.JobConfig) -> list[pb.StreamJobEventsResponse]:
+async def run_job(
+    stub,
+    job_id: str,  # type: ignore[no-untyped-def]
+    config: pb.JobConfig,
+) -> list[pb.StreamJobEventsResponse]:
     await stub.CreateJob(pb.CreateJobRequest(config=config, job_id=job_id))
     return [e async for e in stub.StreamJobEvents(pb.StreamJobEventsRequest(job_id=job_id), timeout=120)]
 
@@ -173,16 +204,16 @@ def sequence_logprobs(model_dir: str, ids: list[int]) -> torch.Tensor:
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     with torch.no_grad():
         return torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0, :-1], -1).gather(
-            -1, torch.tensor(ids[1:])[:, None])[:, 0]
-
-
+            -1, torch.tensor(ids[1:])[:, None]
+        )[:, 0]
 
 
 @pytest.mark.timeout(90)
 @needs_sandboxes
 @needs_image(TASKS[0].image)
-async def test_rl_job_pushes_every_step_and_samples_on_policy(env: EnvServer, policy: Inference, tiny: Path,
-                                                              tmp_path: Path) -> None:
+async def test_rl_job_pushes_every_step_and_samples_on_policy(
+    env: EnvServer, policy: Inference, tiny: Path, tmp_path: Path
+) -> None:
     env_address = f"127.0.0.1:{env.server.port}"
     async with trainer_service(tmp_path / "jobs", inference_address=policy.address, env_address=env_address) as stub:
         events = await run_job(stub, "rl-1", rl_config(tiny, steps=2))
@@ -236,23 +267,37 @@ async def test_rl_job_runs_on_assistant_tasks(env: EnvServer, policy: Inference,
 @pytest.mark.timeout(120)
 @needs_sandboxes
 @needs_image(TASKS[0].image)
-async def test_rl_job_with_bar_judge_teacher_and_staleness(env: EnvServer, policy: Inference, tiny: Path,
-                                                           teacher_model: Path, tmp_path: Path) -> None:
+async def test_rl_job_with_bar_judge_teacher_and_staleness(
+    env: EnvServer, policy: Inference, tiny: Path, teacher_model: Path, tmp_path: Path
+) -> None:
     """BAR groups, the RPR judge and an OPD teacher through a real reward service (on a second inference service
     with a different tiny model, so the OPD term has a gradient), with rollouts overlapping training."""
     env_address = f"127.0.0.1:{env.server.port}"
     server, teacher, channel = await start_inference(teacher_model)
-    reward = build_reward(RewardSettings(port=0, log_format="text", grace_period_s=1.0,
-                                         inference_address=teacher.address, env_address=env_address))
+    reward = build_reward(
+        RewardSettings(
+            port=0, log_format="text", grace_period_s=1.0, inference_address=teacher.address, env_address=env_address
+        )
+    )
     reward_port = await reward.start()
     try:
         bar_config = pb.BarConfig(max_group_size=4, stride=2, rho_min=0.25, rho_max=0.75)  # needs one positive
-        config = rl_config(tiny, steps=2, group_size=2, bar=bar_config,
-                           judge=rpb.JudgeConfig(alpha=0.5, max_tokens=8),
-                           opd=pb.OpdConfig(kl_coef=1.0), max_staleness=1)
+        config = rl_config(
+            tiny,
+            steps=2,
+            group_size=2,
+            bar=bar_config,
+            judge=rpb.JudgeConfig(alpha=0.5, max_tokens=8),
+            opd=pb.OpdConfig(kl_coef=1.0),
+            max_staleness=1,
+        )
         config.hyperparameters.weight_decay = 0.0
-        async with trainer_service(tmp_path / "jobs", inference_address=policy.address, env_address=env_address,
-                                   reward_address=f"127.0.0.1:{reward_port}") as stub:
+        async with trainer_service(
+            tmp_path / "jobs",
+            inference_address=policy.address,
+            env_address=env_address,
+            reward_address=f"127.0.0.1:{reward_port}",
+        ) as stub:
             events = await run_job(stub, "rl-mix", config)
     finally:
         await reward.stop()
@@ -280,8 +325,9 @@ async def test_rl_job_with_bar_judge_teacher_and_staleness(env: EnvServer, polic
 @pytest.mark.timeout(120)
 @needs_sandboxes
 @needs_image(TASKS[0].image)
-async def test_a_killed_rl_worker_resumes_from_its_checkpoint(env: EnvServer, policy: Inference, tiny: Path,
-                                                              tmp_path: Path, nats_server: NatsServer) -> None:
+async def test_a_killed_rl_worker_resumes_from_its_checkpoint(
+    env: EnvServer, policy: Inference, tiny: Path, tmp_path: Path, nats_server: NatsServer
+) -> None:
     """...and every rollout of both workers reaches the experience store through NATS under run id = job id,
     each with its own trajectory id (the resumed worker never reuses its predecessor's)."""
     from orchard.experience.v1 import experience_pb2 as epb
@@ -289,21 +335,29 @@ async def test_a_killed_rl_worker_resumes_from_its_checkpoint(env: EnvServer, po
     from orchard.services.experience.server import build as build_experience
     from orchard.services.experience.settings import ExperienceSettings
 
-    experience, store = await build_experience(ExperienceSettings(
-        port=0, nats_url=nats_server.url, store_url=f"sqlite:///{tmp_path / 'e.db'}", log_format="text",
-        grace_period_s=1))
+    experience, store = await build_experience(
+        ExperienceSettings(
+            port=0,
+            nats_url=nats_server.url,
+            store_url=f"sqlite:///{tmp_path / 'e.db'}",
+            log_format="text",
+            grace_period_s=1,
+        )
+    )
     experience_port = await experience.start()
     jobs = tmp_path / "jobs"
     env_address = f"127.0.0.1:{env.server.port}"
-    async with trainer_service(jobs, inference_address=policy.address, env_address=env_address,
-                               nats_url=nats_server.url) as stub:
+    async with trainer_service(
+        jobs, inference_address=policy.address, env_address=env_address, nats_url=nats_server.url
+    ) as stub:
         await stub.CreateJob(pb.CreateJobRequest(config=rl_config(tiny, steps=2), job_id="rl-crash"))
         async for event in stub.StreamJobEvents(pb.StreamJobEventsRequest(job_id="rl-crash"), timeout=120):
             if event.WhichOneof("event") == "progress":  # step 1 pushed; the worker now samples step 2
                 break
         os.killpg(int((jobs / "rl-crash" / "worker.pid").read_text()), signal.SIGKILL)
-        done = (await stub.WaitJob(pb.WaitJobRequest(job_id="rl-crash", timeout=Duration(seconds=100)),
-                                   timeout=110)).job
+        done = (
+            await stub.WaitJob(pb.WaitJobRequest(job_id="rl-crash", timeout=Duration(seconds=100)), timeout=110)
+        ).job
     assert done.state == pb.JOB_STATE_SUCCEEDED, done.error
     log = (jobs / "rl-crash" / "worker.log").read_text()
     assert "resuming rl-crash from step 1 " in log and "inference now serves rl-crash-step-1 " in log, log[-2000:]
@@ -316,8 +370,9 @@ async def test_a_killed_rl_worker_resumes_from_its_checkpoint(env: EnvServer, po
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{experience_port}") as channel:
             stub = experience_pb2_grpc.ExperienceServiceStub(channel)
-            request = epb.ListTrajectoriesRequest(filter=epb.TrajectoryFilter(run_ids=["rl-crash"]),
-                                                  view=epb.TRAJECTORY_VIEW_BASIC)
+            request = epb.ListTrajectoriesRequest(
+                filter=epb.TrajectoryFilter(run_ids=["rl-crash"]), view=epb.TRAJECTORY_VIEW_BASIC
+            )
             for _ in range(100):  # the store takes the events a moment after they were published
                 finished = (await stub.ListTrajectories(request, timeout=10)).trajectories
                 if len(finished) >= 4:

@@ -14,8 +14,9 @@ from pathlib import Path
 import grpc
 import pytest
 from google.protobuf.duration_pb2 import Duration
-from orchard.trainer.v1 import trainer_pb2 as pb
 from trainer_service_helpers import chat_dataset, sft_config, tiny_model, trainer_service
+
+from orchard.trainer.v1 import trainer_pb2 as pb
 
 pytestmark = pytest.mark.slow
 DONE = {pb.JOB_STATE_SUCCEEDED, pb.JOB_STATE_FAILED, pb.JOB_STATE_CANCELLED}
@@ -32,8 +33,9 @@ def data(tmp_path: Path) -> Path:
 
 
 async def wait_done(stub, job_id: str, timeout_s: float = 120) -> pb.Job:  # type: ignore[no-untyped-def]
-    response = await stub.WaitJob(pb.WaitJobRequest(job_id=job_id, timeout=Duration(seconds=int(timeout_s))),
-                                  timeout=timeout_s + 10)
+    response = await stub.WaitJob(
+        pb.WaitJobRequest(job_id=job_id, timeout=Duration(seconds=int(timeout_s))), timeout=timeout_s + 10
+    )
     assert response.done, response.job
     return response.job
 
@@ -48,17 +50,19 @@ async def first_checkpoint(stub, job_id: str) -> pb.Checkpoint:  # type: ignore[
 def data_loss(model_dir: str, data: Path) -> float:
     """The mean assistant-token loss of a checkpoint on the dataset, computed outside the trainer."""
     import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     from orchard.trainers.data import TemplateRenderer, openai_sample
     from orchard.trainers.sft import pack, sft_loss, token_logprobs
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     samples = [openai_sample(TemplateRenderer(tokenizer), json.loads(line)) for line in data.read_text().splitlines()]
     packed = pack(samples, max(len(s.token_ids) for s in samples))
     with torch.no_grad():
-        logits = model(input_ids=packed.input_ids, position_ids=packed.position_ids,
-                       attention_mask=packed.attention_mask()).logits
+        logits = model(
+            input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=packed.attention_mask()
+        ).logits
     return float(sft_loss(token_logprobs(logits, packed.input_ids), packed.loss_mask))
 
 
@@ -111,8 +115,7 @@ async def test_cancel_a_running_and_a_queued_job(tiny: Path, data: Path, tmp_pat
         assert sorted(j.job_id for j in listed) == ["long", "waiting"]
 
 
-async def test_a_killed_worker_is_restarted_from_its_latest_checkpoint(tiny: Path, data: Path,
-                                                                       tmp_path: Path) -> None:
+async def test_a_killed_worker_is_restarted_from_its_latest_checkpoint(tiny: Path, data: Path, tmp_path: Path) -> None:
     jobs = tmp_path / "jobs"
     async with trainer_service(jobs) as stub:
         config = sft_config(tiny, data, epochs=6, global_batch_size=4, save_every_steps=4)
@@ -153,6 +156,7 @@ async def test_a_restarted_service_resumes_its_running_job(tiny: Path, data: Pat
 
 async def test_bad_requests_get_clear_statuses(tiny: Path, data: Path, tmp_path: Path) -> None:
     async with trainer_service(tmp_path / "jobs") as stub:
+
         async def code(config: pb.JobConfig, **kw: object) -> tuple[grpc.StatusCode, str]:
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await stub.CreateJob(pb.CreateJobRequest(config=config, **kw))
@@ -161,8 +165,9 @@ async def test_bad_requests_get_clear_statuses(tiny: Path, data: Path, tmp_path:
         good = sft_config(tiny, data)
         no_kind = pb.JobConfig(dataset=good.dataset)
         assert (await code(no_kind))[0] == grpc.StatusCode.INVALID_ARGUMENT
-        value = pb.JobConfig(kind=pb.JOB_KIND_VALUE, dataset=good.dataset,
-                             value=pb.ValueConfig(head=pb.VALUE_HEAD_YES_TOKEN))
+        value = pb.JobConfig(
+            kind=pb.JOB_KIND_VALUE, dataset=good.dataset, value=pb.ValueConfig(head=pb.VALUE_HEAD_YES_TOKEN)
+        )
         assert (await code(value))[0] == grpc.StatusCode.UNIMPLEMENTED
         value.value.head = pb.VALUE_HEAD_SCALAR
         value.value.eval_fraction = 1.0
@@ -213,9 +218,11 @@ async def test_bad_requests_get_clear_statuses(tiny: Path, data: Path, tmp_path:
 
         await stub.CreateJob(pb.CreateJobRequest(config=good, job_id="dup"))
         assert (await code(good, job_id="dup"))[0] == grpc.StatusCode.ALREADY_EXISTS
-        for call, request in [(stub.GetJob, pb.GetJobRequest(job_id="ghost")),
-                              (stub.CancelJob, pb.CancelJobRequest(job_id="ghost")),
-                              (stub.WaitJob, pb.WaitJobRequest(job_id="ghost"))]:
+        for call, request in [
+            (stub.GetJob, pb.GetJobRequest(job_id="ghost")),
+            (stub.CancelJob, pb.CancelJobRequest(job_id="ghost")),
+            (stub.WaitJob, pb.WaitJobRequest(job_id="ghost")),
+        ]:
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await call(request)
             assert err.value.code() == grpc.StatusCode.NOT_FOUND and "ghost" in err.value.details()
@@ -224,8 +231,10 @@ async def test_bad_requests_get_clear_statuses(tiny: Path, data: Path, tmp_path:
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         # A job whose data leaks an evaluation task fails before training, saying which.
         eval_file = tmp_path / "eval.jsonl"
-        eval_file.write_text(json.dumps({"instance_id": "toy-3", "repo": "o/r", "problem_statement": "p",
-                                         "FAIL_TO_PASS": ["t::a"]}) + "\n")
+        eval_file.write_text(
+            json.dumps({"instance_id": "toy-3", "repo": "o/r", "problem_statement": "p", "FAIL_TO_PASS": ["t::a"]})
+            + "\n"
+        )
         leaky = sft_config(tiny, data)
         leaky.dataset.eval_task_files.append(str(eval_file))
         await stub.CreateJob(pb.CreateJobRequest(config=leaky, job_id="leaky"))

@@ -11,47 +11,65 @@ from pathlib import Path
 
 import grpc
 import pytest
+from experience_helpers import NatsServer, publish_and_store, stamp
 from google.protobuf.duration_pb2 import Duration
+from trainer_service_helpers import trainer_service
+
 from orchard import events
 from orchard.experience.v1 import experience_pb2 as epb
 from orchard.services.experience.server import build as build_experience
 from orchard.services.experience.settings import ExperienceSettings
-from orchard.trainer.v1 import trainer_pb2 as pb
-from orchard.types.v1 import types_pb2 as tpb
 from orchard.services.value.server import build as build_value
 from orchard.services.value.settings import ValueSettings
+from orchard.trainer.v1 import trainer_pb2 as pb
+from orchard.types.v1 import types_pb2 as tpb
 from orchard.value.metrics import TIE_MARGIN
 from orchard.value.model import ValueModel
 from orchard.value.v1 import value_pb2 as vpb
 from orchard.value.v1 import value_pb2_grpc
-from experience_helpers import NatsServer, publish_and_store, stamp
-from trainer_service_helpers import trainer_service
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 PASSED = "============================= 2 passed in 0.05s =============================="
-FAILED = ("FAILED tests/test_core.py::test_fix - AssertionError: assert 2 == 3\n"
-          "========================= 1 failed, 1 passed in 0.07s =========================")
+FAILED = (
+    "FAILED tests/test_core.py::test_fix - AssertionError: assert 2 == 3\n"
+    "========================= 1 failed, 1 passed in 0.07s ========================="
+)
 
 
 def candidate(run_id: str, n: int, task: int, resolved: bool) -> list[epb.RolloutEvent]:
     """One finished, graded rollout of task `task`: it edits core.py, runs the tests and submits."""
     tid = f"{run_id}-{task}-{n}"
-    base = tpb.Trajectory(trajectory_id=tid, run_id=run_id, task_id=f"task-{task}", task_set="toy", harness="swe",
-                          policy=tpb.Policy(model="ref", weights_version=run_id), start_time=stamp(1_700_000_000),
-                          messages=[tpb.Message(role=tpb.ROLE_USER, content=f"Fix bug {task}: limit() returns "
-                                                f"{task} instead of {task + 1}.")])
+    base = tpb.Trajectory(
+        trajectory_id=tid,
+        run_id=run_id,
+        task_id=f"task-{task}",
+        task_set="toy",
+        harness="swe",
+        policy=tpb.Policy(model="ref", weights_version=run_id),
+        start_time=stamp(1_700_000_000),
+        messages=[
+            tpb.Message(role=tpb.ROLE_USER, content=f"Fix bug {task}: limit() returns {task} instead of {task + 1}.")
+        ],
+    )
     # Resolved candidates of one run make the same edit (a duplicate patch); the others each a wrong one.
     edit = f"+LIMIT = {task + 1}  # {run_id}" if resolved else f"+LIMIT = {task + 2 + n}"
     commands = ["cat core.py", f"sed -i 's/LIMIT = {task}/{edit[1:]}/' core.py", "python -m pytest -q"]
     outputs = [f"LIMIT = {task}\n", "", PASSED if resolved else FAILED]
     steps = []
     for i, (command, output) in enumerate(zip(commands, outputs, strict=True)):
-        steps.append(tpb.Step(
-            index=i, model_output=tpb.Message(role=tpb.ROLE_ASSISTANT, content=f"Step {i}."),
-            actions=[tpb.ToolCall(name="bash", arguments=json.dumps({"command": command}))],
-            observations=[tpb.Observation(message=tpb.Message(role=tpb.ROLE_TOOL, content=output),
-                                          exit_code=0 if resolved or i < 2 else 1)]))
+        steps.append(
+            tpb.Step(
+                index=i,
+                model_output=tpb.Message(role=tpb.ROLE_ASSISTANT, content=f"Step {i}."),
+                actions=[tpb.ToolCall(name="bash", arguments=json.dumps({"command": command}))],
+                observations=[
+                    tpb.Observation(
+                        message=tpb.Message(role=tpb.ROLE_TOOL, content=output), exit_code=0 if resolved or i < 2 else 1
+                    )
+                ],
+            )
+        )
     final = tpb.Trajectory()
     final.CopyFrom(base)
     final.steps.extend(steps)
@@ -59,8 +77,14 @@ def candidate(run_id: str, n: int, task: int, resolved: bool) -> list[epb.Rollou
     final.final_patch = f"--- a/core.py\n+++ b/core.py\n@@ -1 +1 @@\n-LIMIT = {task}\n{edit}\n"
     final.end_time.CopyFrom(stamp(1_700_000_100))
     status = tpb.OUTCOME_STATUS_RESOLVED if resolved else tpb.OUTCOME_STATUS_UNRESOLVED
-    final.rewards.append(tpb.Reward(kind=tpb.REWARD_KIND_OUTCOME, value=1.0 if resolved else -1.0, name="tests",
-                                    outcome=tpb.OutcomeDetails(status=status)))
+    final.rewards.append(
+        tpb.Reward(
+            kind=tpb.REWARD_KIND_OUTCOME,
+            value=1.0 if resolved else -1.0,
+            name="tests",
+            outcome=tpb.OutcomeDetails(status=status),
+        )
+    )
     return [events.started(base), *(events.step(run_id, tid, s) for s in steps), events.finished(final)]
 
 
@@ -76,8 +100,13 @@ def history(tasks: range, runs: int = 2, per_run: int = 3) -> list[epb.RolloutEv
 
 @pytest.fixture
 async def experience(tmp_path: Path, nats_server: NatsServer) -> AsyncIterator[str]:
-    settings = ExperienceSettings(port=0, nats_url=nats_server.url, store_url=f"sqlite:///{tmp_path / 'e.db'}",
-                                  log_format="text", grace_period_s=1)
+    settings = ExperienceSettings(
+        port=0,
+        nats_url=nats_server.url,
+        store_url=f"sqlite:///{tmp_path / 'e.db'}",
+        log_format="text",
+        grace_period_s=1,
+    )
     server, store = await build_experience(settings)
     port = await server.start()
     await publish_and_store(nats_server.url, history(range(6)), store, timeout_s=60)
@@ -86,15 +115,18 @@ async def experience(tmp_path: Path, nats_server: NatsServer) -> AsyncIterator[s
 
 
 def value_config(**value: object) -> pb.JobConfig:
-    return pb.JobConfig(kind=pb.JOB_KIND_VALUE,
-                        dataset=pb.DatasetSource(experience=epb.TrajectoryFilter(run_ids=["run-0", "run-1"])),
-                        hyperparameters=pb.Hyperparameters(seed=3, epochs=4, global_batch_size=8),
-                        value=pb.ValueConfig(eval_fraction=0.34, best_at_n=[1, 2, 4], **value))
+    return pb.JobConfig(
+        kind=pb.JOB_KIND_VALUE,
+        dataset=pb.DatasetSource(experience=epb.TrajectoryFilter(run_ids=["run-0", "run-1"])),
+        hyperparameters=pb.Hyperparameters(seed=3, epochs=4, global_batch_size=8),
+        value=pb.ValueConfig(eval_fraction=0.34, best_at_n=[1, 2, 4], **value),
+    )
 
 
 async def wait_done(stub, job_id: str, timeout_s: int = 600) -> pb.Job:  # type: ignore[no-untyped-def]
-    response = await stub.WaitJob(pb.WaitJobRequest(job_id=job_id, timeout=Duration(seconds=timeout_s)),
-                                  timeout=timeout_s + 10)
+    response = await stub.WaitJob(
+        pb.WaitJobRequest(job_id=job_id, timeout=Duration(seconds=timeout_s)), timeout=timeout_s + 10
+    )
     assert response.done, response.job
     return response.job
 
@@ -112,7 +144,7 @@ async def test_value_job_learns_from_the_experience_store(tmp_path: Path, experi
         assert m["auc"] > 0.9, m
         assert m["best_at_4"] == 1.0 and m["random_at_4"] < 0.6, m
         checkpoint = job.latest_checkpoint
-        assert checkpoint.version == "value-1-step-%d" % job.progress.step
+        assert checkpoint.version == f"value-1-step-{job.progress.step}"
         served = ValueModel.load(checkpoint.path)
         assert served.config.version == checkpoint.version and served.config.job == "jobs/value-1"
         assert served.config.base_model == "all-MiniLM-L6-v2" and served.config.max_context_tokens == 512
@@ -136,8 +168,12 @@ async def test_value_job_learns_from_the_experience_store(tmp_path: Path, experi
             assert loaded.model.version == checkpoint.version and loaded.model.job == "jobs/value-1"
             assert loaded.model.metrics["auc"] == m["auc"]
             group = [candidate("fresh", n, held, resolved=n == 2)[-1].rollout_finished.trajectory for n in range(4)]
-            ranked = await stub.Rerank(vpb.RerankRequest(task_id=f"task-{held}", candidates=[
-                vpb.Candidate(candidate_id=t.trajectory_id, trajectory=t) for t in group]))
+            ranked = await stub.Rerank(
+                vpb.RerankRequest(
+                    task_id=f"task-{held}",
+                    candidates=[vpb.Candidate(candidate_id=t.trajectory_id, trajectory=t) for t in group],
+                )
+            )
             assert ranked.best_candidate_id == group[2].trajectory_id, ranked
     finally:
         await server.stop()
@@ -145,9 +181,21 @@ async def test_value_job_learns_from_the_experience_store(tmp_path: Path, experi
 
 async def test_value_job_refuses_evaluation_tasks_and_single_outcome_data(tmp_path: Path, experience: str) -> None:
     eval_file = tmp_path / "eval.jsonl"
-    eval_file.write_text(json.dumps({"instance_id": "task-4", "repo": "x/y", "base_commit": "0" * 40,
-                                     "problem_statement": "p", "patch": "", "test_patch": "",
-                                     "FAIL_TO_PASS": ["t::a"], "PASS_TO_PASS": []}) + "\n")
+    eval_file.write_text(
+        json.dumps(
+            {
+                "instance_id": "task-4",
+                "repo": "x/y",
+                "base_commit": "0" * 40,
+                "problem_statement": "p",
+                "patch": "",
+                "test_patch": "",
+                "FAIL_TO_PASS": ["t::a"],
+                "PASS_TO_PASS": [],
+            }
+        )
+        + "\n"
+    )
     async with trainer_service(tmp_path / "jobs", experience_address=experience) as stub:
         contaminated = value_config()
         contaminated.dataset.eval_task_files.append(str(eval_file))

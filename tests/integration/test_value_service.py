@@ -24,6 +24,7 @@ import grpc
 import pytest
 import pytest_asyncio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
 from orchard.cli.status import value_row
 from orchard.errors import from_rpc_error
 from orchard.services.value.server import build
@@ -71,11 +72,23 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> Checkpoints:
     from safetensors.torch import save_file
 
     save_file({k: v.detach().contiguous() for k, v in model.head.state_dict().items()}, str(root / "v2" / HEAD_FILE))
-    (root / "v2" / "manifest.json").write_text(json.dumps({
-        "format": 1, "job_id": "value-job", "version": V2_VERSION, "step": 4, "kind": "JOB_KIND_VALUE",
-        "metrics": {"auc": 0.8, "best_at_8": 0.5}, "is_final": True, "create_time": time.time()}))
-    return Checkpoints(root / "v1", root / "v2",
-                       {"v1": ValueModel.load(root / "v1"), V2_VERSION: ValueModel.load(root / "v2")})
+    (root / "v2" / "manifest.json").write_text(
+        json.dumps(
+            {
+                "format": 1,
+                "job_id": "value-job",
+                "version": V2_VERSION,
+                "step": 4,
+                "kind": "JOB_KIND_VALUE",
+                "metrics": {"auc": 0.8, "best_at_8": 0.5},
+                "is_final": True,
+                "create_time": time.time(),
+            }
+        )
+    )
+    return Checkpoints(
+        root / "v1", root / "v2", {"v1": ValueModel.load(root / "v1"), V2_VERSION: ValueModel.load(root / "v2")}
+    )
 
 
 @dataclass
@@ -102,14 +115,22 @@ async def value_service(**overrides: Any) -> AsyncIterator[Service]:
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def service(checkpoints: Checkpoints) -> AsyncIterator[Service]:
     """The service serving v1, with small limits so the tests can reach them."""
-    async with value_service(checkpoint=checkpoints.v1, max_batch=8, batch_wait_ms=30, max_candidates=16,
-                             max_queued_candidates=64, max_text_chars=50_000) as running:
+    async with value_service(
+        checkpoint=checkpoints.v1,
+        max_batch=8,
+        batch_wait_ms=30,
+        max_candidates=16,
+        max_queued_candidates=64,
+        max_text_chars=50_000,
+    ) as running:
         yield running
 
 
 def patch(line: str, name: str = "calc.py") -> str:
-    return (f"diff --git a/{name} b/{name}\nindex 3f2a1b0..9c8d7e6 100644\n--- a/{name}\n+++ b/{name}\n"
-            f"@@ -1,2 +1,2 @@\n def add(a, b):\n-    return a - b\n+    {line}\n")
+    return (
+        f"diff --git a/{name} b/{name}\nindex 3f2a1b0..9c8d7e6 100644\n--- a/{name}\n+++ b/{name}\n"
+        f"@@ -1,2 +1,2 @@\n def add(a, b):\n-    return a - b\n+    {line}\n"
+    )
 
 
 def long_patch(mark: str) -> str:
@@ -121,10 +142,14 @@ def long_patch(mark: str) -> str:
 
 
 def trajectory(command: str, output: str, final_patch: str = "") -> tpb.Trajectory:
-    return tpb.Trajectory(messages=[
-        tpb.Message(role=tpb.ROLE_USER, content=TASK),
-        tpb.Message(role=tpb.ROLE_ASSISTANT, content=f"Let me look.\n```bash\n{command}\n```"),
-        tpb.Message(role=tpb.ROLE_TOOL, content=f"<returncode>0</returncode>\n{output}")], final_patch=final_patch)
+    return tpb.Trajectory(
+        messages=[
+            tpb.Message(role=tpb.ROLE_USER, content=TASK),
+            tpb.Message(role=tpb.ROLE_ASSISTANT, content=f"Let me look.\n```bash\n{command}\n```"),
+            tpb.Message(role=tpb.ROLE_TOOL, content=f"<returncode>0</returncode>\n{output}"),
+        ],
+        final_patch=final_patch,
+    )
 
 
 def candidate(candidate_id: str, line: str = "return a + b", **fields: Any) -> pb.Candidate:
@@ -134,15 +159,15 @@ def candidate(candidate_id: str, line: str = "return a + b", **fields: Any) -> p
 
 
 def direct_logits(model: ValueModel, candidates: list[pb.Candidate], problem: str = "") -> list[float]:
-    texts = [render_candidate(c.trajectory, problem=c.problem_statement or problem, patch=c.patch)
-             for c in candidates]
+    texts = [render_candidate(c.trajectory, problem=c.problem_statement or problem, patch=c.patch) for c in candidates]
     return model.score(texts)
 
 
 async def test_health_and_model(service: Service, checkpoints: Checkpoints) -> None:
     """The service is SERVING in health; GetModel describes the checkpoint it serves."""
     health = await health_pb2_grpc.HealthStub(service.channel).Check(
-        health_pb2.HealthCheckRequest(service="orchard.value.v1.ValueService"), timeout=5)
+        health_pb2.HealthCheckRequest(service="orchard.value.v1.ValueService"), timeout=5
+    )
     assert health.status == health_pb2.HealthCheckResponse.SERVING
     model = (await service.stub.GetModel(pb.GetModelRequest(), timeout=10)).model
     assert (model.name, model.version, model.checkpoint_path) == ("valueModel", "v1", str(checkpoints.v1))
@@ -157,8 +182,11 @@ async def test_score_matches_the_model_in_request_order(service: Service, checkp
     candidates = [
         candidate("wrong", "return a - b + 0"),
         candidate("right", problem_statement="Make add return the sum."),
-        candidate("from-trajectory", patch="", trajectory=trajectory("cat calc.py", "def add(a, b): ...",
-                                                                     final_patch=patch("return b + a"))),
+        candidate(
+            "from-trajectory",
+            patch="",
+            trajectory=trajectory("cat calc.py", "def add(a, b): ...", final_patch=patch("return b + a")),
+        ),
         candidate("no-steps", trajectory=tpb.Trajectory(), problem_statement=TASK, patch=patch("return sum((a, b))")),
     ]
     reply = await service.stub.Score(pb.ScoreRequest(candidates=candidates), timeout=60)
@@ -170,8 +198,9 @@ async def test_score_matches_the_model_in_request_order(service: Service, checkp
     assert len({round(s.logit, 3) for s in reply.scores}) == 4  # the head tells these texts apart
 
 
-async def test_rerank_excludes_failed_checks_and_breaks_ties_by_cluster(service: Service,
-                                                                        checkpoints: Checkpoints) -> None:
+async def test_rerank_excludes_failed_checks_and_breaks_ties_by_cluster(
+    service: Service, checkpoints: Checkpoints
+) -> None:
     """Excluded candidates go last with score 0 and a reason, unscored; the rest by score, and equal scores by
     patch-cluster size (then input order), with tie margin 0."""
     same = trajectory("python -m pytest -q", "4 passed in 0.02s")
@@ -184,21 +213,25 @@ async def test_rerank_excludes_failed_checks_and_breaks_ties_by_cluster(service:
         candidate("x-empty", patch="", trajectory=trajectory("ls", "calc.py")),
         pb.Candidate(candidate_id="a2", trajectory=same, patch=long_patch("A")),
         candidate("g", "return sum([a, b])", checks=passing),
-        candidate("x-tests", "return a + b + 0", checks=pb.CandidateChecks(
-            patch_applies=True, repro_tests_pass=False, regression_tests_pass=False)),
+        candidate(
+            "x-tests",
+            "return a + b + 0",
+            checks=pb.CandidateChecks(patch_applies=True, repro_tests_pass=False, regression_tests_pass=False),
+        ),
     ]
     assert normalise_patch(long_patch("A")) != normalise_patch(long_patch("B"))
-    assert render_candidate(same, problem=TASK, patch=long_patch("A")) == \
-        render_candidate(same, problem=TASK, patch=long_patch("B"))
+    assert render_candidate(same, problem=TASK, patch=long_patch("A")) == render_candidate(
+        same, problem=TASK, patch=long_patch("B")
+    )
     texts_before = service.servicer.batcher.stats.texts
-    reply = await service.stub.Rerank(pb.RerankRequest(task_id="calc-1", problem_statement=TASK,
-                                                       candidates=candidates, tie_margin=0.0), timeout=60)
+    reply = await service.stub.Rerank(
+        pb.RerankRequest(task_id="calc-1", problem_statement=TASK, candidates=candidates, tie_margin=0.0), timeout=60
+    )
     assert reply.tie_margin == 0.0
     # Five scored candidates, three of them one text: three texts go through the model.
     assert service.servicer.batcher.stats.texts - texts_before == 3
     kept = [c for c in candidates if not c.candidate_id.startswith("x-")]
-    logits = dict(zip([c.candidate_id for c in kept], direct_logits(checkpoints.direct["v1"], kept, TASK),
-                      strict=True))
+    logits = dict(zip([c.candidate_id for c in kept], direct_logits(checkpoints.direct["v1"], kept, TASK), strict=True))
     logits["lonely"] = logits["a2"] = logits["a1"]
     clusters = {"a1": 2, "a2": 2}
     index = {c.candidate_id: i for i, c in enumerate(candidates)}
@@ -215,18 +248,25 @@ async def test_rerank_excludes_failed_checks_and_breaks_ties_by_cluster(service:
     assert expected.index("a1") + 1 == expected.index("a2") == expected.index("lonely") - 1
     assert by_id["a1"].cluster_id == by_id["a2"].cluster_id != by_id["lonely"].cluster_id
     assert (by_id["a1"].cluster_size, by_id["lonely"].cluster_size, by_id["f"].cluster_size) == (2, 1, 1)
-    assert {c: (by_id[c].excluded, by_id[c].score, by_id[c].exclusion_reason) for c in ("x-apply", "x-empty",
-                                                                                        "x-tests")} == {
+    assert {
+        c: (by_id[c].excluded, by_id[c].score, by_id[c].exclusion_reason) for c in ("x-apply", "x-empty", "x-tests")
+    } == {
         "x-apply": (True, 0.0, "the patch does not apply"),
         "x-empty": (True, 0.0, "the patch is empty (nothing was submitted)"),
-        "x-tests": (True, 0.0, "the reproduction tests fail; regression tests fail")}
+        "x-tests": (True, 0.0, "the reproduction tests fail; regression tests fail"),
+    }
     assert by_id["x-empty"].cluster_id == "" and by_id["x-apply"].cluster_id != ""
 
 
 async def test_rerank_with_every_candidate_excluded_names_no_best(service: Service) -> None:
     texts = service.servicer.batcher.stats.texts
-    reply = await service.stub.Rerank(pb.RerankRequest(problem_statement=TASK, candidates=[
-        candidate("a", patch=""), candidate("b", checks=pb.CandidateChecks(repro_tests_pass=False))]), timeout=30)
+    reply = await service.stub.Rerank(
+        pb.RerankRequest(
+            problem_statement=TASK,
+            candidates=[candidate("a", patch=""), candidate("b", checks=pb.CandidateChecks(repro_tests_pass=False))],
+        ),
+        timeout=30,
+    )
     assert reply.best_candidate_id == "" and [r.candidate_id for r in reply.ranked] == ["a", "b"]
     assert all(r.excluded and r.score == 0 for r in reply.ranked)
     assert service.servicer.batcher.stats.texts == texts  # nothing was scored
@@ -238,8 +278,9 @@ async def test_concurrent_small_requests_share_forwards(service: Service, checkp
     candidates = [candidate(f"c{i}", f"return a + b + {i} - {i}") for i in range(8)]
     stats = service.servicer.batcher.stats
     forwards, started = stats.forwards, time.monotonic()
-    replies = await asyncio.gather(*(service.stub.Score(pb.ScoreRequest(candidates=[c]), timeout=60)
-                                     for c in candidates))
+    replies = await asyncio.gather(
+        *(service.stub.Score(pb.ScoreRequest(candidates=[c]), timeout=60) for c in candidates)
+    )
     elapsed, used = time.monotonic() - started, stats.forwards - forwards
     expected = direct_logits(checkpoints.direct["v1"], candidates)
     assert [r.scores[0].candidate_id for r in replies] == [c.candidate_id for c in candidates]
@@ -251,8 +292,10 @@ async def test_concurrent_small_requests_share_forwards(service: Service, checkp
 def many_steps(n: int) -> tpb.Trajectory:
     messages = [tpb.Message(role=tpb.ROLE_USER, content=TASK)]
     for i in range(n):
-        messages += [tpb.Message(role=tpb.ROLE_ASSISTANT, content=f"{'think ' * 100}\n```bash\necho {i}\n```"),
-                     tpb.Message(role=tpb.ROLE_TOOL, content=f"<returncode>1</returncode>\n{'x' * 1500}")]
+        messages += [
+            tpb.Message(role=tpb.ROLE_ASSISTANT, content=f"{'think ' * 100}\n```bash\necho {i}\n```"),
+            tpb.Message(role=tpb.ROLE_TOOL, content=f"<returncode>1</returncode>\n{'x' * 1500}"),
+        ]
     return tpb.Trajectory(messages=messages, final_patch=patch("return a + b"))
 
 
@@ -260,12 +303,17 @@ async def test_rerank_gives_near_ties_to_the_larger_patch_cluster(service: Servi
     """Unset, the margin is the service's setting (0.05); scores within the margin of the best remaining one go to
     the larger cluster first (the rule of orchard.value.metrics.rank, which the unit tests pin). A margin of 1 makes
     every score a tie: a majority vote. A margin outside [0, 1] is refused."""
-    candidates = [candidate("solo", "return a + b"), candidate("p1", "return b + a", trajectory=trajectory("ls", "x")),
-                  candidate("p2", "return b + a"), candidate("other", "return sum([a, b])")]
+    candidates = [
+        candidate("solo", "return a + b"),
+        candidate("p1", "return b + a", trajectory=trajectory("ls", "x")),
+        candidate("p2", "return b + a"),
+        candidate("other", "return sum([a, b])"),
+    ]
     patches = [c.patch for c in candidates]
     for margin in (None, 0.0, 0.2, 1.0):
-        reply = await service.stub.Rerank(pb.RerankRequest(problem_statement=TASK, candidates=candidates,
-                                                           tie_margin=margin), timeout=60)
+        reply = await service.stub.Rerank(
+            pb.RerankRequest(problem_statement=TASK, candidates=candidates, tie_margin=margin), timeout=60
+        )
         used = TIE_MARGIN if margin is None else margin
         assert reply.tie_margin == pytest.approx(used)
         score = {r.candidate_id: r.score for r in reply.ranked}
@@ -276,8 +324,9 @@ async def test_rerank_gives_near_ties_to_the_larger_patch_cluster(service: Servi
             assert sorted(expected[:2]) == ["p1", "p2"] and reply.ranked[0].cluster_size == 2
     for bad in (-0.1, 1.5, math.nan):
         with pytest.raises(grpc.aio.AioRpcError) as caught:
-            await service.stub.Rerank(pb.RerankRequest(problem_statement=TASK, candidates=candidates,
-                                                       tie_margin=bad), timeout=30)
+            await service.stub.Rerank(
+                pb.RerankRequest(problem_statement=TASK, candidates=candidates, tie_margin=bad), timeout=30
+            )
         err = from_rpc_error(caught.value)
         assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT and err.field == "tie_margin"
         assert "within [0, 1]" in err.message
@@ -287,18 +336,25 @@ BAD = [
     ([], "candidates", "candidates is empty"),
     ([candidate(f"c{i}") for i in range(17)], "candidates", "17 candidates exceed the limit of 16"),
     ([candidate("a"), candidate("")], "candidates[1].candidate_id", "is empty"),
-    ([candidate("a"), candidate("b"), candidate("a")], "candidates[2].candidate_id",
-     r"'a' is given twice \(candidates\[0\] and candidates\[2\]\)"),
+    (
+        [candidate("a"), candidate("b"), candidate("a")],
+        "candidates[2].candidate_id",
+        r"'a' is given twice \(candidates\[0\] and candidates\[2\]\)",
+    ),
     ([candidate("a", trajectory=tpb.Trajectory())], "candidates[0].problem_statement", "no task statement"),
-    ([candidate("a"), candidate("long", trajectory=many_steps(40))], "candidates[1].trajectory",
-     "over the limit of 50000"),
+    (
+        [candidate("a"), candidate("long", trajectory=many_steps(40))],
+        "candidates[1].trajectory",
+        "over the limit of 50000",
+    ),
 ]
 
 
 @pytest.mark.parametrize("method", ["Score", "Rerank"])
 @pytest.mark.parametrize(("candidates", "field", "message"), BAD)
-async def test_bad_input_names_the_field(service: Service, method: str, candidates: list[pb.Candidate],
-                                         field: str, message: str) -> None:
+async def test_bad_input_names_the_field(
+    service: Service, method: str, candidates: list[pb.Candidate], field: str, message: str
+) -> None:
     request = pb.ScoreRequest(candidates=candidates) if method == "Score" else pb.RerankRequest(candidates=candidates)
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await getattr(service.stub, method)(request, timeout=30)
@@ -310,16 +366,19 @@ async def test_bad_input_names_the_field(service: Service, method: str, candidat
 
 
 async def test_load_model_switches_is_idempotent_and_survives_bad_checkpoints(
-        checkpoints: Checkpoints, tmp_path: Path) -> None:
+    checkpoints: Checkpoints, tmp_path: Path
+) -> None:
     """Without a model Score/Rerank/GetModel say how to load one; LoadModel loads, a retry is a no-op, a bad path or
     a broken checkpoint is refused naming it while the old model keeps serving, and a switch serves the new
     version's scores, with what its manifest records."""
     probe = [candidate("a"), candidate("b", "return b + a")]
     async with value_service(batch_wait_ms=1) as service:
         stub = service.stub
-        for call in (stub.Score(pb.ScoreRequest(candidates=probe), timeout=10),
-                     stub.Rerank(pb.RerankRequest(problem_statement=TASK, candidates=probe), timeout=10),
-                     stub.GetModel(pb.GetModelRequest(), timeout=10)):
+        for call in (
+            stub.Score(pb.ScoreRequest(candidates=probe), timeout=10),
+            stub.Rerank(pb.RerankRequest(problem_statement=TASK, candidates=probe), timeout=10),
+            stub.GetModel(pb.GetModelRequest(), timeout=10),
+        ):
             with pytest.raises(grpc.aio.AioRpcError) as caught:
                 await call
             assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
@@ -339,12 +398,16 @@ async def test_load_model_switches_is_idempotent_and_survives_bad_checkpoints(
         (broken / HEAD_FILE).write_bytes(b"not safetensors")
         missing = tmp_path / "missing"
         for path, code, text in (
-                ("", grpc.StatusCode.INVALID_ARGUMENT, "checkpoint_path is empty"),
-                (str(missing), grpc.StatusCode.NOT_FOUND, f"value checkpoint {missing} not found"),
-                (str(not_dir), grpc.StatusCode.INVALID_ARGUMENT,
-                 f"{not_dir} is not a value checkpoint (no value_config.json, value_head.safetensors)"),
-                (str(resolve_backbone("")[0]), grpc.StatusCode.INVALID_ARGUMENT, "is not a value checkpoint"),
-                (str(broken), grpc.StatusCode.INVALID_ARGUMENT, f"cannot load value checkpoint {broken}")):
+            ("", grpc.StatusCode.INVALID_ARGUMENT, "checkpoint_path is empty"),
+            (str(missing), grpc.StatusCode.NOT_FOUND, f"value checkpoint {missing} not found"),
+            (
+                str(not_dir),
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"{not_dir} is not a value checkpoint (no value_config.json, value_head.safetensors)",
+            ),
+            (str(resolve_backbone("")[0]), grpc.StatusCode.INVALID_ARGUMENT, "is not a value checkpoint"),
+            (str(broken), grpc.StatusCode.INVALID_ARGUMENT, f"cannot load value checkpoint {broken}"),
+        ):
             with pytest.raises(grpc.aio.AioRpcError) as caught:
                 await stub.LoadModel(pb.LoadModelRequest(checkpoint_path=path, version="other"), timeout=60)
             assert caught.value.code() == code and text in (caught.value.details() or ""), caught.value.details()
@@ -352,16 +415,19 @@ async def test_load_model_switches_is_idempotent_and_survives_bad_checkpoints(
         assert (await stub.GetModel(pb.GetModelRequest(), timeout=10)).model == loaded.model
         before = await stub.Score(pb.ScoreRequest(candidates=probe), timeout=30)
         assert before.model_version == "v1"
-        assert [s.logit for s in before.scores] == pytest.approx(direct_logits(checkpoints.direct["v1"], probe),
-                                                                 abs=1e-4)
+        assert [s.logit for s in before.scores] == pytest.approx(
+            direct_logits(checkpoints.direct["v1"], probe), abs=1e-4
+        )
 
         # A switch while a request is in flight: that request is answered wholly by one model, the one it names.
         busy = [candidate(f"c{i}", f"return a + b + {i} - {i}") for i in range(12)]
         scored, switched = await asyncio.gather(
             stub.Score(pb.ScoreRequest(candidates=busy), timeout=60),
-            stub.LoadModel(pb.LoadModelRequest(checkpoint_path=str(checkpoints.v2)), timeout=60))
+            stub.LoadModel(pb.LoadModelRequest(checkpoint_path=str(checkpoints.v2)), timeout=60),
+        )
         assert [s.logit for s in scored.scores] == pytest.approx(
-            direct_logits(checkpoints.direct[scored.model_version], busy), abs=1e-4)
+            direct_logits(checkpoints.direct[scored.model_version], busy), abs=1e-4
+        )
         model = switched.model
         assert (model.version, switched.previous_version, model.job) == (V2_VERSION, "v1", "jobs/value-job")
         assert dict(model.metrics) == {"auc": 0.8, "best_at_8": 0.5} and model.checkpoint_path == str(checkpoints.v2)
@@ -371,8 +437,9 @@ async def test_load_model_switches_is_idempotent_and_survives_bad_checkpoints(
         assert [s.logit for s in after.scores] == pytest.approx([0.5 - s.logit for s in before.scores], abs=1e-3)
         assert (await value_row(service.address, None)).detail.startswith(f"SERVING, model: {V2_VERSION} (")
 
-        named = await stub.LoadModel(pb.LoadModelRequest(checkpoint_path=str(checkpoints.v1), version="v1-again"),
-                                     timeout=60)
+        named = await stub.LoadModel(
+            pb.LoadModelRequest(checkpoint_path=str(checkpoints.v1), version="v1-again"), timeout=60
+        )
         assert (named.model.version, named.previous_version) == ("v1-again", V2_VERSION)
 
 
@@ -394,8 +461,9 @@ def _free_port() -> int:
 
 async def orchard(*args: str) -> tuple[int, str, str]:
     """Run the `orchard` command; (exit code, stdout, stderr)."""
-    proc = await asyncio.create_subprocess_exec(ORCHARD, *args, stdout=asyncio.subprocess.PIPE,
-                                                stderr=asyncio.subprocess.PIPE)
+    proc = await asyncio.create_subprocess_exec(
+        ORCHARD, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
     async with asyncio.timeout(60):
         out, err = await proc.communicate()
     assert proc.returncode is not None
@@ -410,8 +478,9 @@ async def test_orchard_serve_value_serves_and_stops_on_sigterm(checkpoints: Chec
     assert code != 0 and "Traceback" not in err
     assert "orchard serve value: value checkpoint /nonexistent/ckpt not found" in err
     port = _free_port()
-    proc = await asyncio.create_subprocess_exec(ORCHARD, "serve", "value", "--port", str(port), "--checkpoint",
-                                                str(checkpoints.v1), "--log-format", "text")
+    proc = await asyncio.create_subprocess_exec(
+        ORCHARD, "serve", "value", "--port", str(port), "--checkpoint", str(checkpoints.v1), "--log-format", "text"
+    )
     try:
         deadline = time.monotonic() + 90
         while not (await value_row(f"127.0.0.1:{port}", None)).ok:

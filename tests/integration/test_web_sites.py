@@ -13,16 +13,19 @@ from typing import Any
 import aiohttp
 import pytest
 import pytest_asyncio
+from playwright.async_api import Browser, Page, async_playwright
+
 from orchard.tasks.web import CheckResult, SiteServer, WebTask, load_tasks
 from orchard.tasks.web.miniwob import miniwob_html_dir
-from playwright.async_api import Browser, Page, async_playwright
 
 CHROMIUM = "/usr/bin/chromium"
 pytestmark = [
     pytest.mark.asyncio(loop_scope="module"),
     pytest.mark.timeout(120),
-    pytest.mark.skipif(not os.path.exists(CHROMIUM) and shutil.which("chromium") is None,
-                       reason="needs Debian's chromium at /usr/bin/chromium (apt-get install chromium)"),
+    pytest.mark.skipif(
+        not os.path.exists(CHROMIUM) and shutil.which("chromium") is None,
+        reason="needs Debian's chromium at /usr/bin/chromium (apt-get install chromium)",
+    ),
 ]
 TASKS = {t.task_id: t for t in load_tasks()}
 
@@ -49,7 +52,9 @@ async def act(page: Page, step: Mapping[str, Any]) -> None:
     elif action == "double_click":
         await (page.dblclick(selector) if selector else page.mouse.dblclick(step["x"], step["y"]))
     elif action == "type":  # like the env service: typed key by key, after any text already there
-        await (page.locator(selector).press_sequentially(step["text"]) if selector else page.keyboard.type(step["text"]))
+        await (
+            page.locator(selector).press_sequentially(step["text"]) if selector else page.keyboard.type(step["text"])
+        )
     elif action == "key_press":
         await page.keyboard.press(step["key"])
     elif action == "scroll":
@@ -107,12 +112,15 @@ WRONG = {
     "form-signup": (lambda s: without(s, "#newsletter"), "the page text lacks 'Newsletter: no'"),
     "form-booking": (lambda s: without(s, "#outdoor"), "the page text lacks 'Outdoor seating: yes'"),
     # Opens the first result instead of the cheapest.
-    "search-cheapest": (lambda s: replace(s, 'a[href="/library/book/garden-birds"]',
-                                          'a[href="/library/book/orchard-keeper"]'),
-                        "the URL path is '/library/book/orchard-keeper', not '/library/book/garden-birds'"),
+    "search-cheapest": (
+        lambda s: replace(s, 'a[href="/library/book/garden-birds"]', 'a[href="/library/book/orchard-keeper"]'),
+        "the URL path is '/library/book/orchard-keeper', not '/library/book/garden-birds'",
+    ),
     # Opens the release named just above 2.2 on the home page.
-    "nav-release": (lambda s: replace(s, 'a[href="/docs/releases/2.2.html"]', 'a[href="/docs/releases/2.3.html"]'),
-                    "the URL path is '/docs/releases/2.3.html', not '/docs/releases/2.2.html'"),
+    "nav-release": (
+        lambda s: replace(s, 'a[href="/docs/releases/2.2.html"]', 'a[href="/docs/releases/2.3.html"]'),
+        "the URL path is '/docs/releases/2.3.html', not '/docs/releases/2.2.html'",
+    ),
 }
 
 
@@ -128,8 +136,9 @@ async def test_wrong_variant_fails_with_reason(browser: Browser, site: str, task
 async def test_contexts_keep_separate_carts(browser: Browser, site: str) -> None:
     """Two agents shopping at once on one server: each context's cart holds only its own items."""
     teapots, mug = TASKS["shop-teapots"], TASKS["shop-blue-mug"]
-    results = await asyncio.gather(run(browser, site, teapots, teapots.actions(site)),
-                                   run(browser, site, mug, mug.actions(site)))
+    results = await asyncio.gather(
+        run(browser, site, teapots, teapots.actions(site)), run(browser, site, mug, mug.actions(site))
+    )
     assert [r.passed for r in results] == [True, True]
 
 
@@ -146,7 +155,10 @@ async def test_server_rejects_bad_orders_and_unknown_pages(site: str) -> None:
                 assert r.status in (403, 404), path
 
 
-@pytest.mark.skipif(miniwob_html_dir() is None, reason="needs the miniwob package (scripts/install.sh installs it: pip install --no-deps miniwob==1.1.0)")
+@pytest.mark.skipif(
+    miniwob_html_dir() is None,
+    reason="needs the miniwob package (scripts/install.sh installs it: pip install --no-deps miniwob==1.1.0)",
+)
 @pytest.mark.parametrize("task", load_tasks("miniwob") if miniwob_html_dir() else [], ids=lambda t: t.task_id)
 async def test_miniwob_solution_passes(browser: Browser, site: str, task: WebTask) -> None:
     assert (await run(browser, site, task, task.actions(site))).passed

@@ -4,8 +4,8 @@ templates render as for SmolLM2, but a step takes milliseconds), datasets, and a
 from __future__ import annotations
 
 import json
-from contextlib import asynccontextmanager
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import grpc
@@ -27,10 +27,19 @@ def tiny_model(folder: Path, seed: int = 0) -> Path:
         return folder
     tokenizer = AutoTokenizer.from_pretrained(resolve_model("", default_cache_dir())[0])
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=2048,
-                         tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
-                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     LlamaForCausalLM(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
@@ -40,9 +49,11 @@ def chat_dataset(path: Path, n: int = 8) -> Path:
     """n OpenAI-format samples: a fixed answer per question, so SFT loss must fall."""
     with path.open("w") as f:
         for i in range(n):
-            messages = [{"role": "system", "content": "You repair code."},
-                        {"role": "user", "content": f"Which file holds bug {i}?"},
-                        {"role": "assistant", "content": f"The bug {i} is in calc.py line {i + 3}."}]
+            messages = [
+                {"role": "system", "content": "You repair code."},
+                {"role": "user", "content": f"Which file holds bug {i}?"},
+                {"role": "assistant", "content": f"The bug {i} is in calc.py line {i + 3}."},
+            ]
             f.write(json.dumps({"messages": messages, "instance_id": f"toy-{i}"}) + "\n")
     return path
 
@@ -61,5 +72,9 @@ async def trainer_service(jobs_dir: Path, **overrides: object) -> AsyncIterator[
 
 
 def sft_config(model: Path, dataset: Path, **hyper: object) -> pb.JobConfig:
-    return pb.JobConfig(kind=pb.JOB_KIND_SFT, base_model=str(model), dataset=pb.DatasetSource(path=str(dataset)),
-                        hyperparameters=pb.Hyperparameters(**{"learning_rate": 3e-3, "seed": 1, **hyper}))
+    return pb.JobConfig(
+        kind=pb.JOB_KIND_SFT,
+        base_model=str(model),
+        dataset=pb.DatasetSource(path=str(dataset)),
+        hyperparameters=pb.Hyperparameters(**{"learning_rate": 3e-3, "seed": 1, **hyper}),
+    )

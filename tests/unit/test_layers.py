@@ -34,6 +34,7 @@ def imports_of(path: Path) -> list[tuple[int, str]]:
 
 def forbidden(importer: str, imported: str) -> str | None:
     """Why `importer` may not import `imported`, or None when it may."""
+
     def service(module: str) -> str | None:
         parts = module.split(".")
         return parts[2] if len(parts) > 2 and parts[1] == "services" else None
@@ -65,8 +66,12 @@ def violations(paths: list[Path]) -> list[str]:
 
 
 def source_files() -> list[Path]:
-    return [p for folder in SOURCES for p in (ROOT / folder).rglob("*.py")
-            if not p.name.endswith(("_pb2.py", "_pb2_grpc.py")) and "/repos/" not in p.as_posix()]
+    return [
+        p
+        for folder in SOURCES
+        for p in (ROOT / folder).rglob("*.py")
+        if not p.name.endswith(("_pb2.py", "_pb2_grpc.py")) and "/repos/" not in p.as_posix()
+    ]
 
 
 def test_the_layers_point_one_way() -> None:
@@ -102,7 +107,11 @@ def test_every_client_goes_through_the_one_transport() -> None:
     for path in source_files():
         rel = path.relative_to(ROOT).as_posix()
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Attribute) and node.attr in CHANNEL_MAKERS and rel not in PROBES \
-                    and rel != "libs/orchard/sdk/transport.py":
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr in CHANNEL_MAKERS
+                and rel not in PROBES
+                and rel != "libs/orchard/sdk/transport.py"
+            ):
                 opened.append(f"{rel}:{node.lineno}")
     assert opened == []

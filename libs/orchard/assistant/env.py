@@ -39,12 +39,12 @@ OUTPUT_LIMIT = 20_000
 class AssistantEnv:
     """A sandbox with mail, calendar and files seeded from a world state (see `orchard.tasks.assistant`).
 
-        env = await AssistantEnv.start(client, task.fixture)
-        try:
-            print(await env.call("search_mail", {"query": "invoice"}))
-            final = await env.state()
-        finally:
-            await env.close()
+    env = await AssistantEnv.start(client, task.fixture)
+    try:
+        print(await env.call("search_mail", {"query": "invoice"}))
+        final = await env.state()
+    finally:
+        await env.close()
     """
 
     def __init__(self, client: AsyncSandboxClient, sandbox: AsyncSandbox) -> None:
@@ -60,8 +60,15 @@ class AssistantEnv:
         self._closed = False
 
     @classmethod
-    async def start(cls, client: AsyncSandboxClient, fixture: Mapping[str, Any], *, image: str = "claw",
-                    ttl_s: float = 3600, labels: dict[str, str] | None = None) -> AssistantEnv:
+    async def start(
+        cls,
+        client: AsyncSandboxClient,
+        fixture: Mapping[str, Any],
+        *,
+        image: str = "claw",
+        ttl_s: float = 3600,
+        labels: dict[str, str] | None = None,
+    ) -> AssistantEnv:
         """Create the sandbox, seed `fixture` and start the servers; raises FailedPrecondition (with the servers'
         output) when they do not come up. Nothing is left behind when it fails."""
         sandbox = await client.create_sandbox(image=image, timeout=ttl_s, labels=labels)
@@ -75,25 +82,33 @@ class AssistantEnv:
 
     async def _setup(self, fixture: Mapping[str, Any], ttl_s: float) -> None:
         began = time.monotonic()
-        await asyncio.gather(*(self.sandbox.upload_content(p.read_bytes(), f"{BIN}/{p.name}")
-                               for p in sorted(SCRIPTS.glob("*.py"))),
-                             self.sandbox.upload_content(json.dumps(dict(fixture)), "/claw/fixture.json"))
+        await asyncio.gather(
+            *(self.sandbox.upload_content(p.read_bytes(), f"{BIN}/{p.name}") for p in sorted(SCRIPTS.glob("*.py"))),
+            self.sandbox.upload_content(json.dumps(dict(fixture)), "/claw/fixture.json"),
+        )
         seeded = await self.sandbox.exec([PYTHON, f"{BIN}/claw_services.py", "seed", "/claw/fixture.json"], timeout=120)
         if seeded.exit_code != 0:
-            raise FailedPrecondition(f"seeding sandbox {self.sandbox.sandbox_id} failed (exit {seeded.exit_code}): "
-                                     f"{(seeded.stderr or seeded.stdout)[-2000:]}")
+            raise FailedPrecondition(
+                f"seeding sandbox {self.sandbox.sandbox_id} failed (exit {seeded.exit_code}): "
+                f"{(seeded.stderr or seeded.stdout)[-2000:]}"
+            )
         session = await self._stack.enter_async_context(
-            self.sandbox.pty([PYTHON, f"{BIN}/claw_services.py", "serve"], cols=200, timeout=ttl_s))
+            self.sandbox.pty([PYTHON, f"{BIN}/claw_services.py", "serve"], cols=200, timeout=ttl_s)
+        )
         self._reader = asyncio.create_task(self._read(session))
         try:
             async with asyncio.timeout(READY_TIMEOUT_S):
                 await self._settled.wait()
         except TimeoutError:
-            raise FailedPrecondition(f"the Claw servers in sandbox {self.sandbox.sandbox_id} were not ready after "
-                                     f"{READY_TIMEOUT_S:.0f} s; their output:\n{self._output[-3000:]}") from None
+            raise FailedPrecondition(
+                f"the Claw servers in sandbox {self.sandbox.sandbox_id} were not ready after "
+                f"{READY_TIMEOUT_S:.0f} s; their output:\n{self._output[-3000:]}"
+            ) from None
         if not self._ready.is_set():
-            raise FailedPrecondition(f"the Claw servers in sandbox {self.sandbox.sandbox_id} stopped before they "
-                                     f"were ready; their output:\n{self._output[-3000:]}")
+            raise FailedPrecondition(
+                f"the Claw servers in sandbox {self.sandbox.sandbox_id} stopped before they "
+                f"were ready; their output:\n{self._output[-3000:]}"
+            )
         log.debug("claw sandbox %s ready in %.2f s", self.sandbox.sandbox_id, time.monotonic() - began)
 
     async def _read(self, session: AsyncPtySession) -> None:
@@ -110,18 +125,22 @@ class AssistantEnv:
             self._ended.set()
             self._settled.set()
             if not self._closed:
-                log.warning("the Claw servers in sandbox %s stopped: %s", self.sandbox.sandbox_id,
-                            self._output[-500:])
+                log.warning("the Claw servers in sandbox %s stopped: %s", self.sandbox.sandbox_id, self._output[-500:])
 
     async def call(self, tool: str, args: Mapping[str, Any]) -> str:
         """Run one tool; its result as JSON text ({"error": "..."} when the call failed)."""
         if self._ended.is_set():
             return json.dumps({"error": f"the mail and calendar servers have stopped: {self._output[-300:].strip()}"})
-        result = await self.sandbox.exec([PYTHON, f"{BIN}/claw_tool.py"], timeout=60,
-                                         stdin=json.dumps({"tool": tool, "args": dict(args)}))
+        result = await self.sandbox.exec(
+            [PYTHON, f"{BIN}/claw_tool.py"], timeout=60, stdin=json.dumps({"tool": tool, "args": dict(args)})
+        )
         if result.exit_code != 0 or not result.stdout.strip():
-            return json.dumps({"error": f"the {tool} tool failed (exit {result.exit_code}): "
-                                        f"{(result.stderr or result.error)[-1000:]}"})
+            return json.dumps(
+                {
+                    "error": f"the {tool} tool failed (exit {result.exit_code}): "
+                    f"{(result.stderr or result.error)[-1000:]}"
+                }
+            )
         return result.stdout.strip()
 
     async def state(self) -> dict[str, Any]:
@@ -129,8 +148,10 @@ class AssistantEnv:
         domains and contacts."""
         result = await self.sandbox.exec([PYTHON, f"{BIN}/claw_services.py", "dump"], timeout=120)
         if result.exit_code != 0:
-            raise FailedPrecondition(f"reading the state of sandbox {self.sandbox.sandbox_id} failed (exit "
-                                     f"{result.exit_code}): {result.stderr[-2000:]}")
+            raise FailedPrecondition(
+                f"reading the state of sandbox {self.sandbox.sandbox_id} failed (exit "
+                f"{result.exit_code}): {result.stderr[-2000:]}"
+            )
         return json.loads(result.stdout)  # type: ignore[no-any-return]
 
     async def close(self) -> None:

@@ -9,8 +9,13 @@ from typing import Any
 from orchard.experience.v1 import experience_pb2 as pb
 from orchard.types.v1 import types_pb2 as tpb
 
-ROLE_NAMES = {tpb.ROLE_SYSTEM: "system", tpb.ROLE_DEVELOPER: "developer", tpb.ROLE_USER: "user",
-              tpb.ROLE_ASSISTANT: "assistant", tpb.ROLE_TOOL: "tool"}
+ROLE_NAMES = {
+    tpb.ROLE_SYSTEM: "system",
+    tpb.ROLE_DEVELOPER: "developer",
+    tpb.ROLE_USER: "user",
+    tpb.ROLE_ASSISTANT: "assistant",
+    tpb.ROLE_TOOL: "tool",
+}
 ROLES = {name: role for role, name in ROLE_NAMES.items()}
 
 
@@ -24,8 +29,10 @@ def to_openai(m: tpb.Message) -> dict[str, Any]:
     if m.name:
         out["name"] = m.name
     if m.tool_calls:
-        out["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-                             for c in m.tool_calls]
+        out["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in m.tool_calls
+        ]
     if m.tool_call_id:
         out["tool_call_id"] = m.tool_call_id
     if m.reasoning:
@@ -43,9 +50,12 @@ def _part(p: tpb.ContentPart) -> dict[str, Any]:
 
 def from_openai(d: dict[str, Any]) -> tpb.Message:
     """An OpenAI chat message dict as a proto Message; unknown roles become user messages."""
-    m = tpb.Message(role=ROLES.get(str(d.get("role")), tpb.ROLE_USER), name=str(d.get("name") or ""),
-                    tool_call_id=str(d.get("tool_call_id") or ""),
-                    reasoning=str(d.get("reasoning_content") or d.get("reasoning") or ""))
+    m = tpb.Message(
+        role=ROLES.get(str(d.get("role")), tpb.ROLE_USER),
+        name=str(d.get("name") or ""),
+        tool_call_id=str(d.get("tool_call_id") or ""),
+        reasoning=str(d.get("reasoning_content") or d.get("reasoning") or ""),
+    )
     content = d.get("content")
     if isinstance(content, list):
         for part in content:
@@ -57,8 +67,13 @@ def from_openai(d: dict[str, Any]) -> tpb.Message:
         m.content = str(content)
     for call in d.get("tool_calls") or []:
         function = call.get("function") or {}
-        m.tool_calls.append(tpb.ToolCall(id=str(call.get("id") or ""), name=str(function.get("name") or ""),
-                                         arguments=str(function.get("arguments") or "")))
+        m.tool_calls.append(
+            tpb.ToolCall(
+                id=str(call.get("id") or ""),
+                name=str(function.get("name") or ""),
+                arguments=str(function.get("arguments") or ""),
+            )
+        )
     return m
 
 

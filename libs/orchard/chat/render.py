@@ -30,7 +30,8 @@ _SUMMARY = re.compile(
     r"|Ran \d+ tests? in .*"
     r"|OK( \(.*\))?|FAILED \(.*\)"
     r"|[\w.]*(Error|Exception): .*"
-    r"|.*No module named .*)$")
+    r"|.*No module named .*)$"
+)
 _RETURNCODE = re.compile(r"<returncode>\s*(-?\d+)\s*</returncode>")
 
 
@@ -51,7 +52,7 @@ def clip(text: str, limit: int) -> str:
         return text
     marker = f"\n[... {len(text) - limit} chars omitted ...]\n"
     head = (limit * 2) // 3
-    return text[:head] + marker + text[len(text) - (limit - head):]
+    return text[:head] + marker + text[len(text) - (limit - head) :]
 
 
 def summary_lines(output: str) -> list[str]:
@@ -135,7 +136,7 @@ def patch_files(patch: str) -> list[str]:
     files: list[str] = []
     for line in patch.splitlines():
         if line.startswith("diff --git "):
-            parts = line[len("diff --git "):].split(" b/", 1)
+            parts = line[len("diff --git ") :].split(" b/", 1)
             files += [parts[0].removeprefix("a/"), *parts[1:]]
         elif line.startswith(("rename from ", "rename to ", "copy from ", "copy to ")):
             files.append(line.split(" ", 2)[2])
@@ -166,12 +167,16 @@ def render_trajectory(task: str, steps: list[RenderedStep], final_patch: str, re
     """The judge's user message: task, optional reference, the steps in compact form, the final patch."""
     parts = [f"## Task\n{clip(task.strip(), TASK_CHARS)}"]
     if reference is not None:
-        ref = [f"Gold patch:\n{clip(reference.gold_patch, GOLD_PATCH_CHARS)}" if reference.gold_patch else "",
-               f"Changed files: {', '.join(reference.changed_files)}" if reference.changed_files else "",
-               f"Test files: {', '.join(reference.test_files)}" if reference.test_files else "",
-               f"FAIL_TO_PASS tests: {', '.join(reference.fail_to_pass)}" if reference.fail_to_pass else ""]
-        parts.append("## Reference (use only to ground R2, R3 and R5; do not grade whether the edit matches it)\n"
-                     + "\n".join(r for r in ref if r))
+        ref = [
+            f"Gold patch:\n{clip(reference.gold_patch, GOLD_PATCH_CHARS)}" if reference.gold_patch else "",
+            f"Changed files: {', '.join(reference.changed_files)}" if reference.changed_files else "",
+            f"Test files: {', '.join(reference.test_files)}" if reference.test_files else "",
+            f"FAIL_TO_PASS tests: {', '.join(reference.fail_to_pass)}" if reference.fail_to_pass else "",
+        ]
+        parts.append(
+            "## Reference (use only to ground R2, R3 and R5; do not grade whether the edit matches it)\n"
+            + "\n".join(r for r in ref if r)
+        )
     rendered = []
     for s in steps:
         lines = [f"### Step {s.index}"]

@@ -19,7 +19,7 @@ TOOL_PREAMBLE = (
     "You are a function calling AI model. You may call one or more functions to assist with the user query. "
     "Here are the available tools:\n<tools>\n{tools}\n</tools>\n"
     "For each function call, return a JSON object with the function name and arguments within "
-    "<tool_call></tool_call> tags:\n<tool_call>\n{{\"name\": <function-name>, \"arguments\": <args-json-object>}}\n"
+    '<tool_call></tool_call> tags:\n<tool_call>\n{{"name": <function-name>, "arguments": <args-json-object>}}\n'
     "</tool_call>"
 )
 
@@ -27,13 +27,22 @@ TOOL_PREAMBLE = (
 class Template(Protocol):
     """What renders a conversation: a model's chat template (every inference engine, a tokenizer's wrapper)."""
 
-    def apply_chat_template(self, messages: list[ChatMessage], tools: list[ToolSpec] | None = None,
-                            add_generation_prompt: bool = True, template_kwargs: dict[str, Any] | None = None) -> str:
-        ...
+    def apply_chat_template(
+        self,
+        messages: list[ChatMessage],
+        tools: list[ToolSpec] | None = None,
+        add_generation_prompt: bool = True,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> str: ...
 
 
-def render(engine: Template, messages: list[ChatMessage], tools: list[ToolSpec] | None,
-           add_generation_prompt: bool = True, template_kwargs: dict[str, Any] | None = None) -> str:
+def render(
+    engine: Template,
+    messages: list[ChatMessage],
+    tools: list[ToolSpec] | None,
+    add_generation_prompt: bool = True,
+    template_kwargs: dict[str, Any] | None = None,
+) -> str:
     """The prompt text of a conversation, with tools, through the model's chat template."""
     if not messages:
         raise InvalidArgument("messages is empty; give at least one message", field="messages")
@@ -81,5 +90,3 @@ def _calls_as_text(message: ChatMessage) -> ChatMessage:
         blocks.append(f"<tool_call>\n{json.dumps({'name': fn['name'], 'arguments': args})}\n</tool_call>")
     content = "\n".join([*([message["content"]] if message.get("content") else []), *blocks])
     return {k: v for k, v in message.items() if k != "tool_calls"} | {"content": content}
-
-

@@ -51,8 +51,12 @@ def tool_call_blocks(text: str) -> list[tpb.ToolCall] | None:
     blocks = TOOL_BLOCK.findall(text)
     if not blocks:
         return None
-    return [tpb.ToolCall(id=f"call_{uuid.uuid4().hex[:12]}", name=obj["name"], arguments=_arguments(obj))
-            for block in blocks for obj in _json_calls(block) if isinstance(obj.get("name"), str)]
+    return [
+        tpb.ToolCall(id=f"call_{uuid.uuid4().hex[:12]}", name=obj["name"], arguments=_arguments(obj))
+        for block in blocks
+        for obj in _json_calls(block)
+        if isinstance(obj.get("name"), str)
+    ]
 
 
 def _arguments(obj: dict[str, Any]) -> str:

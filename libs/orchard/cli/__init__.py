@@ -31,13 +31,21 @@ def _client(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 def cmd_up(args: argparse.Namespace) -> int:
     from orchard.cli.stack import up
 
-    return asyncio.run(up(args.host, args.nats_port, args.env_port, Path(args.state_dir), args.log_format,
-                          inference_port=None if args.no_inference else args.inference_port,
-                          inference_http_port=args.inference_http_port,
-                          experience_port=None if args.no_experience else args.experience_port,
-                          trainer_port=None if args.no_trainer else args.trainer_port,
-                          value_port=None if args.no_value else args.value_port,
-                          value_checkpoint=Path(args.value_checkpoint) if args.value_checkpoint else None))
+    return asyncio.run(
+        up(
+            args.host,
+            args.nats_port,
+            args.env_port,
+            Path(args.state_dir),
+            args.log_format,
+            inference_port=None if args.no_inference else args.inference_port,
+            inference_http_port=args.inference_http_port,
+            experience_port=None if args.no_experience else args.experience_port,
+            trainer_port=None if args.no_trainer else args.trainer_port,
+            value_port=None if args.no_value else args.value_port,
+            value_checkpoint=Path(args.value_checkpoint) if args.value_checkpoint else None,
+        )
+    )
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -50,25 +58,36 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     from orchard.cli.status import print_rows, status
 
-    rows = asyncio.run(status(args.env_address, args.nats_address, args.token, args.inference_address or None,
-                              args.experience_address or None, args.trainer_address or None,
-                              args.value_address or None))
+    rows = asyncio.run(
+        status(
+            args.env_address,
+            args.nats_address,
+            args.token,
+            args.inference_address or None,
+            args.experience_address or None,
+            args.trainer_address or None,
+            args.value_address or None,
+        )
+    )
     print_rows(rows)
     return 0 if all(row.ok for row in rows) else 1
 
 
 def cmd_sandbox_create(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        sandbox = client.create_sandbox(args.image, timeout=args.ttl, env=_pairs(args.env, "--env"),
-                                        labels=_pairs(args.label, "--label"))
+        sandbox = client.create_sandbox(
+            args.image, timeout=args.ttl, env=_pairs(args.env, "--env"), labels=_pairs(args.label, "--label")
+        )
         print(sandbox.sandbox_id)
     return 0
 
 
 def cmd_sandbox_ls(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        rows = [(s.sandbox_id, s.image, s.info.state, ",".join(f"{k}={v}" for k, v in sorted(s.info.labels.items())))
-                for s in client.list_sandboxes(labels=_pairs(args.label, "--label"))]
+        rows = [
+            (s.sandbox_id, s.image, s.info.state, ",".join(f"{k}={v}" for k, v in sorted(s.info.labels.items())))
+            for s in client.list_sandboxes(labels=_pairs(args.label, "--label"))
+        ]
     print(f"{'SANDBOX':<20} {'IMAGE':<20} {'STATE':<10} LABELS")
     for row in rows:
         print(f"{row[0]:<20} {row[1]:<20} {row[2]:<10} {row[3]}")
@@ -119,22 +138,44 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--state-dir", default=str(Path.home() / ".local" / "state" / "orchard" / "stack"))
     p.add_argument("--log-format", choices=["json", "text"], default="text")
     p.add_argument("--inference-port", type=int, default=50052, help="gRPC port of the inference service")
-    p.add_argument("--inference-http-port", type=int, default=50080,
-                   help="port of the inference service's OpenAI-compatible endpoint (/v1)")
-    p.add_argument("--no-inference", action="store_true",
-                   help="do not start the inference service (it loads the embedded model, ~0.5 GB of memory)")
-    p.add_argument("--experience-port", type=int, default=50055,
-                   help="gRPC port of the experience service (rollout events -> SQLite under --state-dir)")
+    p.add_argument(
+        "--inference-http-port",
+        type=int,
+        default=50080,
+        help="port of the inference service's OpenAI-compatible endpoint (/v1)",
+    )
+    p.add_argument(
+        "--no-inference",
+        action="store_true",
+        help="do not start the inference service (it loads the embedded model, ~0.5 GB of memory)",
+    )
+    p.add_argument(
+        "--experience-port",
+        type=int,
+        default=50055,
+        help="gRPC port of the experience service (rollout events -> SQLite under --state-dir)",
+    )
     p.add_argument("--no-experience", action="store_true", help="do not start the experience service")
-    p.add_argument("--trainer-port", type=int, default=50056,
-                   help="gRPC port of the trainer service (jobs under --state-dir/trainer; it starts with the experience "
-                   "service, and RL jobs need the inference service too)")
+    p.add_argument(
+        "--trainer-port",
+        type=int,
+        default=50056,
+        help="gRPC port of the trainer service (jobs under --state-dir/trainer; it starts with the experience "
+        "service, and RL jobs need the inference service too)",
+    )
     p.add_argument("--no-trainer", action="store_true", help="do not start the trainer service")
-    p.add_argument("--value-port", type=int, default=50057,
-                   help="gRPC port of the value service (scores and reranks candidates with a value model)")
+    p.add_argument(
+        "--value-port",
+        type=int,
+        default=50057,
+        help="gRPC port of the value service (scores and reranks candidates with a value model)",
+    )
     p.add_argument("--no-value", action="store_true", help="do not start the value service")
-    p.add_argument("--value-checkpoint", default=None,
-                   help="value checkpoint the value service serves from the start (else none until LoadModel)")
+    p.add_argument(
+        "--value-checkpoint",
+        default=None,
+        help="value checkpoint the value service serves from the start (else none until LoadModel)",
+    )
     p.set_defaults(func=cmd_up)
 
     p = sub.add_parser("serve", help="run one service (flags after the name go to the service; --help lists them)")
@@ -145,20 +186,33 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("status", help="health of the local stack at a glance (exit 1 if anything is down)")
     p.add_argument("--env-address", default="127.0.0.1:50051")
     p.add_argument("--nats-address", default="127.0.0.1:4222")
-    p.add_argument("--inference-address", default="",
-                   help="also check the inference service there (orchard up serves it on 127.0.0.1:50052)")
-    p.add_argument("--experience-address", default="",
-                   help="also check the experience service there (orchard up serves it on 127.0.0.1:50055)")
-    p.add_argument("--trainer-address", default="",
-                   help="also check the trainer service there (orchard up serves it on 127.0.0.1:50056)")
-    p.add_argument("--value-address", default="",
-                   help="also check the value service there (orchard up serves it on 127.0.0.1:50057)")
+    p.add_argument(
+        "--inference-address",
+        default="",
+        help="also check the inference service there (orchard up serves it on 127.0.0.1:50052)",
+    )
+    p.add_argument(
+        "--experience-address",
+        default="",
+        help="also check the experience service there (orchard up serves it on 127.0.0.1:50055)",
+    )
+    p.add_argument(
+        "--trainer-address",
+        default="",
+        help="also check the trainer service there (orchard up serves it on 127.0.0.1:50056)",
+    )
+    p.add_argument(
+        "--value-address",
+        default="",
+        help="also check the value service there (orchard up serves it on 127.0.0.1:50057)",
+    )
     p.add_argument("--token", default=None, help="bearer token, when the services require one")
     p.set_defaults(func=cmd_status)
 
     sandbox = sub.add_parser("sandbox", help="create, list, run commands in, and delete sandboxes")
-    sandbox.add_argument("--address", default=None, help="env service address (default: ORCHARD_ENV_ADDRESS "
-                         "or 127.0.0.1:50051)")
+    sandbox.add_argument(
+        "--address", default=None, help="env service address (default: ORCHARD_ENV_ADDRESS or 127.0.0.1:50051)"
+    )
     ssub = sandbox.add_subparsers(dest="action", required=True)
     p = ssub.add_parser("create", help="create a sandbox and print its id")
     p.add_argument("image")
@@ -179,8 +233,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_sandbox_rm)
 
     # The env service's image tool (orchard.services.env.image_cli), started through its entry point.
-    p = sub.add_parser("image", help="build, import and list local sandbox images (`orchard image --help`)",
-                       add_help=False)
+    p = sub.add_parser(
+        "image", help="build, import and list local sandbox images (`orchard image --help`)", add_help=False
+    )
     p.add_argument("image_args", nargs=argparse.REMAINDER)
     p.set_defaults(func=cmd_image)
 

@@ -52,27 +52,50 @@ def _margin(text: str) -> float:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The eval flags of best-of-N (generation and reranking)."""
     g = p.add_argument_group("best-of-N (--best-of N)")
-    g.add_argument("--best-of", type=int, default=None, metavar="N", help="generate N candidates per task (or take "
-                   "them from --run), rerank them with the value service and report best@N against random@N and "
-                   "pass@N, with the best@N curve (JSON and PNG)")
+    g.add_argument(
+        "--best-of",
+        type=int,
+        default=None,
+        metavar="N",
+        help="generate N candidates per task (or take "
+        "them from --run), rerank them with the value service and report best@N against random@N and "
+        "pass@N, with the best@N curve (JSON and PNG)",
+    )
     g.add_argument("--value-address", default="127.0.0.1:50057", help="the value service (orchard up starts it)")
-    g.add_argument("--tie-margin", type=_margin, default=None, metavar="M", help="scores within M of the best "
-                   "count as a tie, which the larger patch cluster wins; 0 ranks by score alone (default: the value "
-                   "service's setting, 0.05 unless changed)")
+    g.add_argument(
+        "--tie-margin",
+        type=_margin,
+        default=None,
+        metavar="M",
+        help="scores within M of the best "
+        "count as a tie, which the larger patch cluster wins; 0 ranks by score alone (default: the value "
+        "service's setting, 0.05 unless changed)",
+    )
     g.add_argument("--ids", nargs="*", default=None, help="only these task ids (--gold, --run and --best-of alike)")
-    g.add_argument("--policy", type=_policy, default=None, metavar="reference:Q", help="generate with this policy instead of the served model (see "
-                   "`orchard rollout --policy`)")
-    g.add_argument("--model", default="", help="generate with this served model (default: the inference "
-                   "service's default)")
+    g.add_argument(
+        "--policy",
+        type=_policy,
+        default=None,
+        metavar="reference:Q",
+        help="generate with this policy instead of the served model (see `orchard rollout --policy`)",
+    )
+    g.add_argument(
+        "--model", default="", help="generate with this served model (default: the inference service's default)"
+    )
     g.add_argument("--inference-address", default="127.0.0.1:50052")
     g.add_argument("--max-steps", type=int, default=10)
-    g.add_argument("--max-step-tokens", type=int, default=None, help="tokens per model reply (default: "
-                   "`orchard rollout`'s)")
+    g.add_argument(
+        "--max-step-tokens", type=int, default=None, help="tokens per model reply (default: `orchard rollout`'s)"
+    )
     g.add_argument("--temperature", type=float, default=0.7)
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--run-id", default="", help="the generated run's id (default: a new random id)")
-    g.add_argument("--out", default="runs", help="the generated run's folder (as `orchard rollout --out`); the "
-                   "best-of-N report and plot go next to its trajectories")
+    g.add_argument(
+        "--out",
+        default="runs",
+        help="the generated run's folder (as `orchard rollout --out`); the "
+        "best-of-N report and plot go next to its trajectories",
+    )
     g.add_argument("--nats-url", default="nats://127.0.0.1:4222", help="where the generated rollouts' events go")
     g.add_argument("--no-events", action="store_true", help="do not publish the generated rollouts' events")
 
@@ -90,9 +113,25 @@ async def candidates_of(args: argparse.Namespace) -> tuple[list[tpb.Trajectory],
         return await stored_run(args.experience_address, args.run, wait_s=args.wait, full=True), None
     parser = argparse.ArgumentParser(prog="orchard")
     rollout.add_parser(parser.add_subparsers())
-    argv = ["rollout", "--tasks", str(args.tasks), "-n", str(args.best_of), "--concurrency", str(args.concurrency),
-            "--max-steps", str(args.max_steps), "--temperature", str(args.temperature), "--inference-address", args.inference_address,
-            "--out", args.out, "--nats-url", args.nats_url]
+    argv = [
+        "rollout",
+        "--tasks",
+        str(args.tasks),
+        "-n",
+        str(args.best_of),
+        "--concurrency",
+        str(args.concurrency),
+        "--max-steps",
+        str(args.max_steps),
+        "--temperature",
+        str(args.temperature),
+        "--inference-address",
+        args.inference_address,
+        "--out",
+        args.out,
+        "--nats-url",
+        args.nats_url,
+    ]
     argv += ["--ids", *args.ids] if args.ids else []
     argv += ["--max-step-tokens", str(args.max_step_tokens)] if args.max_step_tokens else []
     argv += ["--model", args.model] if args.model else []
@@ -124,8 +163,9 @@ def _slim(trajectory: tpb.Trajectory) -> tpb.Trajectory:
     return slim
 
 
-async def rerank(address: str, task_id: str, group: list[tpb.Trajectory],
-                 applied: dict[str, bool], tie_margin: float | None = None) -> value_pb2.RerankResponse:
+async def rerank(
+    address: str, task_id: str, group: list[tpb.Trajectory], applied: dict[str, bool], tie_margin: float | None = None
+) -> value_pb2.RerankResponse:
     """The value service's ranking of one task's candidates. No problem statement is sent: the service then renders
     each candidate's task from its trajectory's first user message, as the value job did in training."""
     from orchard import clients
@@ -136,8 +176,9 @@ async def rerank(address: str, task_id: str, group: list[tpb.Trajectory],
         checks = value_pb2.CandidateChecks()
         if t.final_patch.strip():
             checks.patch_applies = applied[t.trajectory_id]
-        request.candidates.append(value_pb2.Candidate(candidate_id=t.trajectory_id, trajectory=_slim(t),
-                                                      patch=t.final_patch, checks=checks))
+        request.candidates.append(
+            value_pb2.Candidate(candidate_id=t.trajectory_id, trajectory=_slim(t), patch=t.final_patch, checks=checks)
+        )
     async with clients.connect("value", address, flag="--value-address") as value:
         return await value.unary("Rerank", request, idempotent=True, timeout=RERANK_S)
 
@@ -154,8 +195,12 @@ def plot(report: dict[str, Any], path: Path) -> bool:
     rows = report["curve"]
     ns = [r["n"] for r in rows]
     fig, ax = plt.subplots(figsize=(5, 3.5))
-    for key, label, style in (("pass", "pass@N (oracle)", "k--"), ("best", "best@N (value model)", "o-"),
-                              ("vote", "majority vote@N (no model)", "^-."), ("random", "random@N", "s:")):
+    for key, label, style in (
+        ("pass", "pass@N (oracle)", "k--"),
+        ("best", "best@N (value model)", "o-"),
+        ("vote", "majority vote@N (no model)", "^-."),
+        ("random", "random@N", "s:"),
+    ):
         ax.plot(ns, [100 * r[key] for r in rows], style, label=label)
     ax.set_xscale("log", base=2)
     ax.set_xticks(ns, [str(n) for n in ns])
@@ -179,21 +224,27 @@ async def evaluate(args: argparse.Namespace) -> int:
     if args.best_of < 1:
         raise InvalidArgument(f"--best-of must be at least 1, got {args.best_of}")
     if args.rollouts or args.gold or args.compare or args.regrade:
-        raise InvalidArgument("--best-of takes its candidates from a new generation or from --run; it does not "
-                              "combine with a trajectories file, --gold, --compare or --regrade")
+        raise InvalidArgument(
+            "--best-of takes its candidates from a new generation or from --run; it does not "
+            "combine with a trajectories file, --gold, --compare or --regrade"
+        )
     instances = {i.instance_id: i for i in load_instances(args.tasks, args.ids, env_specs=args.env_specs)}
     from orchard.cli.train import value_model
 
     served = await value_model(args.value_address)  # fail fast when the reranker is down or empty
     if served is None:
-        raise FailedPrecondition(f"the value service at {args.value_address} serves no model; train one with "
-                                 "`orchard train --kind value --run ... --push`")
+        raise FailedPrecondition(
+            f"the value service at {args.value_address} serves no model; train one with "
+            "`orchard train --kind value --run ... --push`"
+        )
     trajectories, folder = await candidates_of(args)
     grades = {t.trajectory_id: grade_from_trajectory(t) for t in trajectories}
     ungraded = [i for i, g in grades.items() if g is None]
     if ungraded:
-        raise FailedPrecondition(f"{len(ungraded)} candidates carry no grade (e.g. {ungraded[0]}); best-of-N grades "
-                                 "every candidate: generate them without --no-grade")
+        raise FailedPrecondition(
+            f"{len(ungraded)} candidates carry no grade (e.g. {ungraded[0]}); best-of-N grades "
+            "every candidate: generate them without --no-grade"
+        )
     tasks: dict[str, list[tpb.Trajectory]] = {}
     for t in sorted(trajectories, key=lambda t: (t.task_id, t.sample_index, t.trajectory_id)):
         if t.task_id in instances:
@@ -202,42 +253,76 @@ async def evaluate(args: argparse.Namespace) -> int:
         raise FailedPrecondition(f"no candidate is of a task in {args.tasks}{' ' + str(args.ids) if args.ids else ''}")
     short = {task: len(group) for task, group in tasks.items() if len(group) < args.best_of}
     if short:
-        raise FailedPrecondition(f"{len(short)} tasks have fewer than {args.best_of} candidates (e.g. "
-                                 f"{next(iter(short.items()))}); generate more or lower --best-of")
+        raise FailedPrecondition(
+            f"{len(short)} tasks have fewer than {args.best_of} candidates (e.g. "
+            f"{next(iter(short.items()))}); generate more or lower --best-of"
+        )
     candidates: list[vm.Candidate] = []
     listed: list[dict[str, Any]] = []
     picks = []
     margin = vm.TIE_MARGIN  # every response says the margin it ranked with
     for task_id, group in tasks.items():
-        group = group[:args.best_of]
+        group = group[: args.best_of]
         applied = {t.trajectory_id: bool(grades[t.trajectory_id].patch_applied) for t in group}  # type: ignore[union-attr]
         response = await rerank(args.value_address, task_id, group, applied, args.tie_margin)
         margin = response.tie_margin
         ranked = {r.candidate_id: r for r in response.ranked}
         for t in group:
             r = ranked[t.trajectory_id]
-            candidates.append(vm.Candidate(task_id, r.score, grades[t.trajectory_id].resolved,  # type: ignore[union-attr]
-                                           t.final_patch, r.excluded))
-            listed.append({"task_id": task_id, "trajectory_id": t.trajectory_id, "score": r.score,
-                           "resolved": candidates[-1].resolved, "excluded": r.excluded, "cluster": r.cluster_id})
+            candidates.append(
+                vm.Candidate(
+                    task_id,
+                    r.score,
+                    grades[t.trajectory_id].resolved,  # type: ignore[union-attr]
+                    t.final_patch,
+                    r.excluded,
+                )
+            )
+            listed.append(
+                {
+                    "task_id": task_id,
+                    "trajectory_id": t.trajectory_id,
+                    "score": r.score,
+                    "resolved": candidates[-1].resolved,
+                    "excluded": r.excluded,
+                    "cluster": r.cluster_id,
+                }
+            )
         best = response.best_candidate_id
-        picks.append({"task_id": task_id, "pick": best, "score": ranked[best].score if best else None,
-                      "resolved": bool(best) and grades[best].resolved,  # type: ignore[union-attr]
-                      "excluded": sum(r.excluded for r in response.ranked)})
+        picks.append(
+            {
+                "task_id": task_id,
+                "pick": best,
+                "score": ranked[best].score if best else None,
+                "resolved": bool(best) and grades[best].resolved,  # type: ignore[union-attr]
+                "excluded": sum(r.excluded for r in response.ranked),
+            }
+        )
     # The curve's smaller N are ranked locally with the margin the service used, so best@N matches its picks.
-    report: dict[str, Any] = vm.best_of_n_report(candidates, sorted({*[n for n in CURVE if n <= args.best_of],
-                                                                     args.best_of}), margin)
-    report |= {"best_of": args.best_of, "value_model": served.version, "run_id": trajectories[0].run_id,
-               "picks": picks, f"best@{args.best_of}": sum(p["resolved"] for p in picks) / len(picks),
-               "candidates_scored": listed}
+    report: dict[str, Any] = vm.best_of_n_report(
+        candidates, sorted({*[n for n in CURVE if n <= args.best_of], args.best_of}), margin
+    )
+    report |= {
+        "best_of": args.best_of,
+        "value_model": served.version,
+        "run_id": trajectories[0].run_id,
+        "picks": picks,
+        f"best@{args.best_of}": sum(p["resolved"] for p in picks) / len(picks),
+        "candidates_scored": listed,
+    }
     print(vm.format_best_of_n(report))
-    print(f"picks ({served.version}): " + ", ".join(f"{p['task_id']} {'resolved' if p['resolved'] else 'unresolved'}"
-                                                     for p in picks))
+    print(
+        f"picks ({served.version}): "
+        + ", ".join(f"{p['task_id']} {'resolved' if p['resolved'] else 'unresolved'}" for p in picks)
+    )
     target = Path(args.report) if args.report else (folder or Path(".")) / "best_of_n.json"
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(json.dumps(report, indent=2) + "\n")
     png = target.with_suffix(".png")
     drawn = plot(report, png)
-    print(f"best-of-N report written to {target}" + (f" and its curve to {png}" if drawn else
-                                                      " (no plot: matplotlib is not installed)"), file=sys.stderr)
+    print(
+        f"best-of-N report written to {target}"
+        + (f" and its curve to {png}" if drawn else " (no plot: matplotlib is not installed)"),
+        file=sys.stderr,
+    )
     return 0

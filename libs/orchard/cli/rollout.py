@@ -23,54 +23,97 @@ if TYPE_CHECKING:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("rollout", help="run a model on a task set (k samples each), grade and store every rollout")
-    p.add_argument("--tasks", default="toyrepair", help="a bundled task set's name, a JSON/JSONL file of "
-                   "SWE-bench instances; web tasks in browser sandboxes: \"web\" (the bundled sites), "
-                   "\"web:miniwob\" or \"web:FILE.jsonl\" (WebVoyager-style rows); personal-assistant tasks "
-                   "with mail, calendar and files: \"claw\" (the bundled 200) or \"claw:FILE.jsonl\" "
-                   "(default: toyrepair)")
+    p.add_argument(
+        "--tasks",
+        default="toyrepair",
+        help="a bundled task set's name, a JSON/JSONL file of "
+        'SWE-bench instances; web tasks in browser sandboxes: "web" (the bundled sites), '
+        '"web:miniwob" or "web:FILE.jsonl" (WebVoyager-style rows); personal-assistant tasks '
+        'with mail, calendar and files: "claw" (the bundled 200) or "claw:FILE.jsonl" '
+        "(default: toyrepair)",
+    )
     p.add_argument("--ids", nargs="*", default=None, help="only these instance ids")
-    p.add_argument("--env-specs", default=None, metavar="FILE", help="environment specs by repo (and version), for "
-                   "instances that carry none (built once with `orchard env build`, else on first use)")
+    p.add_argument(
+        "--env-specs",
+        default=None,
+        metavar="FILE",
+        help="environment specs by repo (and version), for "
+        "instances that carry none (built once with `orchard env build`, else on first use)",
+    )
     p.add_argument("--model", default="", help="the served model (default: the inference service's default)")
-    p.add_argument("--policy", type=policy_choice, default=None, metavar="reference:Q|scripted",
-                   help="web and claw tasks: `scripted` follows each task's bundled solution. SWE tasks: "
-                   "instead of a served model, run a synthetic reference policy built from the task set's gold "
-                   "patches: each rollout submits the gold patch with probability Q in [0, 1], else a flawed one, "
-                   "through the real sandboxes and grader (trajectories name it e.g. reference-q0.50; --seed makes its "
-                   "choices repeat). It exercises value training and best-of-N without a capable model; no "
-                   "inference service is needed")
+    p.add_argument(
+        "--policy",
+        type=policy_choice,
+        default=None,
+        metavar="reference:Q|scripted",
+        help="web and claw tasks: `scripted` follows each task's bundled solution. SWE tasks: "
+        "instead of a served model, run a synthetic reference policy built from the task set's gold "
+        "patches: each rollout submits the gold patch with probability Q in [0, 1], else a flawed one, "
+        "through the real sandboxes and grader (trajectories name it e.g. reference-q0.50; --seed makes its "
+        "choices repeat). It exercises value training and best-of-N without a capable model; no "
+        "inference service is needed",
+    )
     p.add_argument("-n", "--samples", type=int, default=1, help="rollouts per task (k)")
     p.add_argument("--concurrency", type=int, default=4, help="rollouts in flight at once (each holds a sandbox)")
     p.add_argument("--max-steps", type=int, default=10)
-    p.add_argument("--max-tokens", type=int, default=None, help="token budget of a whole rollout (default 8192; "
-                   "32768 with --policy reference:Q and 262144 with --policy scripted, whose tokens are bytes)")
-    p.add_argument("--max-step-tokens", type=int, default=None, help="tokens per model reply (default 256; 8192 "
-                   "with --policy)")
+    p.add_argument(
+        "--max-tokens",
+        type=int,
+        default=None,
+        help="token budget of a whole rollout (default 8192; "
+        "32768 with --policy reference:Q and 262144 with --policy scripted, whose tokens are bytes)",
+    )
+    p.add_argument(
+        "--max-step-tokens", type=int, default=None, help="tokens per model reply (default 256; 8192 with --policy)"
+    )
     p.add_argument("--wall-clock", type=float, default=1800, help="seconds per rollout")
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--env-address", default=None, help="env service (default: ORCHARD_ENV_ADDRESS or "
-                   "127.0.0.1:50051)")
+    p.add_argument("--env-address", default=None, help="env service (default: ORCHARD_ENV_ADDRESS or 127.0.0.1:50051)")
     p.add_argument("--inference-address", default="127.0.0.1:50052")
     p.add_argument("--run-id", default="", help="default: a new random id")
-    p.add_argument("--out", default="runs", help="folder; the run writes <out>/<run_id>/{trajectories.jsonl,"
-                   "report.json}")
+    p.add_argument(
+        "--out", default="runs", help="folder; the run writes <out>/<run_id>/{trajectories.jsonl,report.json}"
+    )
     p.add_argument("--no-grade", action="store_true", help="store rollouts without grading them")
-    p.add_argument("--nats-url", default="nats://127.0.0.1:4222", help="publish every rollout's events here, "
-                   "for the experience service (default: the NATS `orchard up` starts)")
+    p.add_argument(
+        "--nats-url",
+        default="nats://127.0.0.1:4222",
+        help="publish every rollout's events here, for the experience service (default: the NATS `orchard up` starts)",
+    )
     p.add_argument("--no-events", action="store_true", help="do not publish events (only the local JSONL)")
-    p.add_argument("--observe", choices=["text", "screenshot", "both"], default="text",
-                   help="web tasks: what the agent sees after each action: the URL, title and accessibility tree "
-                   "(text), a screenshot (needs a vision-language model, e.g. on the vLLM engine), or both")
-    p.add_argument("--site", default=None, help="web tasks: the base URL of a server already serving the bundled "
-                   "sites (default: serve them on a loopback port for this run)")
-    p.add_argument("--harness", choices=["orchard", "mini-swe-agent"], default="orchard",
-                   help="SWE tasks: the agent: Orchard's own loop, or mini-swe-agent's DefaultAgent (its stock "
-                   "SWE-bench prompts, the model behind --openai-base) with the same task setup, grading and storage")
-    p.add_argument("--openai-base", default="http://127.0.0.1:50080/v1", help="--harness mini-swe-agent: the "
-                   "OpenAI-compatible endpoint of the model (orchard up serves the embedded one here)")
-    p.add_argument("--textbased", action="store_true", help="--harness mini-swe-agent: actions in bash blocks "
-                   "instead of tool calls (for models that do not emit tool calls reliably)")
+    p.add_argument(
+        "--observe",
+        choices=["text", "screenshot", "both"],
+        default="text",
+        help="web tasks: what the agent sees after each action: the URL, title and accessibility tree "
+        "(text), a screenshot (needs a vision-language model, e.g. on the vLLM engine), or both",
+    )
+    p.add_argument(
+        "--site",
+        default=None,
+        help="web tasks: the base URL of a server already serving the bundled "
+        "sites (default: serve them on a loopback port for this run)",
+    )
+    p.add_argument(
+        "--harness",
+        choices=["orchard", "mini-swe-agent"],
+        default="orchard",
+        help="SWE tasks: the agent: Orchard's own loop, or mini-swe-agent's DefaultAgent (its stock "
+        "SWE-bench prompts, the model behind --openai-base) with the same task setup, grading and storage",
+    )
+    p.add_argument(
+        "--openai-base",
+        default="http://127.0.0.1:50080/v1",
+        help="--harness mini-swe-agent: the "
+        "OpenAI-compatible endpoint of the model (orchard up serves the embedded one here)",
+    )
+    p.add_argument(
+        "--textbased",
+        action="store_true",
+        help="--harness mini-swe-agent: actions in bash blocks "
+        "instead of tool calls (for models that do not emit tool calls reliably)",
+    )
     p.set_defaults(func=cmd_rollout)
 
 
@@ -87,8 +130,9 @@ def reference_quality(text: str) -> float:
     except ValueError:
         value = float("nan")
     if kind != "reference" or not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a policy: give reference:Q with Q a number in [0, 1], "
-                                         f"e.g. reference:0.5")
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a policy: give reference:Q with Q a number in [0, 1], e.g. reference:0.5"
+        )
     return value
 
 
@@ -107,8 +151,10 @@ async def connect_events(stack: contextlib.AsyncExitStack, url: str) -> EventPub
         async with asyncio.timeout(NATS_CONNECT_TIMEOUT_S):
             return await stack.enter_async_context(EventPublisher.connect(url))
     except TimeoutError:
-        raise Unavailable(f"cannot publish rollout events: no NATS server answered at {url} within "
-                          f"{NATS_CONNECT_TIMEOUT_S:.0f}s; {hint}") from None
+        raise Unavailable(
+            f"cannot publish rollout events: no NATS server answered at {url} within "
+            f"{NATS_CONNECT_TIMEOUT_S:.0f}s; {hint}"
+        ) from None
     except Unavailable as err:
         raise Unavailable(f"cannot publish rollout events: {err.message}; {hint}") from err
 
@@ -118,8 +164,10 @@ def progress(done: int, total: int, resolved: int, graded: int, started: float, 
     width = 30
     filled = width * done // max(total, 1)
     rate = f"{100 * resolved / graded:.0f}%" if graded else "-"
-    return (f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total} rollouts  {outcome} {resolved}/{graded} "
-            f"({rate})  {done / max(time.monotonic() - started, 1e-9):.2f}/s")
+    return (
+        f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total} rollouts  {outcome} {resolved}/{graded} "
+        f"({rate})  {done / max(time.monotonic() - started, 1e-9):.2f}/s"
+    )
 
 
 def checked_run_id(run_id: str) -> str:
@@ -140,8 +188,13 @@ class RunLog:
     """A run's trajectories.jsonl, written as each rollout ends, and its live progress line on stderr (redrawn on
     a terminal, a plain line every few seconds in a log)."""
 
-    def __init__(self, stack: contextlib.ExitStack | contextlib.AsyncExitStack, folder: Path, total: int,
-                 outcome: str = "resolved") -> None:
+    def __init__(
+        self,
+        stack: contextlib.ExitStack | contextlib.AsyncExitStack,
+        folder: Path,
+        total: int,
+        outcome: str = "resolved",
+    ) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         self.path = folder / "trajectories.jsonl"
         self._file = stack.enter_context(self.path.open("a"))
@@ -167,6 +220,7 @@ class RunLog:
 
 
 async def rollout(args: argparse.Namespace) -> int:
+    from orchard.cli import tasksets
     from orchard.errors import InvalidArgument
     from orchard.harness import (
         AgentLoop,
@@ -182,22 +236,25 @@ async def rollout(args: argparse.Namespace) -> int:
     from orchard.tasks import load_instances, make_report
     from orchard.tasks.report import format_table
 
-    from orchard.cli import tasksets
-
     if tasksets.kind_of(args.tasks):
         return await tasksets.rollout(args)
     if args.harness == "mini-swe-agent":
         return await mini_rollouts(args)
     if args.policy == "scripted":
-        raise InvalidArgument("--policy scripted follows a web or claw task's bundled solution; SWE task sets take "
-                              "--policy reference:Q or a served model")
+        raise InvalidArgument(
+            "--policy scripted follows a web or claw task's bundled solution; SWE task sets take "
+            "--policy reference:Q or a served model"
+        )
     instances = load_instances(args.tasks, args.ids, env_specs=args.env_specs)
     run_id = checked_run_id(args.run_id)
     folder = Path(args.out) / run_id
     # The reference policy's tokens are bytes: its replies carry whole patches.
     max_tokens = args.max_tokens or (8192 if args.policy is None else 32768)
-    sampling = SamplingConfig(temperature=args.temperature, seed=args.seed,
-                              max_step_tokens=args.max_step_tokens or (256 if args.policy is None else 8192))
+    sampling = SamplingConfig(
+        temperature=args.temperature,
+        seed=args.seed,
+        max_step_tokens=args.max_step_tokens or (256 if args.policy is None else 8192),
+    )
     task_set = args.tasks if "/" not in str(args.tasks) else Path(args.tasks).stem
     async with contextlib.AsyncExitStack() as stack:
         # 1. Everything this run needs, checked before the first rollout starts.
@@ -212,15 +269,29 @@ async def rollout(args: argparse.Namespace) -> int:
         client = await stack.enter_async_context(AsyncSandboxClient(args.env_address))
         log = RunLog(stack, folder, len(instances) * args.samples)
 
-        print(f"run {run_id}: {model.name} on {len(instances)} tasks x {args.samples} samples -> {folder}"
-              + ("" if publisher is None else f" and {args.nats_url}"), file=sys.stderr)
+        print(
+            f"run {run_id}: {model.name} on {len(instances)} tasks x {args.samples} samples -> {folder}"
+            + ("" if publisher is None else f" and {args.nats_url}"),
+            file=sys.stderr,
+        )
         # 2. The rollouts, graded and stored as each one ends.
-        loop = AgentLoop(model, Limits(max_steps=args.max_steps, max_tokens=max_tokens,
-                                       wall_clock_s=args.wall_clock), sampling, sink=publisher, run_id=run_id)
-        results = await run_rollouts(instances, args.samples, loop=loop, client=client,
-                                     make_harness=lambda t: SWEHarness(t, client, task_set=task_set),
-                                     concurrency=args.concurrency, grade_patches=not args.no_grade,
-                                     on_result=log)
+        loop = AgentLoop(
+            model,
+            Limits(max_steps=args.max_steps, max_tokens=max_tokens, wall_clock_s=args.wall_clock),
+            sampling,
+            sink=publisher,
+            run_id=run_id,
+        )
+        results = await run_rollouts(
+            instances,
+            args.samples,
+            loop=loop,
+            client=client,
+            make_harness=lambda t: SWEHarness(t, client, task_set=task_set),
+            concurrency=args.concurrency,
+            grade_patches=not args.no_grade,
+            on_result=log,
+        )
         elapsed = time.monotonic() - log.started
         log.finish()
     # 3. Leaving the block flushed every event to the bus (or raised Unavailable naming how many were not):
@@ -231,11 +302,15 @@ async def rollout(args: argparse.Namespace) -> int:
         (folder / "report.json").write_text(json.dumps(report, indent=2) + "\n")
         print(format_table(report))
         print(f"resolved: {', '.join(report['resolved_ids']) or '(none)'}")  # type: ignore[arg-type]
-    print(f"stored {len(results)} rollouts in {log.path} "
-          f"({elapsed:.0f}s, {len(results) / max(elapsed, 1e-9):.2f} rollouts/s)")
+    print(
+        f"stored {len(results)} rollouts in {log.path} "
+        f"({elapsed:.0f}s, {len(results) / max(elapsed, 1e-9):.2f} rollouts/s)"
+    )
     if publisher is not None:
-        print(f"published {publisher.stats.published} events for run {run_id} to {args.nats_url}; "
-              f"read them back with `orchard eval --run {run_id}`")
+        print(
+            f"published {publisher.stats.published} events for run {run_id} to {args.nats_url}; "
+            f"read them back with `orchard eval --run {run_id}`"
+        )
     return 0
 
 
@@ -251,8 +326,9 @@ async def mini_rollouts(args: argparse.Namespace) -> int:
     from orchard.tasks.report import format_table
 
     if args.policy is not None:
-        raise InvalidArgument("--harness mini-swe-agent runs a served model (--openai-base); --policy is for "
-                              "Orchard's own loop")
+        raise InvalidArgument(
+            "--harness mini-swe-agent runs a served model (--openai-base); --policy is for Orchard's own loop"
+        )
     instances = load_instances(args.tasks, args.ids, env_specs=args.env_specs)
     run_id = checked_run_id(args.run_id)
     folder = Path(args.out) / run_id
@@ -262,20 +338,30 @@ async def mini_rollouts(args: argparse.Namespace) -> int:
             with urllib.request.urlopen(f"{args.openai_base.rstrip('/')}/models", timeout=10) as answer:
                 model = json.loads(answer.read())["data"][0]["id"]
         except (OSError, ValueError, KeyError, IndexError) as err:
-            raise Unavailable(f"cannot ask {args.openai_base} which model it serves ({err}); start the stack with "
-                              "`orchard up`, or give --model and --openai-base") from None
+            raise Unavailable(
+                f"cannot ask {args.openai_base} which model it serves ({err}); start the stack with "
+                "`orchard up`, or give --model and --openai-base"
+            ) from None
     task_set = args.tasks if "/" not in str(args.tasks) else Path(args.tasks).stem
     slots = asyncio.Semaphore(max(1, args.concurrency))
     async with contextlib.AsyncExitStack() as stack:
         publisher = None if args.no_events else await connect_events(stack, args.nats_url)
         client = await stack.enter_async_context(AsyncSandboxClient(args.env_address))
         log = RunLog(stack, folder, len(instances) * args.samples)
-        print(f"run {run_id}: mini-swe-agent with {model} on {len(instances)} tasks x {args.samples} samples -> "
-              f"{folder}", file=sys.stderr)
+        print(
+            f"run {run_id}: mini-swe-agent with {model} on {len(instances)} tasks x {args.samples} samples -> {folder}",
+            file=sys.stderr,
+        )
 
         async def one(instance, sample):  # type: ignore[no-untyped-def]
-            config = mini_config(model, args.openai_base, textbased=args.textbased, cwd=instance.workdir,
-                                 address=args.env_address, step_limit=args.max_steps)
+            config = mini_config(
+                model,
+                args.openai_base,
+                textbased=args.textbased,
+                cwd=instance.workdir,
+                address=args.env_address,
+                step_limit=args.max_steps,
+            )
             async with slots:
                 done = await mini_rollout(client, instance, sample, run_id=run_id, task_set=task_set, config=config)
             if publisher is not None:

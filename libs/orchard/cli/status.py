@@ -88,8 +88,11 @@ async def inference_detail(client: Transport) -> str:
 
 
 async def experience_detail(client: Transport) -> str:
-    stats = await client.unary("QueryStats", experience_pb2.QueryStatsRequest(
-        filter=experience_pb2.TrajectoryFilter(include_unfinished=True)), idempotent=True)
+    stats = await client.unary(
+        "QueryStats",
+        experience_pb2.QueryStatsRequest(filter=experience_pb2.TrajectoryFilter(include_unfinished=True)),
+        idempotent=True,
+    )
     return f"SERVING, trajectories: {stats.total.trajectory_count} ({stats.total.finished_count} finished)"
 
 
@@ -118,15 +121,23 @@ async def value_row(address: str, token: str | None) -> Row:
     return await service_row("value", address, token, value_detail)
 
 
-async def status(env_address: str, nats_address: str, token: str | None,
-                 inference_address: str | None = None, experience_address: str | None = None,
-                 trainer_address: str | None = None, value_address: str | None = None) -> list[Row]:
+async def status(
+    env_address: str,
+    nats_address: str,
+    token: str | None,
+    inference_address: str | None = None,
+    experience_address: str | None = None,
+    trainer_address: str | None = None,
+    value_address: str | None = None,
+) -> list[Row]:
     """Rows for NATS, env and, when their addresses are given, inference, experience, trainer and value."""
     checks = [nats_row(nats_address), service_row("env", env_address, token, env_detail)]
-    for service, address, detail in (("inference", inference_address, inference_detail),
-                                     ("experience", experience_address, experience_detail),
-                                     ("trainer", trainer_address, trainer_detail),
-                                     ("value", value_address, value_detail)):
+    for service, address, detail in (
+        ("inference", inference_address, inference_detail),
+        ("experience", experience_address, experience_detail),
+        ("trainer", trainer_address, trainer_detail),
+        ("value", value_address, value_detail),
+    ):
         if address:
             checks.append(service_row(service, address, token, detail))
     return list(await asyncio.gather(*checks))

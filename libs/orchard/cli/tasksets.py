@@ -30,7 +30,7 @@ KINDS = ("web", "claw")
 
 
 def kind_of(tasks: str) -> str | None:
-    """"web" or "claw" when a --tasks value names such a task set ("web", "claw", or "web:FILE.jsonl" /
+    """ "web" or "claw" when a --tasks value names such a task set ("web", "claw", or "web:FILE.jsonl" /
     "claw:FILE.jsonl"), else None (a SWE task set)."""
     kind = tasks.partition(":")[0]
     return kind if kind in KINDS else None
@@ -63,20 +63,23 @@ def category_rates(grades: Sequence[GradeResult], tasks: Sequence[Any]) -> dict[
 
 
 def format_categories(rates: dict[str, dict[str, float | int]]) -> str:
-    return "success by category: " + ", ".join(f"{name} {row['succeeded']}/{row['rollouts']} "
-                                               f"({100 * row['success_rate']:.0f}%)" for name, row in rates.items())
+    return "success by category: " + ", ".join(
+        f"{name} {row['succeeded']}/{row['rollouts']} ({100 * row['success_rate']:.0f}%)" for name, row in rates.items()
+    )
 
 
-def report(kind: str, grades: Sequence[GradeResult], tasks: Sequence[Any], *, run_id: str, model: str,
-           k: int | None = None) -> tuple[dict[str, Any], str]:
+def report(
+    kind: str, grades: Sequence[GradeResult], tasks: Sequence[Any], *, run_id: str, model: str, k: int | None = None
+) -> tuple[dict[str, Any], str]:
     """The run's report and its text: the per-task success table and success by category; for claw also the
     Claw-Eval figures (mean score, pass@k and pass^k, k = 3 by default)."""
     from orchard.tasks import make_report
     from orchard.tasks.report import format_table
 
     ran = {g.instance_id for g in grades}
-    out: dict[str, Any] = make_report(list(grades), [t.task_id for t in tasks if t.task_id in ran], run_id=run_id,
-                                      model=model, k=k)
+    out: dict[str, Any] = make_report(
+        list(grades), [t.task_id for t in tasks if t.task_id in ran], run_id=run_id, model=model, k=k
+    )
     out["categories"] = category_rates(grades, tasks)
     text = [format_table(out, outcome="success"), format_categories(out["categories"])]
     if kind == "claw":
@@ -124,14 +127,15 @@ async def rollout(args: argparse.Namespace) -> int:
     kind = kind_of(args.tasks)
     assert kind is not None
     if args.policy is not None and args.policy != "scripted":
-        raise InvalidArgument(f"--policy reference:Q builds rollouts from gold patches, which {kind} tasks have none "
-                              f"of; {kind} tasks take --policy scripted (each task's bundled solution) or a served "
-                              "model")
+        raise InvalidArgument(
+            f"--policy reference:Q builds rollouts from gold patches, which {kind} tasks have none "
+            f"of; {kind} tasks take --policy scripted (each task's bundled solution) or a served "
+            "model"
+        )
     tasks = load(args.tasks, args.ids)
     run_id = checked_run_id(args.run_id)
     folder = Path(args.out) / run_id
-    sampling = SamplingConfig(temperature=args.temperature, seed=args.seed,
-                              max_step_tokens=args.max_step_tokens or 256)
+    sampling = SamplingConfig(temperature=args.temperature, seed=args.seed, max_step_tokens=args.max_step_tokens or 256)
     async with contextlib.AsyncExitStack() as stack:
         publisher = None if args.no_events else await connect_events(stack, args.nats_url)
         site = ""
@@ -150,15 +154,30 @@ async def rollout(args: argparse.Namespace) -> int:
             stack.push_async_callback(model.close)
         log = RunLog(stack, folder, len(tasks) * args.samples, outcome="succeeded")
 
-        print(f"run {run_id}: {model.name} on {len(tasks)} {kind} tasks x {args.samples} samples "
-              f"{setup.describe()} -> {folder}" + ("" if publisher is None else f" and {args.nats_url}"),
-              file=sys.stderr)
+        print(
+            f"run {run_id}: {model.name} on {len(tasks)} {kind} tasks x {args.samples} samples "
+            f"{setup.describe()} -> {folder}" + ("" if publisher is None else f" and {args.nats_url}"),
+            file=sys.stderr,
+        )
         # The scripted policies' tokens are bytes, and observations hold whole pages or mailboxes.
         max_tokens = args.max_tokens or (8192 if args.policy is None else 262_144)
-        loop = AgentLoop(model, Limits(max_steps=args.max_steps, max_tokens=max_tokens,
-                                       wall_clock_s=args.wall_clock), sampling, sink=publisher, run_id=run_id)
-        results = await run_rollouts(tasks, args.samples, loop=loop, client=client, make_harness=setup.harness,
-                                     concurrency=args.concurrency, grade_patches=not args.no_grade, on_result=log)
+        loop = AgentLoop(
+            model,
+            Limits(max_steps=args.max_steps, max_tokens=max_tokens, wall_clock_s=args.wall_clock),
+            sampling,
+            sink=publisher,
+            run_id=run_id,
+        )
+        results = await run_rollouts(
+            tasks,
+            args.samples,
+            loop=loop,
+            client=client,
+            make_harness=setup.harness,
+            concurrency=args.concurrency,
+            grade_patches=not args.no_grade,
+            on_result=log,
+        )
         elapsed = time.monotonic() - log.started
         log.finish()
     grades = [r.grade for r in results if r.grade is not None]
@@ -166,9 +185,13 @@ async def rollout(args: argparse.Namespace) -> int:
         out, text = report(kind, grades, tasks, run_id=run_id, model=model.name)
         (folder / "report.json").write_text(json.dumps(out, indent=2) + "\n")
         print(text)
-    print(f"stored {len(results)} rollouts in {log.path} "
-          f"({elapsed:.0f}s, {len(results) / max(elapsed, 1e-9):.2f} rollouts/s)")
+    print(
+        f"stored {len(results)} rollouts in {log.path} "
+        f"({elapsed:.0f}s, {len(results) / max(elapsed, 1e-9):.2f} rollouts/s)"
+    )
     if publisher is not None:
-        print(f"published {publisher.stats.published} events for run {run_id} to {args.nats_url}; "
-              f"read them back with `orchard eval --run {run_id} --tasks {args.tasks}`")
+        print(
+            f"published {publisher.stats.published} events for run {run_id} to {args.nats_url}; "
+            f"read them back with `orchard eval --run {run_id} --tasks {args.tasks}`"
+        )
     return 0

@@ -41,6 +41,7 @@ def _count(least: int):  # type: ignore[no-untyped-def]
         if value < least:
             raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
         return value
+
     return parse
 
 
@@ -55,33 +56,75 @@ def _rate(text: str) -> float:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("train", help="train the model (or a value model) on runs' stored rollouts (a trainer-service "
-                       "job), optionally pushing the new weights to the inference (or value) service")
-    p.add_argument("--run", required=True, action="append", help="train on this run's rollouts, as the experience "
-                   "service stores them; repeat it to train on several runs")
-    p.add_argument("--kind", choices=sorted(KINDS), default="sft",
-                   help="sft: every rollout's assistant turns; ca-sft: resolved rollouts plus the steps of "
-                   "unresolved ones that raised the estimated chance of success; value: a value model scoring "
-                   "candidates for best-of-N reranking, from graded rollouts of several runs (default: sft)")
-    p.add_argument("--eval-tasks", action="append", default=[], metavar="FILE", help="an evaluation set (a task "
-                   "file, a bundled set, or a .txt of task ids): the job fails if the runs hold any of its tasks "
-                   "(decontamination); repeatable")
+    p = sub.add_parser(
+        "train",
+        help="train the model (or a value model) on runs' stored rollouts (a trainer-service "
+        "job), optionally pushing the new weights to the inference (or value) service",
+    )
+    p.add_argument(
+        "--run",
+        required=True,
+        action="append",
+        help="train on this run's rollouts, as the experience service stores them; repeat it to train on several runs",
+    )
+    p.add_argument(
+        "--kind",
+        choices=sorted(KINDS),
+        default="sft",
+        help="sft: every rollout's assistant turns; ca-sft: resolved rollouts plus the steps of "
+        "unresolved ones that raised the estimated chance of success; value: a value model scoring "
+        "candidates for best-of-N reranking, from graded rollouts of several runs (default: sft)",
+    )
+    p.add_argument(
+        "--eval-tasks",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="an evaluation set (a task "
+        "file, a bundled set, or a .txt of task ids): the job fails if the runs hold any of its tasks "
+        "(decontamination); repeatable",
+    )
     p.add_argument("--resolved-only", action="store_true", help="only the run's resolved rollouts")
-    p.add_argument("--epochs", type=_count(1), default=None, help="passes over the rollouts (default: the "
-                   "recipe's: 1; value: 4, or more for a small store, to reach 40 steps)")
-    p.add_argument("--max-steps", type=_count(0), default=0, help="stop after this many optimiser steps "
-                   "(default: 0, all epochs)")
-    p.add_argument("--lr", type=_rate, default=None, help="peak learning rate (default: the recipe's: 1e-5; value: 3e-5)")
-    p.add_argument("--batch", type=_count(1), default=None, help="rollouts per optimiser step (default: the "
-                   "recipe's: 8; value: 16)")
-    p.add_argument("--max-seq-len", type=_count(1), default=None, help="longest training sequence in tokens; longer "
-                   "rollouts lose their oldest tokens (value: keep head and tail) (default: 2048; value: 512)")
-    p.add_argument("--base-model", default="", help="the model to start from: a Hugging Face folder, a .gguf file "
-                   "or another job's checkpoint (default: the embedded model, as the inference service serves it; value: "
-                   "the embedded all-MiniLM-L6-v2)")
-    p.add_argument("--push", action="store_true", help="load the final checkpoint into the inference service's "
-                   "default model (UpdateWeights; --kind value: into the value service, LoadModel) and print the "
-                   "version it serves")
+    p.add_argument(
+        "--epochs",
+        type=_count(1),
+        default=None,
+        help="passes over the rollouts (default: the "
+        "recipe's: 1; value: 4, or more for a small store, to reach 40 steps)",
+    )
+    p.add_argument(
+        "--max-steps", type=_count(0), default=0, help="stop after this many optimiser steps (default: 0, all epochs)"
+    )
+    p.add_argument(
+        "--lr", type=_rate, default=None, help="peak learning rate (default: the recipe's: 1e-5; value: 3e-5)"
+    )
+    p.add_argument(
+        "--batch",
+        type=_count(1),
+        default=None,
+        help="rollouts per optimiser step (default: the recipe's: 8; value: 16)",
+    )
+    p.add_argument(
+        "--max-seq-len",
+        type=_count(1),
+        default=None,
+        help="longest training sequence in tokens; longer "
+        "rollouts lose their oldest tokens (value: keep head and tail) (default: 2048; value: 512)",
+    )
+    p.add_argument(
+        "--base-model",
+        default="",
+        help="the model to start from: a Hugging Face folder, a .gguf file "
+        "or another job's checkpoint (default: the embedded model, as the inference service serves it; value: "
+        "the embedded all-MiniLM-L6-v2)",
+    )
+    p.add_argument(
+        "--push",
+        action="store_true",
+        help="load the final checkpoint into the inference service's "
+        "default model (UpdateWeights; --kind value: into the value service, LoadModel) and print the "
+        "version it serves",
+    )
     p.add_argument("--job-id", default="", help="the job's id (default: one the trainer service picks)")
     p.add_argument("--trainer-address", default="127.0.0.1:50056", help="the trainer service (orchard up starts it)")
     p.add_argument("--inference-address", default="127.0.0.1:50052", help="the inference service (with --push)")
@@ -100,9 +143,11 @@ class Progress:
         width = 30
         filled = width * p.step // p.total_steps if p.total_steps else 0
         speed = p.metrics.get("tokens_per_second")
-        text = (f"[{'#' * filled}{'.' * (width - filled)}] step {p.step}/{p.total_steps or '?'}  loss {p.loss:.4f}"
-                f"  {'-' if speed is None else f'{speed:,.0f}'} tokens/s  epoch {p.epoch:.2f}  "
-                f"{time.monotonic() - self.started:.0f}s")
+        text = (
+            f"[{'#' * filled}{'.' * (width - filled)}] step {p.step}/{p.total_steps or '?'}  loss {p.loss:.4f}"
+            f"  {'-' if speed is None else f'{speed:,.0f}'} tokens/s  epoch {p.epoch:.2f}  "
+            f"{time.monotonic() - self.started:.0f}s"
+        )
         self._line.update(text, force=p.total_steps > 0 and p.step == p.total_steps)
 
     def line(self, text: str) -> None:
@@ -122,8 +167,9 @@ async def follow(trainer: Transport, job_id: str, progress: Progress) -> pb.Job:
     while True:
         job = None
         try:
-            async for event in trainer.server_stream("StreamJobEvents", pb.StreamJobEventsRequest(job_id=job_id),
-                                                     timeout=STREAM_S):
+            async for event in trainer.server_stream(
+                "StreamJobEvents", pb.StreamJobEventsRequest(job_id=job_id), timeout=STREAM_S
+            ):
                 which = event.WhichOneof("event")
                 if which == "job":
                     job = event.job
@@ -148,14 +194,18 @@ async def cancel(trainer: Transport, job_id: str, progress: Progress) -> None:
 
     progress.line(f"cancelling job {job_id} ...")
     try:
-        job = (await trainer.unary("CancelJob", pb.CancelJobRequest(job_id=job_id), idempotent=True,
-                                   timeout=CALL_S)).job
+        job = (
+            await trainer.unary("CancelJob", pb.CancelJobRequest(job_id=job_id), idempotent=True, timeout=CALL_S)
+        ).job
     except OrchardError as err:
         progress.line(f"orchard train: could not cancel job {job_id}: {err.code.name}: {err.message}")
         return
-    kept = f"; its checkpoints are kept (latest {job.latest_checkpoint.version})" if job.latest_checkpoint.version else ""
-    progress.line(f"job {job_id} {pb.JobState.Name(job.state).removeprefix('JOB_STATE_')} at step "
-                  f"{job.progress.step}{kept}")
+    kept = (
+        f"; its checkpoints are kept (latest {job.latest_checkpoint.version})" if job.latest_checkpoint.version else ""
+    )
+    progress.line(
+        f"job {job_id} {pb.JobState.Name(job.state).removeprefix('JOB_STATE_')} at step {job.progress.step}{kept}"
+    )
 
 
 async def served_model(address: str) -> inference_pb2.Model:
@@ -165,8 +215,9 @@ async def served_model(address: str) -> inference_pb2.Model:
     from orchard.inference.v1 import inference_pb2
 
     async with clients.connect("inference", address, flag="--inference-address (or drop --push)") as inference:
-        models = (await inference.unary("ListModels", inference_pb2.ListModelsRequest(), idempotent=True,
-                                        timeout=CALL_S)).models
+        models = (
+            await inference.unary("ListModels", inference_pb2.ListModelsRequest(), idempotent=True, timeout=CALL_S)
+        ).models
     default = [m for m in models if m.is_default] or list(models)
     if not default:
         raise FailedPrecondition(f"the inference service at {address} serves no model to push the weights to")
@@ -176,13 +227,17 @@ async def served_model(address: str) -> inference_pb2.Model:
 def held_out_summary(metrics: Mapping[str, float]) -> str:
     """The value job's held-out figures in a line (or why there are none)."""
     if "auc" not in metrics and "best_at_1" not in metrics:
-        return ("held-out: none (fewer than 2 tasks with both outcomes, or eval_fraction 0); judge the model with "
-                "`orchard eval --best-of N`")
+        return (
+            "held-out: none (fewer than 2 tasks with both outcomes, or eval_fraction 0); judge the model with "
+            "`orchard eval --best-of N`"
+        )
     curve = sorted({int(k.rsplit("_", 1)[1]) for k in metrics if k.startswith("best_at_")})
     parts = [f"best@{n} {metrics[f'best_at_{n}']:.2f} (random {metrics[f'random_at_{n}']:.2f})" for n in curve]
     auc = f"AUC {metrics['auc']:.3f}, " if "auc" in metrics else ""
-    return (f"held-out ({metrics.get('tasks_held_out', 0):.0f} tasks, {metrics.get('held_out_candidates', 0):.0f} "
-            f"candidates): {auc}{', '.join(parts)}")
+    return (
+        f"held-out ({metrics.get('tasks_held_out', 0):.0f} tasks, {metrics.get('held_out_candidates', 0):.0f} "
+        f"candidates): {auc}{', '.join(parts)}"
+    )
 
 
 async def value_model(address: str) -> value_pb2.ValueModel | None:
@@ -194,8 +249,7 @@ async def value_model(address: str) -> value_pb2.ValueModel | None:
 
     async with clients.connect("value", address, flag="--value-address (or drop --push)") as value:
         try:
-            return (await value.unary("GetModel", value_pb2.GetModelRequest(), idempotent=True,
-                                      timeout=CALL_S)).model
+            return (await value.unary("GetModel", value_pb2.GetModelRequest(), idempotent=True, timeout=CALL_S)).model
         except FailedPrecondition:  # up, with no model loaded yet
             return None
 
@@ -206,8 +260,12 @@ async def load_value_model(address: str, checkpoint: pb.Checkpoint) -> value_pb2
     from orchard.value.v1 import value_pb2
 
     async with clients.connect("value", address, flag="--value-address") as value:
-        return await value.unary("LoadModel", value_pb2.LoadModelRequest(
-            checkpoint_path=checkpoint.path, version=checkpoint.version), idempotent=True, timeout=PUSH_S)
+        return await value.unary(
+            "LoadModel",
+            value_pb2.LoadModelRequest(checkpoint_path=checkpoint.path, version=checkpoint.version),
+            idempotent=True,
+            timeout=PUSH_S,
+        )
 
 
 async def push(address: str, checkpoint: pb.Checkpoint) -> inference_pb2.UpdateWeightsResponse:
@@ -216,8 +274,12 @@ async def push(address: str, checkpoint: pb.Checkpoint) -> inference_pb2.UpdateW
     from orchard.inference.v1 import inference_pb2
 
     async with clients.connect("inference", address, flag="--inference-address") as inference:
-        return await inference.unary("UpdateWeights", inference_pb2.UpdateWeightsRequest(
-            checkpoint_path=checkpoint.path, weights_version=checkpoint.version), idempotent=True, timeout=PUSH_S)
+        return await inference.unary(
+            "UpdateWeights",
+            inference_pb2.UpdateWeightsRequest(checkpoint_path=checkpoint.path, weights_version=checkpoint.version),
+            idempotent=True,
+            timeout=PUSH_S,
+        )
 
 
 async def train(args: argparse.Namespace) -> int:
@@ -229,8 +291,9 @@ async def train(args: argparse.Namespace) -> int:
 
     value = args.kind == "value"
     if value and args.resolved_only:
-        raise InvalidArgument("--resolved-only leaves a value model nothing to rank: it learns from resolved and "
-                              "unresolved rollouts")
+        raise InvalidArgument(
+            "--resolved-only leaves a value model nothing to rank: it learns from resolved and unresolved rollouts"
+        )
     # 1. What the job needs, checked before it starts: the service to push to.
     if args.push:
         await (value_model(args.value_address) if value else served_model(args.inference_address))
@@ -239,20 +302,38 @@ async def train(args: argparse.Namespace) -> int:
     if args.resolved_only:
         rollouts.outcome_status = tpb.OUTCOME_STATUS_RESOLVED
     config = pb.JobConfig(
-        kind=pb.JobKind.Value(KINDS[args.kind]), base_model=args.base_model,
-        dataset=pb.DatasetSource(experience=rollouts, eval_task_files=[
-            str(Path(f).resolve()) if Path(f).is_file() else f for f in args.eval_tasks]),  # the service's cwd differs
-        hyperparameters=pb.Hyperparameters(learning_rate=args.lr or 0, epochs=args.epochs or 0, max_steps=args.max_steps,
-                                           global_batch_size=args.batch or 0, max_seq_len=args.max_seq_len or 0))
+        kind=pb.JobKind.Value(KINDS[args.kind]),
+        base_model=args.base_model,
+        dataset=pb.DatasetSource(
+            experience=rollouts,
+            eval_task_files=[str(Path(f).resolve()) if Path(f).is_file() else f for f in args.eval_tasks],
+        ),  # the service's cwd differs
+        hyperparameters=pb.Hyperparameters(
+            learning_rate=args.lr or 0,
+            epochs=args.epochs or 0,
+            max_steps=args.max_steps,
+            global_batch_size=args.batch or 0,
+            max_seq_len=args.max_seq_len or 0,
+        ),
+    )
     progress = Progress()
     async with clients.connect("trainer", args.trainer_address, flag="--trainer-address") as trainer:
         # 2. The job, followed until it ends; Ctrl-C cancels it.
-        job = (await trainer.unary("CreateJob", pb.CreateJobRequest(
-            config=config, job_id=args.job_id, display_name=f"{args.kind} on runs {runs}"[:200]),
-            idempotent=bool(args.job_id), timeout=CALL_S)).job
+        job = (
+            await trainer.unary(
+                "CreateJob",
+                pb.CreateJobRequest(
+                    config=config, job_id=args.job_id, display_name=f"{args.kind} on runs {runs}"[:200]
+                ),
+                idempotent=bool(args.job_id),
+                timeout=CALL_S,
+            )
+        ).job
         base = args.base_model or ("the embedded all-MiniLM-L6-v2" if value else "the embedded model")
-        progress.line(f"job {job.job_id}: {args.kind} of {base} on the {'resolved ' if args.resolved_only else ''}"
-                      f"rollouts of run{'s' if len(args.run) > 1 else ''} {runs} ({args.trainer_address})")
+        progress.line(
+            f"job {job.job_id}: {args.kind} of {base} on the {'resolved ' if args.resolved_only else ''}"
+            f"rollouts of run{'s' if len(args.run) > 1 else ''} {runs} ({args.trainer_address})"
+        )
         try:
             job = await follow(trainer, job.job_id, progress)
             progress.finish()
@@ -269,23 +350,30 @@ async def train(args: argparse.Namespace) -> int:
     took = (job.end_time.ToNanoseconds() - job.start_time.ToNanoseconds()) / 1e9
     samples = f" on {metrics['samples']:.0f} samples" if "samples" in metrics else ""
     steps = job.progress.step
-    print(f"job {job.job_id} {state} in {took:.0f}s: {steps} step{'' if steps == 1 else 's'}{samples}, final loss "
-          f"{job.progress.loss:.4f}")
+    print(
+        f"job {job.job_id} {state} in {took:.0f}s: {steps} step{'' if steps == 1 else 's'}{samples}, final loss "
+        f"{job.progress.loss:.4f}"
+    )
     checkpoint = job.latest_checkpoint
     if not checkpoint.version:
-        raise FailedPrecondition(f"job {job.job_id} succeeded but reported no checkpoint; see its log under the "
-                                 "trainer's jobs folder")
+        raise FailedPrecondition(
+            f"job {job.job_id} succeeded but reported no checkpoint; see its log under the trainer's jobs folder"
+        )
     print(f"checkpoint {checkpoint.version} at {checkpoint.path}")
     if value:
         print(held_out_summary(metrics))
     if args.push and value:
         loaded = await load_value_model(args.value_address, checkpoint)
-        print(f"pushed {checkpoint.version} to the value service at {args.value_address} (it served "
-              f"{loaded.previous_version or 'no model'} before)")
+        print(
+            f"pushed {checkpoint.version} to the value service at {args.value_address} (it served "
+            f"{loaded.previous_version or 'no model'} before)"
+        )
     elif args.push:
         pushed = await push(args.inference_address, checkpoint)
-        print(f"pushed {checkpoint.version} to {pushed.model.model_id} at {args.inference_address} (weights were "
-              f"{pushed.previous_weights_version}, loaded in {pushed.load_duration.ToNanoseconds() / 1e9:.1f}s)")
+        print(
+            f"pushed {checkpoint.version} to {pushed.model.model_id} at {args.inference_address} (weights were "
+            f"{pushed.previous_weights_version}, loaded in {pushed.load_duration.ToNanoseconds() / 1e9:.1f}s)"
+        )
         print(f"served weights version: {pushed.model.weights_version}")
     return 0
 

@@ -48,8 +48,9 @@ _log = logging.getLogger("orchard.events")
 
 PUBLISHED = Counter("orchard_events_published", "Rollout events JetStream acknowledged.")
 RETRIED = Counter("orchard_events_retried", "Rollout event publishes retried after a failure or timeout.")
-BACKPRESSURE = Counter("orchard_events_backpressure", "publish() calls that found the buffer full, by outcome.",
-                       ["outcome"])
+BACKPRESSURE = Counter(
+    "orchard_events_backpressure", "publish() calls that found the buffer full, by outcome.", ["outcome"]
+)
 PENDING = Gauge("orchard_events_pending", "Rollout events accepted but not yet acknowledged by JetStream.")
 
 
@@ -95,8 +96,16 @@ class EventPublisher:
         close_timeout_s: how long close() keeps trying to publish what is left.
     """
 
-    def __init__(self, nc: NatsClient, *, max_pending: int = 20_000, max_wait_s: float = 5.0,
-                 batch_size: int = 1000, ack_timeout_s: float = 5.0, close_timeout_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        nc: NatsClient,
+        *,
+        max_pending: int = 20_000,
+        max_wait_s: float = 5.0,
+        batch_size: int = 1000,
+        ack_timeout_s: float = 5.0,
+        close_timeout_s: float = 30.0,
+    ) -> None:
         if max_pending < 1 or batch_size < 1:
             raise ValueError("max_pending and batch_size must be at least 1")
         self._nc = nc
@@ -169,7 +178,10 @@ class EventPublisher:
             raise PublishBackpressure(
                 f"event {event.event_id!r} not accepted: {self._pending()} events still wait for the bus "
                 f"after {self._max_wait_s:.1f}s (last error: {self.stats.last_error or 'none'}); "
-                "retry later or slow down", retry_after=1.0, reason="EVENT_BUFFER_FULL") from None
+                "retry later or slow down",
+                retry_after=1.0,
+                reason="EVENT_BUFFER_FULL",
+            ) from None
 
     async def flush(self, timeout: float | None = None) -> None:
         """Wait until JetStream acknowledged every accepted event (TimeoutError after `timeout` seconds)."""
@@ -195,8 +207,10 @@ class EventPublisher:
                     await self._replies.unsubscribe()
         left = len(self._buffer)
         if left:
-            raise Unavailable(f"{left} rollout events were not published: NATS did not acknowledge them within "
-                              f"{self._close_timeout_s:.0f}s (last error: {self.stats.last_error or 'none'})")
+            raise Unavailable(
+                f"{left} rollout events were not published: NATS did not acknowledge them within "
+                f"{self._close_timeout_s:.0f}s (last error: {self.stats.last_error or 'none'})"
+            )
 
     def _pending(self) -> int:
         return len(self._buffer) + self._in_flight
@@ -235,8 +249,11 @@ class EventPublisher:
                 self.stats.retries += len(failed)
                 RETRIED.inc(len(failed))
                 if failures == 1:
-                    _log.warning("publishing rollout events failed (%s); retrying until NATS answers",
-                                 self.stats.last_error, extra={"pending": self._pending()})
+                    _log.warning(
+                        "publishing rollout events failed (%s); retrying until NATS answers",
+                        self.stats.last_error,
+                        extra={"pending": self._pending()},
+                    )
                 if self._stream_missing:
                     self._stream_missing = False
                     with contextlib.suppress(Exception):
@@ -315,14 +332,28 @@ async def connect_nats(url: str, *, name: str = "orchard", first_connect_timeout
         _log.info("reconnected to NATS at %s", url)
 
     try:
-        clients.append(await asyncio.wait_for(
-            nats.connect(url, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.25, connect_timeout=2,
-                         error_cb=on_error, disconnected_cb=on_disconnect, reconnected_cb=on_reconnect),
-            first_connect_timeout_s))
+        clients.append(
+            await asyncio.wait_for(
+                nats.connect(
+                    url,
+                    name=name,
+                    max_reconnect_attempts=-1,
+                    reconnect_time_wait=0.25,
+                    connect_timeout=2,
+                    error_cb=on_error,
+                    disconnected_cb=on_disconnect,
+                    reconnected_cb=on_reconnect,
+                ),
+                first_connect_timeout_s,
+            )
+        )
         return clients[0]
     except TimeoutError:
-        raise Unavailable(f"cannot reach NATS at {url} within {first_connect_timeout_s:.0f}s; is nats-server "
-                          "running (orchard up starts one)?") from None
+        raise Unavailable(
+            f"cannot reach NATS at {url} within {first_connect_timeout_s:.0f}s; is nats-server "
+            "running (orchard up starts one)?"
+        ) from None
     except Exception as err:
-        raise Unavailable(f"cannot reach NATS at {url}: {type(err).__name__}: {err}; is nats-server running "
-                          "(orchard up starts one)?") from err
+        raise Unavailable(
+            f"cannot reach NATS at {url}: {type(err).__name__}: {err}; is nats-server running (orchard up starts one)?"
+        ) from err

@@ -18,8 +18,13 @@ DUPLICATE_WINDOW_S = 600.0
 a NATS restart and the publisher's longest backoff with room to spare."""
 
 # The subject token after the run id, by the member of RolloutEvent's `event` oneof.
-EVENT_TOKENS = {"rollout_started": "started", "rollout_step": "step", "rollout_finished": "finished",
-                "reward_added": "reward", "model_call_recorded": "call"}
+EVENT_TOKENS = {
+    "rollout_started": "started",
+    "rollout_step": "step",
+    "rollout_finished": "finished",
+    "reward_added": "reward",
+    "model_call_recorded": "call",
+}
 _RUN_TOKEN = re.compile(r"[^.*>\s]+")
 
 
@@ -31,8 +36,10 @@ def subject_of(event: RolloutEvent) -> str:
     if not event.event_id:
         raise ValueError("event has no event_id; it is the Nats-Msg-Id that makes retries safe")
     if not _RUN_TOKEN.fullmatch(event.run_id):
-        raise ValueError(f"run id {event.run_id!r} is not a valid subject token: it must be non-empty, "
-                         "without '.', '*', '>' or whitespace")
+        raise ValueError(
+            f"run id {event.run_id!r} is not a valid subject token: it must be non-empty, "
+            "without '.', '*', '>' or whitespace"
+        )
     return f"{SUBJECT_PREFIX}.{event.run_id}.{EVENT_TOKENS[kind]}"
 
 
@@ -40,8 +47,9 @@ def stream_config() -> StreamConfig:
     """File storage (survives restarts) and a dedupe window. No size or age limit: the stream is the durable
     hand-off to the experience store and must not discard what the consumer has not stored; operators who
     want retention set limits on the stream themselves (this leaves an existing stream alone)."""
-    return StreamConfig(name=STREAM, subjects=[f"{SUBJECT_PREFIX}.>"], storage=StorageType.FILE,
-                        duplicate_window=DUPLICATE_WINDOW_S)
+    return StreamConfig(
+        name=STREAM, subjects=[f"{SUBJECT_PREFIX}.>"], storage=StorageType.FILE, duplicate_window=DUPLICATE_WINDOW_S
+    )
 
 
 async def ensure_stream(js: JetStreamContext) -> None:

@@ -21,11 +21,17 @@ from orchard.tasks.assistant import AssistantGrade, AssistantTask, claw_report, 
 from orchard.tasks.grading import GradeResult
 from orchard.types.v1 import types_pb2 as tpb
 
-SCORE_LINE = re.compile(r"^score (?P<score>[\d.]+) \(completion (?P<completion>[\d.]+), robustness "
-                        r"(?P<robustness>[\d.]+), safety (?P<safety>[\d.]+)\)")
+SCORE_LINE = re.compile(
+    r"^score (?P<score>[\d.]+) \(completion (?P<completion>[\d.]+), robustness "
+    r"(?P<robustness>[\d.]+), safety (?P<safety>[\d.]+)\)"
+)
 """The first line of an assistant rollout's grade log: its Claw-Eval figures, which reports read back."""
-FINISH = tool("finish", "End the task with your final answer to the user (what you did, or why you could not).",
-              {"answer": {"type": "string"}}, ["answer"])
+FINISH = tool(
+    "finish",
+    "End the task with your final answer to the user (what you did, or why you could not).",
+    {"answer": {"type": "string"}},
+    ["answer"],
+)
 TASK_PROMPT = "{instruction}\n\nUse the tools, one call per reply; call finish with your answer when you are done."
 
 
@@ -35,8 +41,13 @@ def tool_definitions(specs: Sequence[Mapping[str, Any]]) -> list[tpb.ToolDefinit
     out = []
     for spec in specs:
         fn = spec.get("function", spec)
-        out.append(tpb.ToolDefinition(name=fn["name"], description=fn.get("description", ""),
-                                      parameters=json.dumps(fn.get("parameters", {"type": "object"}))))
+        out.append(
+            tpb.ToolDefinition(
+                name=fn["name"],
+                description=fn.get("description", ""),
+                parameters=json.dumps(fn.get("parameters", {"type": "object"})),
+            )
+        )
     return [*out, FINISH]
 
 
@@ -52,9 +63,18 @@ class AssistantHarness(Harness):
     name = "orchard-assistant"
     tools: ClassVar[list[tpb.ToolDefinition]] = []
 
-    def __init__(self, task: AssistantTask, client: AsyncSandboxClient, *, task_set: str = "claw",
-                 image: str = "claw", max_output_chars: int = 6000, create_timeout_s: float = 120.0,
-                 create_attempts: int = 3, sandbox_ttl_s: float = 3600.0) -> None:
+    def __init__(
+        self,
+        task: AssistantTask,
+        client: AsyncSandboxClient,
+        *,
+        task_set: str = "claw",
+        image: str = "claw",
+        max_output_chars: int = 6000,
+        create_timeout_s: float = 120.0,
+        create_attempts: int = 3,
+        sandbox_ttl_s: float = 3600.0,
+    ) -> None:
         self.task = task
         self.client = client
         self.task_id = task.task_id
@@ -74,13 +94,22 @@ class AssistantHarness(Harness):
         from orchard.assistant import AssistantEnv
 
         self.env = await create_retried(
-            lambda: AssistantEnv.start(self.client, self.task.fixture, image=self.image, ttl_s=self.sandbox_ttl_s,
-                                       labels={"orchard.role": "rollout", "orchard.task": self.task_id[:63]}),
-            attempts=self.create_attempts, timeout_s=self.create_timeout_s)
+            lambda: AssistantEnv.start(
+                self.client,
+                self.task.fixture,
+                image=self.image,
+                ttl_s=self.sandbox_ttl_s,
+                labels={"orchard.role": "rollout", "orchard.task": self.task_id[:63]},
+            ),
+            attempts=self.create_attempts,
+            timeout_s=self.create_timeout_s,
+        )
 
     def initial_messages(self) -> list[tpb.Message]:
-        return [tpb.Message(role=tpb.ROLE_SYSTEM, content=self.task.system_prompt()),
-                tpb.Message(role=tpb.ROLE_USER, content=TASK_PROMPT.format(instruction=self.task.instruction))]
+        return [
+            tpb.Message(role=tpb.ROLE_SYSTEM, content=self.task.system_prompt()),
+            tpb.Message(role=tpb.ROLE_USER, content=TASK_PROMPT.format(instruction=self.task.instruction)),
+        ]
 
     async def execute(self, action: tpb.ToolCall) -> ActionResult:
         assert self.env is not None, "setup() first"
@@ -94,17 +123,29 @@ class AssistantHarness(Harness):
         output = await self.env.call(action.name, args)
         truncated = len(output) > self.max_output_chars
         if truncated:
-            output = f"{output[:self.max_output_chars]}\n[... {len(output) - self.max_output_chars} characters cut]"
+            output = f"{output[: self.max_output_chars]}\n[... {len(output) - self.max_output_chars} characters cut]"
         return ActionResult(output, truncated=truncated)
 
     async def judge(self) -> GradeResult:
         """The Claw-Eval score of the world the agent left and its answer."""
         began = time.monotonic()
         result = grade(self.task, await self.env.state(), self._answer)
-        log = "\n".join([f"score {result.score:.6f} (completion {result.completion:.6f}, robustness "
-                         f"{result.robustness:.6f}, safety {result.safety:.0f})", *result.reasons])
-        return GradeResult(instance_id=self.task_id, patch_exists=False, patch_applied=False, resolved=result.passed,
-                           log_tail=log, duration_s=time.monotonic() - began, value=result.score)
+        log = "\n".join(
+            [
+                f"score {result.score:.6f} (completion {result.completion:.6f}, robustness "
+                f"{result.robustness:.6f}, safety {result.safety:.0f})",
+                *result.reasons,
+            ]
+        )
+        return GradeResult(
+            instance_id=self.task_id,
+            patch_exists=False,
+            patch_applied=False,
+            resolved=result.passed,
+            log_tail=log,
+            duration_s=time.monotonic() - began,
+            value=result.score,
+        )
 
     def outcome(self) -> GradeResult | None:
         return self._grade
@@ -124,12 +165,23 @@ def claw_figures(grades: Sequence[GradeResult], k: int = 3) -> tuple[dict[str, A
     for g in grades:
         figures = SCORE_LINE.match(g.log_tail)
         if figures is None:  # ungraded (the agent never finished, or the environment failed): scores 0
-            run = AssistantGrade(score=0.0, completion=0.0, robustness=0.0, safety=1.0, passed=False,
-                                 reasons=(g.error or "did not finish",))
+            run = AssistantGrade(
+                score=0.0,
+                completion=0.0,
+                robustness=0.0,
+                safety=1.0,
+                passed=False,
+                reasons=(g.error or "did not finish",),
+            )
         else:
-            run = AssistantGrade(score=float(figures["score"]), completion=float(figures["completion"]),
-                                 robustness=float(figures["robustness"]), safety=float(figures["safety"]),
-                                 passed=g.resolved, reasons=tuple(g.log_tail.splitlines()[1:]))
+            run = AssistantGrade(
+                score=float(figures["score"]),
+                completion=float(figures["completion"]),
+                robustness=float(figures["robustness"]),
+                safety=float(figures["safety"]),
+                passed=g.resolved,
+                reasons=tuple(g.log_tail.splitlines()[1:]),
+            )
         by_task.setdefault(g.instance_id, []).append(run)
     out = claw_report(by_task, k=min(k, min(len(v) for v in by_task.values())) if by_task else k)
     return out, format_claw_report(out)
@@ -150,8 +202,9 @@ class AssistantScriptModel(ScriptedModel):
         for task in self.tasks:
             if first.startswith(task.instruction + "\n") and task.system_prompt() in prompt:
                 return task
-        raise ModelError(f"the scripted assistant does not know the task in this prompt (it knows "
-                         f"{len(self.tasks)} tasks)")
+        raise ModelError(
+            f"the scripted assistant does not know the task in this prompt (it knows {len(self.tasks)} tasks)"
+        )
 
     def reply(self, prompt: str, step: int) -> str:
         task = self.task_of(prompt)

@@ -11,13 +11,12 @@ from __future__ import annotations
 import abc
 import asyncio
 import json
-import re
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from orchard.chat.tools import TOOL_BLOCK, tool_call_blocks
+from orchard.chat.tools import tool_call_blocks
 from orchard.errors import DeadlineExceeded, ResourceExhausted, Unavailable
 from orchard.types.v1 import types_pb2 as tpb
 
@@ -119,14 +118,16 @@ class Harness(abc.ABC):
         if calls is None:
             return Parsed([], "no <tool_call> block found")
         if not calls:
-            return Parsed([], "the <tool_call> block is not a JSON object with a \"name\" and \"arguments\"")
+            return Parsed([], 'the <tool_call> block is not a JSON object with a "name" and "arguments"')
         return Parsed(calls)
 
     def format_error(self, error: str) -> str:
         """The observation shown after an unparsable reply."""
         names = ", ".join(t.name for t in self.tools)
-        return (f"Format error: {error}. Reply with exactly one tool call, e.g.\n<tool_call>\n"
-                f"{{\"name\": \"{self.tools[0].name}\", \"arguments\": {{...}}}}\n</tool_call>\nTools: {names}.")
+        return (
+            f"Format error: {error}. Reply with exactly one tool call, e.g.\n<tool_call>\n"
+            f'{{"name": "{self.tools[0].name}", "arguments": {{...}}}}\n</tool_call>\nTools: {names}.'
+        )
 
     @abc.abstractmethod
     async def execute(self, call: tpb.ToolCall) -> ActionResult:

@@ -31,34 +31,60 @@ OBSERVE_MODES: tuple[Observe, ...] = ("text", "screenshot", "both")
 SYSTEM_PROMPT = (
     "You are a web agent using a browser. Each turn you see the page (its URL, title and accessibility tree, "
     "and/or a screenshot); reply with exactly one tool call. Elements are best addressed with a selector: CSS "
-    "(\"#search\", \"button.add\") or Playwright's text and role selectors (\"text=Checkout\", "
+    '("#search", "button.add") or Playwright\'s text and role selectors ("text=Checkout", '
     "\"role=button[name='Add to cart']\"). When the goal is reached, call done."
 )
 TASK_PROMPT = "Goal: {goal}\n\nThe page now:\n{page}"
 
-_SELECTOR = {"type": "string", "description": "A CSS or Playwright selector, e.g. \"#name\" or \"text=Next\"."}
+_SELECTOR = {"type": "string", "description": 'A CSS or Playwright selector, e.g. "#name" or "text=Next".'}
 _X = {"type": "number", "description": "X in CSS pixels, instead of a selector."}
 _Y = {"type": "number", "description": "Y in CSS pixels, instead of a selector."}
 TOOLS = [
     tool("click", "Click an element (by selector) or a point (x, y).", {"selector": _SELECTOR, "x": _X, "y": _Y}, []),
-    tool("double_click", "Double-click an element (by selector) or a point (x, y).",
-         {"selector": _SELECTOR, "x": _X, "y": _Y}, []),
-    tool("type", "Type text into the element matching selector (or the focused one).",
-         {"text": {"type": "string"}, "selector": _SELECTOR}, ["text"]),
-    tool("key_press", "Press a key or chord, e.g. \"Enter\", \"Tab\", \"Control+A\".", {"key": {"type": "string"}},
-         ["key"]),
-    tool("scroll", "Scroll the page by delta_y (down is positive) and delta_x pixels.",
-         {"delta_y": {"type": "number"}, "delta_x": {"type": "number"}}, ["delta_y"]),
+    tool(
+        "double_click",
+        "Double-click an element (by selector) or a point (x, y).",
+        {"selector": _SELECTOR, "x": _X, "y": _Y},
+        [],
+    ),
+    tool(
+        "type",
+        "Type text into the element matching selector (or the focused one).",
+        {"text": {"type": "string"}, "selector": _SELECTOR},
+        ["text"],
+    ),
+    tool("key_press", 'Press a key or chord, e.g. "Enter", "Tab", "Control+A".', {"key": {"type": "string"}}, ["key"]),
+    tool(
+        "scroll",
+        "Scroll the page by delta_y (down is positive) and delta_x pixels.",
+        {"delta_y": {"type": "number"}, "delta_x": {"type": "number"}},
+        ["delta_y"],
+    ),
     tool("navigate", "Go to a URL.", {"url": {"type": "string"}}, ["url"]),
     tool("back", "Go back one page in history.", {}, []),
-    tool("wait", "Wait for an element to appear (selector) or for some seconds.",
-         {"selector": _SELECTOR, "seconds": {"type": "number"}}, []),
-    tool("done", "The goal is reached (or cannot be): end the task, with an answer when the goal asks a question.",
-         {"answer": {"type": "string"}}, []),
+    tool(
+        "wait",
+        "Wait for an element to appear (selector) or for some seconds.",
+        {"selector": _SELECTOR, "seconds": {"type": "number"}},
+        [],
+    ),
+    tool(
+        "done",
+        "The goal is reached (or cannot be): end the task, with an answer when the goal asks a question.",
+        {"answer": {"type": "string"}},
+        [],
+    ),
 ]
-ARGUMENTS = {"click": {"selector", "x", "y"}, "double_click": {"selector", "x", "y"}, "type": {"text", "selector"},
-             "key_press": {"key"}, "scroll": {"delta_x", "delta_y"}, "navigate": {"url"}, "back": set(),
-             "wait": {"selector", "seconds"}}
+ARGUMENTS = {
+    "click": {"selector", "x", "y"},
+    "double_click": {"selector", "x", "y"},
+    "type": {"text", "selector"},
+    "key_press": {"key"},
+    "scroll": {"delta_x", "delta_y"},
+    "navigate": {"url"},
+    "back": set(),
+    "wait": {"selector", "seconds"},
+}
 """The arguments each browser tool takes (the `act` keywords, except `seconds`, which becomes a timeout)."""
 AGENT_ERRORS = (InvalidArgument, DeadlineExceeded, PermissionDenied)
 """Errors of an action the agent chose badly (a bad selector, a timeout): shown to it."""
@@ -73,12 +99,24 @@ class GUIHarness(Harness):
     name = "orchard-gui"
     tools: ClassVar[list[tpb.ToolDefinition]] = TOOLS
 
-    def __init__(self, task: WebTask, client: AsyncSandboxClient, site: str, *, task_set: str = "web",
-                 observe: Observe = "text", max_page_chars: int = 4000, action_timeout_s: float = 10.0,
-                 create_timeout_s: float = 60.0, create_attempts: int = 3, sandbox_ttl_s: float = 3600.0) -> None:
+    def __init__(
+        self,
+        task: WebTask,
+        client: AsyncSandboxClient,
+        site: str,
+        *,
+        task_set: str = "web",
+        observe: Observe = "text",
+        max_page_chars: int = 4000,
+        action_timeout_s: float = 10.0,
+        create_timeout_s: float = 60.0,
+        create_attempts: int = 3,
+        sandbox_ttl_s: float = 3600.0,
+    ) -> None:
         if observe not in OBSERVE_MODES:
-            raise InvalidArgument(f"observe must be one of {', '.join(OBSERVE_MODES)}, not {observe!r}",
-                                  field="observe")
+            raise InvalidArgument(
+                f"observe must be one of {', '.join(OBSERVE_MODES)}, not {observe!r}", field="observe"
+            )
         self.task = task
         self.client = client
         self.site = site.rstrip("/")
@@ -103,9 +141,14 @@ class GUIHarness(Harness):
     async def setup(self) -> None:
         """Create the browser sandbox (bounded, retried on transient errors) and open the task's start page."""
         self.sandbox = await create_retried(
-            lambda: self.client.create_browser(self.allow(), timeout=self.sandbox_ttl_s,
-                                               labels={"orchard.role": "rollout", "orchard.task": self.task_id[:63]}),
-            attempts=self.create_attempts, timeout_s=self.create_timeout_s)
+            lambda: self.client.create_browser(
+                self.allow(),
+                timeout=self.sandbox_ttl_s,
+                labels={"orchard.role": "rollout", "orchard.task": self.task_id[:63]},
+            ),
+            attempts=self.create_attempts,
+            timeout_s=self.create_timeout_s,
+        )
         await self.sandbox.act("navigate", url=self.task.url(self.site), timeout=self.action_timeout_s)
         self._first_page = await self.observation()
 
@@ -130,7 +173,7 @@ class GUIHarness(Harness):
             page = await self.sandbox.page_content()
             tree = page.accessibility_tree
             if len(tree) > self.max_page_chars:
-                tree = f"{tree[:self.max_page_chars]}\n[... {len(tree) - self.max_page_chars} characters cut ...]"
+                tree = f"{tree[: self.max_page_chars]}\n[... {len(tree) - self.max_page_chars} characters cut ...]"
             text = f"URL: {page.url}\nTitle: {page.title}\n{tree}"
         return prefix + text, images
 
@@ -145,8 +188,10 @@ class GUIHarness(Harness):
             return ActionResult("", status=tpb.ACTION_STATUS_SUBMITTED, submitted=True)
         unknown = sorted(set(args) - ARGUMENTS[action.name])
         if unknown:
-            return ActionResult(f"{action.name} takes {sorted(ARGUMENTS[action.name]) or 'no arguments'}; "
-                                f"unknown: {unknown}.", status=tpb.ACTION_STATUS_PARSE_ERROR)
+            return ActionResult(
+                f"{action.name} takes {sorted(ARGUMENTS[action.name]) or 'no arguments'}; unknown: {unknown}.",
+                status=tpb.ACTION_STATUS_PARSE_ERROR,
+            )
         timeout = self.action_timeout_s
         if "seconds" in args:
             try:
@@ -173,8 +218,14 @@ class GUIHarness(Harness):
         page = await self.sandbox.page_content()
         result: CheckResult = self.task.check.evaluate(page.url, page.title, page.text)
         log = "\n".join([f"final page: {page.url} ({page.title})", *result.reasons])
-        return GradeResult(instance_id=self.task_id, patch_exists=False, patch_applied=False,
-                           resolved=result.passed, log_tail=log, duration_s=time.monotonic() - began)
+        return GradeResult(
+            instance_id=self.task_id,
+            patch_exists=False,
+            patch_applied=False,
+            resolved=result.passed,
+            log_tail=log,
+            duration_s=time.monotonic() - began,
+        )
 
     def outcome(self) -> GradeResult | None:
         return self._grade
@@ -202,8 +253,9 @@ class WebScriptModel(ScriptedModel):
         for task in self.tasks:
             if f"Goal: {task.goal}\n" in first:
                 return task
-        raise ModelError(f"the scripted web policy does not know the task in this prompt (it knows "
-                         f"{len(self.tasks)} tasks)")
+        raise ModelError(
+            f"the scripted web policy does not know the task in this prompt (it knows {len(self.tasks)} tasks)"
+        )
 
     def reply(self, prompt: str, step: int) -> str:
         actions = self.task_of(prompt).actions(self.site)

@@ -16,13 +16,13 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from google.protobuf.duration_pb2 import Duration
-
 from orchard import events
+from orchard.chat.tools import TOOL_BLOCK
 from orchard.errors import OrchardError
-from orchard.harness.base import TOOL_BLOCK, ActionResult, Harness
+from orchard.harness.base import ActionResult, Harness
 from orchard.harness.events import EventSink, NullSink
 from orchard.harness.model import Model, ModelError, SamplingConfig
+from orchard.prototime import duration as _seconds
 from orchard.types.v1 import types_pb2 as tpb
 
 log = logging.getLogger("orchard.harness")
@@ -46,34 +46,50 @@ class Limits:
     """Consecutive unparsable replies before FORMAT_ERROR."""
 
 
-def _seconds(value: float) -> Duration:
-    d = Duration()
-    d.FromNanoseconds(int(value * 1e9))
-    return d
-
-
 class AgentLoop:
     """Runs rollouts of one model; one instance serves many concurrent `run` calls."""
 
-    def __init__(self, model: Model, limits: Limits | None = None, sampling: SamplingConfig | None = None,
-                 sink: EventSink | None = None, run_id: str = "") -> None:
+    def __init__(
+        self,
+        model: Model,
+        limits: Limits | None = None,
+        sampling: SamplingConfig | None = None,
+        sink: EventSink | None = None,
+        run_id: str = "",
+    ) -> None:
         self.model = model
         self.limits = limits or Limits()
         self.sampling = sampling or SamplingConfig()
         self.sink: EventSink = sink or NullSink()
         self.run_id = run_id or uuid.uuid4().hex[:12]
 
-    async def run(self, harness: Harness, *, sample_index: int = 0, group_id: str = "",
-                  trajectory_id: str = "", metadata: dict[str, str] | None = None) -> tpb.Trajectory:
+    async def run(
+        self,
+        harness: Harness,
+        *,
+        sample_index: int = 0,
+        group_id: str = "",
+        trajectory_id: str = "",
+        metadata: dict[str, str] | None = None,
+    ) -> tpb.Trajectory:
         """One rollout of `harness`; always returns the trajectory (with its stop reason), and closes the harness.
 
         Cancelling it closes the harness and re-raises.
         """
         tid = trajectory_id or uuid.uuid4().hex
-        traj = tpb.Trajectory(name=f"runs/{self.run_id}/trajectories/{tid}", trajectory_id=tid, run_id=self.run_id,
-                              task_id=harness.task_id, task_set=harness.task_set, harness=harness.name,
-                              policy=tpb.Policy(model=self.model.name), group_id=group_id,
-                              sample_index=sample_index, tools=harness.tools, metadata=metadata or {})
+        traj = tpb.Trajectory(
+            name=f"runs/{self.run_id}/trajectories/{tid}",
+            trajectory_id=tid,
+            run_id=self.run_id,
+            task_id=harness.task_id,
+            task_set=harness.task_set,
+            harness=harness.name,
+            policy=tpb.Policy(model=self.model.name),
+            group_id=group_id,
+            sample_index=sample_index,
+            tools=harness.tools,
+            metadata=metadata or {},
+        )
         traj.start_time.GetCurrentTime()
         start = time.monotonic()
         timer = asyncio.timeout(self.limits.wall_clock_s)
@@ -82,7 +98,10 @@ class AgentLoop:
                 reason, detail = await self._drive(harness, traj)
         except (TimeoutError, OrchardError) as err:
             if timer.expired():
-                reason, detail = tpb.STOP_REASON_TIME_LIMIT, f"the wall-clock budget of {self.limits.wall_clock_s:g}s ran out"
+                reason, detail = (
+                    tpb.STOP_REASON_TIME_LIMIT,
+                    f"the wall-clock budget of {self.limits.wall_clock_s:g}s ran out",
+                )
             elif isinstance(err, ModelError):
                 reason, detail = tpb.STOP_REASON_MODEL_ERROR, str(err)
             else:
@@ -112,12 +131,15 @@ class AgentLoop:
         """The tokens the template puts after an assistant turn's text (e.g. "<|im_end|>\\n")."""
         user = [*system, tpb.Message(role=tpb.ROLE_USER, content="x")]
         opened = await self.model.render(user, tools, add_generation_prompt=True)
-        closed = await self.model.render([*user, tpb.Message(role=tpb.ROLE_ASSISTANT, content=PROBE)], tools,
-                                         add_generation_prompt=False)
+        closed = await self.model.render(
+            [*user, tpb.Message(role=tpb.ROLE_ASSISTANT, content=PROBE)], tools, add_generation_prompt=False
+        )
         if not closed.text.startswith(opened.text + PROBE):
-            raise ModelError(f"model {self.model.name}'s chat template does not render an assistant turn after its "
-                             f"generation prompt; the harness cannot track tokens with it")
-        return await self.model.tokenize(closed.text[len(opened.text) + len(PROBE):])
+            raise ModelError(
+                f"model {self.model.name}'s chat template does not render an assistant turn after its "
+                f"generation prompt; the harness cannot track tokens with it"
+            )
+        return await self.model.tokenize(closed.text[len(opened.text) + len(PROBE) :])
 
     async def _drive(self, harness: Harness, traj: tpb.Trajectory) -> tuple[int, str]:
         limits, tools = self.limits, list(harness.tools)
@@ -143,8 +165,13 @@ class AgentLoop:
             seed = None if self.sampling.seed is None else self.sampling.seed + 1000 * traj.sample_index + index
             # The images of the conversation so far, in message order: seq holds their placeholders.
             images = [p.image for m in traj.messages for p in m.parts if p.HasField("image")]
-            sample = await self.model.generate(seq, min(self.sampling.max_step_tokens, room), seed,
-                                               {"trajectory_id": traj.trajectory_id, "step": str(index)}, images)
+            sample = await self.model.generate(
+                seq,
+                min(self.sampling.max_step_tokens, room),
+                seed,
+                {"trajectory_id": traj.trajectory_id, "step": str(index)},
+                images,
+            )
             step.model_duration.CopyFrom(_seconds(time.monotonic() - began))
             step.completion_token_count = len(sample.token_ids)
             step.weights_version = sample.weights_version
@@ -156,8 +183,9 @@ class AgentLoop:
             if text_form or not parsed.calls:
                 assistant = tpb.Message(role=tpb.ROLE_ASSISTANT, content=sample.text)
             else:  # the OpenAI form: tool-call blocks become tool_calls
-                assistant = tpb.Message(role=tpb.ROLE_ASSISTANT, content=TOOL_BLOCK.sub("", sample.text).strip(),
-                                        tool_calls=parsed.calls)
+                assistant = tpb.Message(
+                    role=tpb.ROLE_ASSISTANT, content=TOOL_BLOCK.sub("", sample.text).strip(), tool_calls=parsed.calls
+                )
             step.model_output.CopyFrom(assistant)
             step.actions.extend(parsed.calls)
 
@@ -175,8 +203,10 @@ class AgentLoop:
                 for action in parsed.calls:
                     acted = time.monotonic()
                     if action.name not in tool_names:
-                        result = ActionResult(f"Unknown tool {action.name!r}; the tools are {sorted(tool_names)}.",
-                                              status=tpb.ACTION_STATUS_UNKNOWN_TOOL)
+                        result = ActionResult(
+                            f"Unknown tool {action.name!r}; the tools are {sorted(tool_names)}.",
+                            status=tpb.ACTION_STATUS_UNKNOWN_TOOL,
+                        )
                     else:
                         result = await harness.execute(action)
                     if result.status != tpb.ACTION_STATUS_OK and step.action_status == tpb.ACTION_STATUS_OK:
@@ -185,16 +215,24 @@ class AgentLoop:
                     if result.submitted:
                         submitted = True
                         break
-                    message = (tpb.Message(role=tpb.ROLE_USER, content=result.output) if text_form else
-                               tpb.Message(role=tpb.ROLE_TOOL, content=result.output, tool_call_id=action.id,
-                                           name=action.name))
+                    message = (
+                        tpb.Message(role=tpb.ROLE_USER, content=result.output)
+                        if text_form
+                        else tpb.Message(
+                            role=tpb.ROLE_TOOL, content=result.output, tool_call_id=action.id, name=action.name
+                        )
+                    )
                     if result.images:
                         message.parts.add(text=result.output)
                         message.parts.extend(tpb.ContentPart(image=i) for i in result.images)
                         message.content = ""
                     observations.append(message)
-                    obs = tpb.Observation(tool_call_id="" if text_form else action.id, message=message,
-                                          truncated=result.truncated, duration=_seconds(time.monotonic() - acted))
+                    obs = tpb.Observation(
+                        tool_call_id="" if text_form else action.id,
+                        message=message,
+                        truncated=result.truncated,
+                        duration=_seconds(time.monotonic() - acted),
+                    )
                     if result.exit_code is not None:
                         obs.exit_code = result.exit_code
                     step.observations.append(obs)
@@ -205,14 +243,18 @@ class AgentLoop:
                 history = [*traj.messages, assistant]
                 before = await self.model.render(history, tools, add_generation_prompt=False)
                 after = await self.model.render([*history, *observations], tools, add_generation_prompt=True)
-                if after.token_ids[:len(before.token_ids)] != before.token_ids:
-                    raise ModelError(f"model {self.model.name}'s chat template re-renders earlier turns when an "
-                                     f"observation is added; the harness cannot track tokens with it")
+                if after.token_ids[: len(before.token_ids)] != before.token_ids:
+                    raise ModelError(
+                        f"model {self.model.name}'s chat template re-renders earlier turns when an "
+                        f"observation is added; the harness cannot track tokens with it"
+                    )
                 ended = bool(sample.token_ids) and bool(close) and sample.token_ids[-1] == close[0]
-                context = (close[1:] if ended else close) + after.token_ids[len(before.token_ids):]
+                context = (close[1:] if ended else close) + after.token_ids[len(before.token_ids) :]
             seq += context
             step.tokens.token_ids.extend([*sample.token_ids, *context])
-            logprobs = sample.logprobs if len(sample.logprobs) == len(sample.token_ids) else [0.0] * len(sample.token_ids)
+            logprobs = (
+                sample.logprobs if len(sample.logprobs) == len(sample.token_ids) else [0.0] * len(sample.token_ids)
+            )
             step.tokens.logprobs.extend([*logprobs, *[0.0] * len(context)])
             step.tokens.mask.extend([1] * len(sample.token_ids) + [0] * len(context))
             step.env_duration.CopyFrom(_seconds(time.monotonic() - env_began))

@@ -21,8 +21,9 @@ from orchard.types.v1 import types_pb2 as tpb
 
 log = logging.getLogger("orchard.harness")
 
-RETRY_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED,
-                         grpc.StatusCode.DEADLINE_EXCEEDED})
+RETRY_CODES = frozenset(
+    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.DEADLINE_EXCEEDED}
+)
 """Generation has no side effects, so a call that timed out or found the server busy is retried."""
 
 
@@ -68,8 +69,9 @@ class Model(abc.ABC):
     name: str
 
     @abc.abstractmethod
-    async def render(self, messages: list[tpb.Message], tools: list[tpb.ToolDefinition],
-                     add_generation_prompt: bool) -> Rendered:
+    async def render(
+        self, messages: list[tpb.Message], tools: list[tpb.ToolDefinition], add_generation_prompt: bool
+    ) -> Rendered:
         """The conversation through the chat template, as text and token ids."""
 
     @abc.abstractmethod
@@ -77,8 +79,14 @@ class Model(abc.ABC):
         """Token ids of text (no special tokens added; special-token text is recognised)."""
 
     @abc.abstractmethod
-    async def generate(self, token_ids: list[int], max_tokens: int, seed: int | None,
-                       labels: dict[str, str], images: Sequence[tpb.Image] = ()) -> Sample:
+    async def generate(
+        self,
+        token_ids: list[int],
+        max_tokens: int,
+        seed: int | None,
+        labels: dict[str, str],
+        images: Sequence[tpb.Image] = (),
+    ) -> Sample:
         """Sample one reply after exactly these token ids, with log-probs.
 
         `images` are the conversation's images in the order their placeholders appear in token_ids (only a vision
@@ -102,24 +110,32 @@ class Timeouts:
 class InferenceModel(Model):
     """The Orchard inference service, over gRPC."""
 
-    def __init__(self, target: str = "127.0.0.1:50052", model: str = "", sampling: SamplingConfig | None = None,
-                 timeouts: Timeouts | None = None) -> None:
+    def __init__(
+        self,
+        target: str = "127.0.0.1:50052",
+        model: str = "",
+        sampling: SamplingConfig | None = None,
+        timeouts: Timeouts | None = None,
+    ) -> None:
         self.target = target
         self.model = model
         self.name = model or "default"
         self.sampling = sampling or SamplingConfig()
         self.timeouts = timeouts or Timeouts()
         # Calls are retried by _call (a budget per stage), not by the transport.
-        self._transport = clients.transport("inference", target, timeout=self.timeouts.render_s,
-                                            flag="--inference-address")
+        self._transport = clients.transport(
+            "inference", target, timeout=self.timeouts.render_s, flag="--inference-address"
+        )
 
     async def connect(self) -> None:
         """Learn the served model's name (the default model's when none was given)."""
         response = await self._call("ListModels", ipb.ListModelsRequest(), self.timeouts.render_s)
         chosen = [m for m in response.models if (m.model_id == self.model if self.model else m.is_default)]
         if not chosen:
-            raise ModelError(f"the inference service at {self.target} does not serve model {self.model!r}; it "
-                             f"serves {[m.model_id for m in response.models]}")
+            raise ModelError(
+                f"the inference service at {self.target} does not serve model {self.model!r}; it "
+                f"serves {[m.model_id for m in response.models]}"
+            )
         self.name = chosen[0].model_id
 
     async def close(self) -> None:
@@ -132,35 +148,48 @@ class InferenceModel(Model):
                 return await self._transport.unary(method, request, idempotent=False, timeout=timeout)
             except OrchardError as err:
                 if err.code not in RETRY_CODES or attempt + 1 == self.timeouts.attempts:
-                    raise ModelError(f"inference {method} at {self.target} failed after {attempt + 1} "
-                                     f"attempt(s): {err}") from None
+                    raise ModelError(
+                        f"inference {method} at {self.target} failed after {attempt + 1} attempt(s): {err}"
+                    ) from None
                 delay = self.timeouts.backoff_s * 2**attempt * random.uniform(0.75, 1.5)
                 log.info("inference %s failed (%s); retry in %.1fs", method, err.code.name, delay)
                 await asyncio.sleep(delay)
         raise AssertionError("unreachable")
 
-    async def render(self, messages: list[tpb.Message], tools: list[tpb.ToolDefinition],
-                     add_generation_prompt: bool) -> Rendered:
+    async def render(
+        self, messages: list[tpb.Message], tools: list[tpb.ToolDefinition], add_generation_prompt: bool
+    ) -> Rendered:
         prompt = ipb.ChatPrompt(messages=messages, tools=tools, add_generation_prompt=add_generation_prompt)
-        response = await self._call("ApplyChatTemplate", ipb.ApplyChatTemplateRequest(model=self.model,
-                                                                                     prompt=prompt),
-                                    self.timeouts.render_s)
+        response = await self._call(
+            "ApplyChatTemplate", ipb.ApplyChatTemplateRequest(model=self.model, prompt=prompt), self.timeouts.render_s
+        )
         return Rendered(response.text, list(response.token_ids))  # type: ignore[attr-defined]
 
     async def tokenize(self, text: str) -> list[int]:
-        response = await self._call("Tokenize", ipb.TokenizeRequest(model=self.model, text=text),
-                                    self.timeouts.render_s)
+        response = await self._call(
+            "Tokenize", ipb.TokenizeRequest(model=self.model, text=text), self.timeouts.render_s
+        )
         return list(response.token_ids)  # type: ignore[attr-defined]
 
-    async def generate(self, token_ids: list[int], max_tokens: int, seed: int | None,
-                       labels: dict[str, str], images: Sequence[tpb.Image] = ()) -> Sample:
-        params = ipb.SamplingParams(temperature=self.sampling.temperature, top_p=self.sampling.top_p,
-                                    max_tokens=max_tokens, logprobs=True, seed=seed)
-        request = ipb.GenerateRequest(model=self.model, token_ids=ipb.TokenIds(ids=token_ids), sampling=params,
-                                      labels=labels, images=images)
+    async def generate(
+        self,
+        token_ids: list[int],
+        max_tokens: int,
+        seed: int | None,
+        labels: dict[str, str],
+        images: Sequence[tpb.Image] = (),
+    ) -> Sample:
+        params = ipb.SamplingParams(
+            temperature=self.sampling.temperature,
+            top_p=self.sampling.top_p,
+            max_tokens=max_tokens,
+            logprobs=True,
+            seed=seed,
+        )
+        request = ipb.GenerateRequest(
+            model=self.model, token_ids=ipb.TokenIds(ids=token_ids), sampling=params, labels=labels, images=images
+        )
         response = await self._call("Generate", request, self.timeouts.generate_s)
         choice = response.choices[0]  # type: ignore[attr-defined]
-        finish = {ipb.FINISH_REASON_STOP: "stop", ipb.FINISH_REASON_LENGTH: "length"}.get(choice.finish_reason,
-                                                                                            "abort")
-        return Sample(choice.text, list(choice.token_ids), list(choice.logprobs), finish,
-                      response.weights_version)  # type: ignore[attr-defined]
+        finish = {ipb.FINISH_REASON_STOP: "stop", ipb.FINISH_REASON_LENGTH: "length"}.get(choice.finish_reason, "abort")
+        return Sample(choice.text, list(choice.token_ids), list(choice.logprobs), finish, response.weights_version)  # type: ignore[attr-defined]

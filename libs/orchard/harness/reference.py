@@ -52,20 +52,27 @@ _ROLLOUT: ContextVar[str] = ContextVar("orchard_reference_rollout")
 
 File = tuple[list[str], list[list[str]]]
 """A file's part of a unified diff: its header lines, and its hunks (each its @@ line, then its body)."""
-NOT_CODE_SUFFIXES = frozenset({".md", ".rst", ".txt", ".adoc", ".html", ".cfg", ".toml", ".ini", ".json", ".yml",
-                               ".yaml", ".in", ".lock"})
-NOT_CODE_NAMES = frozenset({"changelog", "changes", "news", "history", "authors", "contributors", "readme",
-                            "license", "copying"})
+NOT_CODE_SUFFIXES = frozenset(
+    {".md", ".rst", ".txt", ".adoc", ".html", ".cfg", ".toml", ".ini", ".json", ".yml", ".yaml", ".in", ".lock"}
+)
+NOT_CODE_NAMES = frozenset(
+    {"changelog", "changes", "news", "history", "authors", "contributors", "readme", "license", "copying"}
+)
 
 
 def is_code(header: list[str]) -> bool:
     """Whether a diff file section is code: a flaw put only in docs, a changelog or a config leaves the fix whole
     (reference:0.0 would then resolve tasks)."""
-    path = next((line[6:] for line in header if line.startswith("+++ b/")), "") or \
-        next((line.split(" b/", 1)[-1] for line in header if line.startswith("diff --git")), "")
+    path = next((line[6:] for line in header if line.startswith("+++ b/")), "") or next(
+        (line.split(" b/", 1)[-1] for line in header if line.startswith("diff --git")), ""
+    )
     name = Path(path).name.lower()
-    return Path(name).suffix not in NOT_CODE_SUFFIXES and Path(name).stem not in NOT_CODE_NAMES \
-        and "/docs/" not in f"/{path}" and not path.startswith("doc/")
+    return (
+        Path(name).suffix not in NOT_CODE_SUFFIXES
+        and Path(name).stem not in NOT_CODE_NAMES
+        and "/docs/" not in f"/{path}"
+        and not path.startswith("doc/")
+    )
 
 
 def split_patch(patch: str) -> list[File]:
@@ -128,8 +135,11 @@ def mutations(patch: str) -> list[str]:
                 code = line[1:]
                 if not line.startswith("+") or not code.strip() or code.strip().startswith(("#", '"""', "'''")):
                     continue
-                mutants = [code[:m.start()] + replace(m) + code[m.end():]
-                           for pattern, replace in _MUTATIONS for m in pattern.finditer(code)]
+                mutants = [
+                    code[: m.start()] + replace(m) + code[m.end() :]
+                    for pattern, replace in _MUTATIONS
+                    for m in pattern.finditer(code)
+                ]
                 found += [(f, h, n, mutant) for mutant in mutants if mutant not in removed]
                 if returned := _RETURN.match(code):
                     fallback.append((f, h, n, f"{returned[1]}{returned[2]} - 1"))
@@ -148,25 +158,44 @@ def partials(patch: str) -> list[str]:
     if sum(len(hunks) for _, hunks in files) < 2:
         return []
     where = [(f, h) for f, (header, hunks) in enumerate(files) if is_code(header) for h in range(len(hunks))]
-    return [join_patch([(header, [hunk for h, hunk in enumerate(hunks) if (f, h) != drop])
-                        for f, (header, hunks) in enumerate(files)]) for drop in where]
+    return [
+        join_patch(
+            [
+                (header, [hunk for h, hunk in enumerate(hunks) if (f, h) != drop])
+                for f, (header, hunks) in enumerate(files)
+            ]
+        )
+        for drop in where
+    ]
 
 
 def deletion(patch: str) -> str:
     """`patch` without its added lines: the offending code removed, the fix not written ("" when that is no
     change or is the gold patch itself)."""
     files = split_patch(patch)
-    if not any(line.startswith("+") for header, hunks in files if is_code(header) for hunk in hunks
-               for line in hunk[1:]):
+    if not any(
+        line.startswith("+") for header, hunks in files if is_code(header) for hunk in hunks for line in hunk[1:]
+    ):
         return ""
-    return join_patch([(header, [[hunk[0], *(line for line in hunk[1:] if not line.startswith("+"))]
-                                 if is_code(header) else hunk for hunk in hunks]) for header, hunks in files])
+    return join_patch(
+        [
+            (
+                header,
+                [
+                    [hunk[0], *(line for line in hunk[1:] if not line.startswith("+"))] if is_code(header) else hunk
+                    for hunk in hunks
+                ],
+            )
+            for header, hunks in files
+        ]
+    )
 
 
 def changed_files(patch: str) -> list[str]:
     """The paths a patch touches, in order."""
-    return [line[6:] for line in patch.splitlines() if line.startswith("+++ b/")] or \
-        [line[6:] for line in patch.splitlines() if line.startswith("--- a/")]
+    return [line[6:] for line in patch.splitlines() if line.startswith("+++ b/")] or [
+        line[6:] for line in patch.splitlines() if line.startswith("--- a/")
+    ]
 
 
 def tool_call(name: str, **arguments: object) -> str:
@@ -204,15 +233,20 @@ class ReferenceModel(ScriptedModel):
 
     def __init__(self, tasks: Sequence[TaskInstance], quality: float, seed: int = 0) -> None:
         if not 0.0 <= quality <= 1.0:
-            raise InvalidArgument(f"a reference policy's quality must be in [0, 1], got {quality}",
-                                  field="quality")
+            raise InvalidArgument(f"a reference policy's quality must be in [0, 1], got {quality}", field="quality")
         super().__init__(self.reply, name=f"reference-q{quality:.2f}")
         self.tasks = list(tasks)
         self.quality = quality
         self.seed = seed
 
-    async def generate(self, token_ids: list[int], max_tokens: int, seed: int | None,
-                       labels: dict[str, str], images: Sequence[tpb.Image] = ()) -> Sample:
+    async def generate(
+        self,
+        token_ids: list[int],
+        max_tokens: int,
+        seed: int | None,
+        labels: dict[str, str],
+        images: Sequence[tpb.Image] = (),
+    ) -> Sample:
         # ScriptedModel shows its policy only (prompt, step): which rollout this is travels in a context variable.
         rollout = f"sample {seed - int(labels['step'])}" if seed is not None else labels["trajectory_id"]
         token = _ROLLOUT.set(rollout)
@@ -227,8 +261,10 @@ class ReferenceModel(ScriptedModel):
         for task in self.tasks:
             if task.problem_statement in first:
                 return task
-        raise ModelError(f"the reference policy does not know the task in this prompt: build it from the task set "
-                         f"being run (it knows {len(self.tasks)} tasks, e.g. {self.tasks[0].instance_id})")
+        raise ModelError(
+            f"the reference policy does not know the task in this prompt: build it from the task set "
+            f"being run (it knows {len(self.tasks)} tasks, e.g. {self.tasks[0].instance_id})"
+        )
 
     def plan(self, task: TaskInstance, rollout: str) -> Plan:
         """The plan of `rollout` on `task` (the same for the same seed, task and rollout)."""
@@ -238,8 +274,12 @@ class ReferenceModel(ScriptedModel):
         retry = rng.random() < self.quality
         flaw, patch = "", task.patch
         if not solves:
-            options = {"mutated": mutations(task.patch), "partial": partials(task.patch),
-                       "deleted": [d] if (d := deletion(task.patch)) else [], "unchanged": [""]}
+            options = {
+                "mutated": mutations(task.patch),
+                "partial": partials(task.patch),
+                "deleted": [d] if (d := deletion(task.patch)) else [],
+                "unchanged": [""],
+            }
             kinds = [k for k in FLAWS if options[k]]
             flaw = rng.choices(kinds, [FLAWS[k] for k in kinds])[0]
             patch = rng.choice(options[flaw])
@@ -247,17 +287,39 @@ class ReferenceModel(ScriptedModel):
         symbol = re.search(r"`[\w.]*?(\w+)[`(]", task.problem_statement)
         replies: list[str] = []
         if rng.random() < 0.4:
-            replies.append("Let me get my bearings in the repository first.\n" + tool_call("bash", command=rng.choice(
-                ["ls -R . | grep -v pyc | head -40", "git ls-files", "find . -name '*.py' -not -path './.git/*'"])))
+            replies.append(
+                "Let me get my bearings in the repository first.\n"
+                + tool_call(
+                    "bash",
+                    command=rng.choice(
+                        [
+                            "ls -R . | grep -v pyc | head -40",
+                            "git ls-files",
+                            "find . -name '*.py' -not -path './.git/*'",
+                        ]
+                    ),
+                )
+            )
         if symbol and rng.random() < 0.5:
-            replies.append(f"Let me find where `{symbol[1]}` is defined.\n"
-                           + tool_call("bash", command=f"grep -rn '{symbol[1]}' --include='*.py' ."))
-        replies.append(f"Let me read {target}.\n" + rng.choice(
-            [tool_call("bash", command=f"cat {target}"), tool_call("bash", command=f"cat -n {target}"),
-             tool_call("editor", command="view", path=target)]))
+            replies.append(
+                f"Let me find where `{symbol[1]}` is defined.\n"
+                + tool_call("bash", command=f"grep -rn '{symbol[1]}' --include='*.py' .")
+            )
+        replies.append(
+            f"Let me read {target}.\n"
+            + rng.choice(
+                [
+                    tool_call("bash", command=f"cat {target}"),
+                    tool_call("bash", command=f"cat -n {target}"),
+                    tool_call("editor", command="view", path=target),
+                ]
+            )
+        )
         if patch:
-            replies.append(f"I see the problem in {target}. Fixing it:\n"
-                           + tool_call("bash", command=apply_command(patch, rng.random() < 0.5)))
+            replies.append(
+                f"I see the problem in {target}. Fixing it:\n"
+                + tool_call("bash", command=apply_command(patch, rng.random() < 0.5))
+            )
         tests = rng.choice(TEST_COMMANDS) if runs_tests else ""
         if tests:
             replies.append("Let me run the tests.\n" + tool_call("bash", command=tests))
@@ -274,8 +336,9 @@ class ReferenceModel(ScriptedModel):
         passed = last_exit_code(prompt) == 0
         if step == done and plan.tests and not passed and plan.retry:
             command = "git reset -q --hard && git clean -fdq && " + apply_command(task.patch)
-            return "The tests fail. Let me start again from a clean tree and fix it properly.\n" + \
-                tool_call("bash", command=command)
+            return "The tests fail. Let me start again from a clean tree and fix it properly.\n" + tool_call(
+                "bash", command=command
+            )
         if step == done + 1:
             return "Let me run the tests again.\n" + tool_call("bash", command=plan.tests)
         if not plan.tests:

@@ -8,17 +8,13 @@ import inspect
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 
-from orchard import events
+from orchard import events, outcomes
 from orchard.harness.base import Harness
 from orchard.harness.loop import AgentLoop
 from orchard.sdk import AsyncSandboxClient
 from orchard.tasks.grading import GradeResult, grade
 from orchard.tasks.instance import TaskInstance
 from orchard.types.v1 import types_pb2 as tpb
-
-TRUNCATED = frozenset({tpb.STOP_REASON_STEP_LIMIT, tpb.STOP_REASON_TOKEN_LIMIT, tpb.STOP_REASON_TIME_LIMIT,
-                       tpb.STOP_REASON_FORMAT_ERROR})
-"""Stop reasons where the agent simply did not submit (graded unresolved, no tests run)."""
 
 
 @dataclass(frozen=True)
@@ -36,31 +32,49 @@ OnResult = Callable[[RolloutResult], Awaitable[None] | None]
 def ungraded(trajectory: tpb.Trajectory) -> tuple[GradeResult, tpb.Reward]:
     """The grade and reward of a rollout that did not submit: unresolved when it ran out of budget, an error
     (to mask out of training) when the model or environment failed."""
-    error = "" if trajectory.stop_reason in TRUNCATED else (trajectory.stop_detail or "the rollout was aborted")
-    result = GradeResult(instance_id=trajectory.task_id, patch_exists=False, patch_applied=False, resolved=False,
-                         error=error, sample_index=trajectory.sample_index)
+    error = "" if outcomes.truncated(trajectory.stop_reason) else (trajectory.stop_detail or "the rollout was aborted")
+    result = GradeResult(
+        instance_id=trajectory.task_id,
+        patch_exists=False,
+        patch_applied=False,
+        resolved=False,
+        error=error,
+        sample_index=trajectory.sample_index,
+    )
     reward = result.to_reward()
     if not error:
         reward.outcome.status = tpb.OUTCOME_STATUS_TRUNCATED
     return result, reward
 
 
-async def run_one(loop: AgentLoop, client: AsyncSandboxClient, make_harness: HarnessFactory,
-                  instance: TaskInstance, sample: int, *, grade_patches: bool = True,
-                  test_timeout_s: float = 600.0) -> RolloutResult:
+async def run_one(
+    loop: AgentLoop,
+    client: AsyncSandboxClient,
+    make_harness: HarnessFactory,
+    instance: TaskInstance,
+    sample: int,
+    *,
+    grade_patches: bool = True,
+    test_timeout_s: float = 600.0,
+) -> RolloutResult:
     """One rollout of `instance` as sample `sample` (its trajectory id is `<run>-<instance>-<sample>`), graded in a
     fresh sandbox unless grade_patches is off, with its outcome reward added to the trajectory and published."""
     harness = make_harness(instance)
-    trajectory = await loop.run(harness, sample_index=sample, group_id=f"{loop.run_id}/{instance.instance_id}",
-                                trajectory_id=f"{loop.run_id}-{instance.instance_id}-{sample}")
+    trajectory = await loop.run(
+        harness,
+        sample_index=sample,
+        group_id=f"{loop.run_id}/{instance.instance_id}",
+        trajectory_id=f"{loop.run_id}-{instance.instance_id}-{sample}",
+    )
     if not grade_patches:
         return RolloutResult(trajectory, None)
     if trajectory.stop_reason == tpb.STOP_REASON_SUBMITTED and (own := harness.outcome()) is not None:
         result = replace(own, sample_index=sample)  # the harness judged its own rollout (a web task's check)
         reward = result.to_reward(source=f"orchard.harness.{harness.name}", name="task_check")
     elif trajectory.stop_reason == tpb.STOP_REASON_SUBMITTED:
-        result = await grade(client, instance, trajectory.final_patch, sample_index=sample,
-                             test_timeout_s=test_timeout_s)
+        result = await grade(
+            client, instance, trajectory.final_patch, sample_index=sample, test_timeout_s=test_timeout_s
+        )
         reward = result.to_reward()
     else:
         result, reward = ungraded(trajectory)
@@ -70,9 +84,18 @@ async def run_one(loop: AgentLoop, client: AsyncSandboxClient, make_harness: Har
     return RolloutResult(trajectory, result)
 
 
-async def run_rollouts(instances: list[TaskInstance], k: int, *, loop: AgentLoop, client: AsyncSandboxClient,
-                       make_harness: HarnessFactory, concurrency: int = 4, grade_patches: bool = True,
-                       on_result: OnResult | None = None, test_timeout_s: float = 600.0) -> list[RolloutResult]:
+async def run_rollouts(
+    instances: list[TaskInstance],
+    k: int,
+    *,
+    loop: AgentLoop,
+    client: AsyncSandboxClient,
+    make_harness: HarnessFactory,
+    concurrency: int = 4,
+    grade_patches: bool = True,
+    on_result: OnResult | None = None,
+    test_timeout_s: float = 600.0,
+) -> list[RolloutResult]:
     """Run k rollouts of every instance, at most `concurrency` at a time; results in (task, sample) order.
 
     `on_result` is called as each rollout finishes (graded), e.g. to store it and update a progress bar.
@@ -81,8 +104,9 @@ async def run_rollouts(instances: list[TaskInstance], k: int, *, loop: AgentLoop
 
     async def one(instance: TaskInstance, sample: int) -> RolloutResult:
         async with slots:
-            done = await run_one(loop, client, make_harness, instance, sample, grade_patches=grade_patches,
-                                 test_timeout_s=test_timeout_s)
+            done = await run_one(
+                loop, client, make_harness, instance, sample, grade_patches=grade_patches, test_timeout_s=test_timeout_s
+            )
         if on_result is not None:
             maybe = on_result(done)
             if inspect.isawaitable(maybe):

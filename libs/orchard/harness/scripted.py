@@ -20,8 +20,13 @@ IM_START, IM_END = 256, 257
 SPECIAL = {"<|im_start|>": IM_START, "<|im_end|>": IM_END}
 LOGPROB = -0.25
 """The log-prob the fake reports for every token it emits."""
-ROLES = {tpb.ROLE_SYSTEM: "system", tpb.ROLE_DEVELOPER: "system", tpb.ROLE_USER: "user",
-         tpb.ROLE_ASSISTANT: "assistant", tpb.ROLE_TOOL: "tool"}
+ROLES = {
+    tpb.ROLE_SYSTEM: "system",
+    tpb.ROLE_DEVELOPER: "system",
+    tpb.ROLE_USER: "user",
+    tpb.ROLE_ASSISTANT: "assistant",
+    tpb.ROLE_TOOL: "tool",
+}
 _SPECIAL_RE = re.compile("(" + "|".join(re.escape(s) for s in SPECIAL) + ")")
 
 Policy = Callable[[str, int], str]
@@ -67,13 +72,18 @@ class ScriptedModel(Model):
         self.max_in_flight = 0
         """The most generate calls running at once."""
 
-    async def render(self, messages: list[tpb.Message], tools: list[tpb.ToolDefinition],
-                     add_generation_prompt: bool) -> Rendered:
+    async def render(
+        self, messages: list[tpb.Message], tools: list[tpb.ToolDefinition], add_generation_prompt: bool
+    ) -> Rendered:
         # A message with image parts carries its text in them, as the inference service reads it.
         turns = [(ROLES[m.role], m.content or "".join(p.text for p in m.parts)) for m in messages]
         if tools:
-            listed = "\n".join(json.dumps({"name": t.name, "description": t.description,
-                                           "parameters": json.loads(t.parameters or "{}")}) for t in tools)
+            listed = "\n".join(
+                json.dumps(
+                    {"name": t.name, "description": t.description, "parameters": json.loads(t.parameters or "{}")}
+                )
+                for t in tools
+            )
             preamble = f"Tools:\n<tools>\n{listed}\n</tools>"
             if turns and turns[0][0] == "system":
                 turns[0] = ("system", f"{turns[0][1]}\n\n{preamble}")
@@ -87,8 +97,14 @@ class ScriptedModel(Model):
     async def tokenize(self, text: str) -> list[int]:
         return encode(text)
 
-    async def generate(self, token_ids: list[int], max_tokens: int, seed: int | None,
-                       labels: dict[str, str], images: Sequence[tpb.Image] = ()) -> Sample:
+    async def generate(
+        self,
+        token_ids: list[int],
+        max_tokens: int,
+        seed: int | None,
+        labels: dict[str, str],
+        images: Sequence[tpb.Image] = (),
+    ) -> Sample:
         # A scripted policy reads the decoded prompt only; the images are not shown to it.
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)

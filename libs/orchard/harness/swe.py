@@ -5,14 +5,13 @@ the workspace against the base commit). Models without tool calling may send a `
 from __future__ import annotations
 
 import json
-import re
 from typing import ClassVar
 
 from orchard.chat.tools import SHELL_BLOCK
 from orchard.harness.base import ActionResult, Harness, Parsed, call, call_arguments, create_retried, tool
 from orchard.sdk import AsyncSandbox, AsyncSandboxClient
-from orchard.tasks.instance import TaskInstance
 from orchard.tasks.environments import builder_for, task_sandbox
+from orchard.tasks.instance import TaskInstance
 from orchard.tasks.repo import SANDBOX_ENV
 from orchard.types.v1 import types_pb2 as tpb
 
@@ -25,18 +24,29 @@ TASK_PROMPT = (
     "The repository is at {workdir} (your commands start there).\n\n<issue>\n{problem}\n</issue>\n\n"
     "Fix the issue by editing the source files (not the tests). When you are done, call submit."
 )
-BASH = tool("bash", "Run one bash command at the repository root and return its output and exit code.",
-            {"command": {"type": "string", "description": "The command, e.g. \"grep -rn foo src\"."}}, ["command"])
-EDITOR = tool("editor", "View a file (with line numbers) or directory, create a file, or replace one exact, "
-              "unique occurrence of old_str with new_str in a file.",
-              {"command": {"type": "string", "enum": ["view", "create", "str_replace"]},
-               "path": {"type": "string", "description": "Relative to the repository root, or absolute."},
-               "file_text": {"type": "string", "description": "For create: the whole content."},
-               "old_str": {"type": "string"}, "new_str": {"type": "string"}}, ["command", "path"])
+BASH = tool(
+    "bash",
+    "Run one bash command at the repository root and return its output and exit code.",
+    {"command": {"type": "string", "description": 'The command, e.g. "grep -rn foo src".'}},
+    ["command"],
+)
+EDITOR = tool(
+    "editor",
+    "View a file (with line numbers) or directory, create a file, or replace one exact, "
+    "unique occurrence of old_str with new_str in a file.",
+    {
+        "command": {"type": "string", "enum": ["view", "create", "str_replace"]},
+        "path": {"type": "string", "description": "Relative to the repository root, or absolute."},
+        "file_text": {"type": "string", "description": "For create: the whole content."},
+        "old_str": {"type": "string"},
+        "new_str": {"type": "string"},
+    },
+    ["command", "path"],
+)
 SUBMIT = tool("submit", "Submit your changes (the diff of the repository) and end the task.", {}, [])
 
 # Runs inside the sandbox with the call's arguments as JSON on stdin: a failed edit is output, not an error.
-EDITOR_SCRIPT = r'''
+EDITOR_SCRIPT = r"""
 import json, os, sys
 a = json.load(sys.stdin)
 cmd, path = a.get("command"), a.get("path", "")
@@ -68,7 +78,7 @@ elif cmd == "str_replace":
     print(f"edited {path}")
 else:
     sys.exit(f"unknown editor command {cmd!r}; use view, create or str_replace")
-'''
+"""
 
 
 class SWEHarness(Harness):
@@ -77,9 +87,18 @@ class SWEHarness(Harness):
     name = "orchard-swe"
     tools: ClassVar[list[tpb.ToolDefinition]] = [BASH, EDITOR, SUBMIT]
 
-    def __init__(self, instance: TaskInstance, client: AsyncSandboxClient, *, task_set: str = "",
-                 command_timeout_s: float = 60.0, create_timeout_s: float = 120.0, create_attempts: int = 3,
-                 max_output_chars: int = 8000, sandbox_ttl_s: float = 7200.0) -> None:
+    def __init__(
+        self,
+        instance: TaskInstance,
+        client: AsyncSandboxClient,
+        *,
+        task_set: str = "",
+        command_timeout_s: float = 60.0,
+        create_timeout_s: float = 120.0,
+        create_attempts: int = 3,
+        max_output_chars: int = 8000,
+        sandbox_ttl_s: float = 7200.0,
+    ) -> None:
         self.instance = instance
         self.client = client
         self.task_id = instance.instance_id
@@ -99,12 +118,18 @@ class SWEHarness(Harness):
         labels = {"orchard.role": "rollout", "orchard.task": self.task_id[:63]}
         self.sandbox, _ = await create_retried(
             lambda: task_sandbox(self.client, self.instance, labels=labels, timeout=self.sandbox_ttl_s),
-            attempts=self.create_attempts, timeout_s=self.create_timeout_s)
+            attempts=self.create_attempts,
+            timeout_s=self.create_timeout_s,
+        )
 
     def initial_messages(self) -> list[tpb.Message]:
-        return [tpb.Message(role=tpb.ROLE_SYSTEM, content=SYSTEM_PROMPT),
-                tpb.Message(role=tpb.ROLE_USER, content=TASK_PROMPT.format(workdir=self.instance.workdir,
-                                                                           problem=self.instance.problem_statement))]
+        return [
+            tpb.Message(role=tpb.ROLE_SYSTEM, content=SYSTEM_PROMPT),
+            tpb.Message(
+                role=tpb.ROLE_USER,
+                content=TASK_PROMPT.format(workdir=self.instance.workdir, problem=self.instance.problem_statement),
+            ),
+        ]
 
     def parse(self, text: str) -> Parsed:
         """`<tool_call>` blocks, else the first ```bash block (a bare "submit" in it submits)."""
@@ -125,29 +150,44 @@ class SWEHarness(Harness):
         if isinstance(args, ActionResult):
             return args
         if action.name == "submit":
-            diff = await self.sandbox.exec("git add -A && git -c core.quotepath=off diff --cached HEAD",
-                                           cwd=self.instance.workdir, env=SANDBOX_ENV, timeout=60)
+            diff = await self.sandbox.exec(
+                "git add -A && git -c core.quotepath=off diff --cached HEAD",
+                cwd=self.instance.workdir,
+                env=SANDBOX_ENV,
+                timeout=60,
+            )
             self._patch = diff.stdout if diff.succeeded else ""
             return ActionResult("", status=tpb.ACTION_STATUS_SUBMITTED, submitted=True)
         if action.name == "bash":
             command = args.get("command")
             if not isinstance(command, str) or not command.strip():
-                return ActionResult("bash needs a non-empty \"command\" string.", status=tpb.ACTION_STATUS_PARSE_ERROR)
-            result = await self.sandbox.exec(command, cwd=self.instance.workdir, env=SANDBOX_ENV,
-                                             timeout=self.command_timeout_s)
+                return ActionResult('bash needs a non-empty "command" string.', status=tpb.ACTION_STATUS_PARSE_ERROR)
+            result = await self.sandbox.exec(
+                command, cwd=self.instance.workdir, env=SANDBOX_ENV, timeout=self.command_timeout_s
+            )
         else:  # editor
-            result = await self.sandbox.exec(["python3", "-c", EDITOR_SCRIPT], cwd=self.instance.workdir,
-                                             env=SANDBOX_ENV, timeout=self.command_timeout_s, stdin=json.dumps(args))
+            result = await self.sandbox.exec(
+                ["python3", "-c", EDITOR_SCRIPT],
+                cwd=self.instance.workdir,
+                env=SANDBOX_ENV,
+                timeout=self.command_timeout_s,
+                stdin=json.dumps(args),
+            )
         output = result.stdout + result.stderr
         truncated = len(output) > self.max_output_chars or result.stdout_truncated or result.stderr_truncated
         if len(output) > self.max_output_chars:
             half = self.max_output_chars // 2
             output = f"{output[:half]}\n[... {len(output) - 2 * half} characters cut ...]\n{output[-half:]}"
         if result.timed_out:
-            return ActionResult(f"{output}\n[the command timed out after {self.command_timeout_s:g}s and was killed]",
-                                status=tpb.ACTION_STATUS_TIMED_OUT, exit_code=result.exit_code, truncated=truncated)
-        return ActionResult(f"{output}\n[exit code {result.exit_code}]", exit_code=result.exit_code,
-                            truncated=truncated)
+            return ActionResult(
+                f"{output}\n[the command timed out after {self.command_timeout_s:g}s and was killed]",
+                status=tpb.ACTION_STATUS_TIMED_OUT,
+                exit_code=result.exit_code,
+                truncated=truncated,
+            )
+        return ActionResult(
+            f"{output}\n[exit code {result.exit_code}]", exit_code=result.exit_code, truncated=truncated
+        )
 
     async def submission(self) -> tuple[str, str]:
         return self._patch, ""

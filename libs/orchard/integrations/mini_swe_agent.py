@@ -59,8 +59,13 @@ class OrchardEnvironment:
     files), with stdout and stderr merged in the order written.
     """
 
-    def __init__(self, *, config_class: type[OrchardEnvironmentConfig] = OrchardEnvironmentConfig,
-                 sandbox_id: str | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        config_class: type[OrchardEnvironmentConfig] = OrchardEnvironmentConfig,
+        sandbox_id: str | None = None,
+        **kwargs: Any,
+    ) -> None:
         """kwargs: the `environment` section of a mini config; sandbox_id: run in that sandbox (one a task was set
         up in) instead of creating one from the image. Either way, close() deletes it."""
         self.config = config_class(**kwargs)
@@ -70,8 +75,9 @@ class OrchardEnvironment:
         self._client = SandboxClient(self.config.address)
         self._closed = False
         try:
-            self.sandbox: Sandbox = (self._client.get_sandbox(sandbox_id) if sandbox_id
-                                     else self._client.create_sandbox(self.config.image))
+            self.sandbox: Sandbox = (
+                self._client.get_sandbox(sandbox_id) if sandbox_id else self._client.create_sandbox(self.config.image)
+            )
             self._uname = self._system_info()
         except BaseException:
             self._client.close()
@@ -108,8 +114,9 @@ class OrchardEnvironment:
         lines = output.get("output", "").lstrip().splitlines(keepends=True)
         if lines and lines[0].strip() == SUBMIT_MARKER and output["returncode"] == 0:
             submission = "".join(lines[1:])
-            raise Submitted({"role": "exit", "content": submission,
-                             "extra": {"exit_status": "Submitted", "submission": submission}})
+            raise Submitted(
+                {"role": "exit", "content": submission, "extra": {"exit_status": "Submitted", "submission": submission}}
+            )
 
     def get_template_vars(self, **kwargs: Any) -> dict[str, Any]:
         """What mini's prompt templates may use: the config and the sandbox's system, release, machine, ..."""
@@ -117,10 +124,12 @@ class OrchardEnvironment:
 
     def serialize(self) -> dict[str, Any]:
         """This environment as mini-swe-agent's trajectory files record it."""
-        return {"info": {
-            "config": {"environment": self.config.model_dump(mode="json"), "environment_type": ENVIRONMENT_CLASS},
-            "orchard_sandbox_id": self.sandbox.sandbox_id,
-        }}
+        return {
+            "info": {
+                "config": {"environment": self.config.model_dump(mode="json"), "environment_type": ENVIRONMENT_CLASS},
+                "orchard_sandbox_id": self.sandbox.sandbox_id,
+            }
+        }
 
     def close(self) -> None:
         """Delete the sandbox and close the connection; closing twice is fine."""
@@ -138,8 +147,9 @@ class OrchardEnvironment:
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close()
 
     def __repr__(self) -> str:
@@ -148,8 +158,12 @@ class OrchardEnvironment:
 
 def _failed(output: str, message: str, err: BaseException) -> dict[str, Any]:
     """The result of a command that could not end normally, shaped as mini's local environment shapes it."""
-    return {"output": output, "returncode": -1, "exception_info": message,
-            "extra": {"exception_type": type(err).__name__, "exception": str(err)}}
+    return {
+        "output": output,
+        "returncode": -1,
+        "exception_info": message,
+        "extra": {"exception_type": type(err).__name__, "exception": str(err)},
+    }
 
 
 @dataclass(frozen=True)
@@ -166,9 +180,17 @@ class MiniRun:
     """The conversation as mini records it (each message's "extra" holds raw responses and outputs)."""
 
 
-def mini_config(model: str, api_base: str, *, api_key: str = "orchard", textbased: bool = False,
-                image: str = "python:3.11-slim", cwd: str = "/testbed", address: str | None = None,
-                step_limit: int = 30) -> dict[str, Any]:
+def mini_config(
+    model: str,
+    api_base: str,
+    *,
+    api_key: str = "orchard",
+    textbased: bool = False,
+    image: str = "python:3.11-slim",
+    cwd: str = "/testbed",
+    address: str | None = None,
+    step_limit: int = 30,
+) -> dict[str, Any]:
     """A whole mini-swe-agent config: its stock SWE-bench prompts, `model` behind `api_base`, and OrchardEnvironment.
 
     Args:
@@ -193,8 +215,14 @@ def mini_config(model: str, api_base: str, *, api_key: str = "orchard", textbase
             "model_kwargs": {**stock["model"].get("model_kwargs", {}), "api_base": api_base, "api_key": api_key},
             "cost_tracking": "ignore_errors",  # litellm knows no price for a local model
         },
-        "environment": {"environment_class": ENVIRONMENT_CLASS, "image": image, "cwd": cwd,
-                        "timeout": stock["environment"]["timeout"], "env": env, "address": address},
+        "environment": {
+            "environment_class": ENVIRONMENT_CLASS,
+            "image": image,
+            "cwd": cwd,
+            "timeout": stock["environment"]["timeout"],
+            "env": env,
+            "address": address,
+        },
     }
 
 
@@ -220,28 +248,41 @@ def run_mini_swe_agent(task: str, config: dict[str, Any], env: OrchardEnvironmen
     finally:
         if owned:
             env.close()
-    return MiniRun(exit_status=info.get("exit_status", ""), submission=info.get("submission", ""),
-                   api_calls=agent.n_calls, messages=agent.messages)
+    return MiniRun(
+        exit_status=info.get("exit_status", ""),
+        submission=info.get("submission", ""),
+        api_calls=agent.n_calls,
+        messages=agent.messages,
+    )
 
 
 MINI_HARNESS = "mini-swe-agent"
 """The `harness` of a trajectory mini-swe-agent made."""
 
 
-def trajectory_of(run: MiniRun, *, run_id: str, instance_id: str, task_set: str, sample: int, model: str,
-                  seconds: float) -> Any:
+def trajectory_of(
+    run: MiniRun, *, run_id: str, instance_id: str, task_set: str, sample: int, model: str, seconds: float
+) -> Any:
     """mini's conversation as an Orchard Trajectory: each assistant message a step, the next user message (the
     command's output) its observation; the submission is the final patch."""
+    from orchard.prototime import duration
     from orchard.types.v1 import types_pb2 as tpb
 
     trajectory_id = f"{run_id}-{instance_id}-{sample}"
-    roles = {"system": tpb.ROLE_SYSTEM, "user": tpb.ROLE_USER, "assistant": tpb.ROLE_ASSISTANT,
-             "tool": tpb.ROLE_TOOL}
-    traj = tpb.Trajectory(name=f"runs/{run_id}/trajectories/{trajectory_id}", trajectory_id=trajectory_id,
-                          run_id=run_id, task_id=instance_id, task_set=task_set, harness=MINI_HARNESS,
-                          policy=tpb.Policy(model=model), group_id=f"{run_id}/{instance_id}", sample_index=sample,
-                          final_patch=run.submission, metadata={"mini_exit_status": run.exit_status,
-                                                                "mini_api_calls": str(run.api_calls)})
+    roles = {"system": tpb.ROLE_SYSTEM, "user": tpb.ROLE_USER, "assistant": tpb.ROLE_ASSISTANT, "tool": tpb.ROLE_TOOL}
+    traj = tpb.Trajectory(
+        name=f"runs/{run_id}/trajectories/{trajectory_id}",
+        trajectory_id=trajectory_id,
+        run_id=run_id,
+        task_id=instance_id,
+        task_set=task_set,
+        harness=MINI_HARNESS,
+        policy=tpb.Policy(model=model),
+        group_id=f"{run_id}/{instance_id}",
+        sample_index=sample,
+        final_patch=run.submission,
+        metadata={"mini_exit_status": run.exit_status, "mini_api_calls": str(run.api_calls)},
+    )
     messages = [m for m in run.messages if m.get("role") in roles]
     head = 0
     while head < len(messages) and messages[head]["role"] != "assistant":
@@ -249,23 +290,44 @@ def trajectory_of(run: MiniRun, *, run_id: str, instance_id: str, task_set: str,
         head += 1
     for message in messages[head:]:
         if message["role"] == "assistant":
-            traj.steps.append(tpb.Step(index=len(traj.steps), model_output=tpb.Message(
-                role=tpb.ROLE_ASSISTANT, content=str(message.get("content") or ""))))
+            traj.steps.append(
+                tpb.Step(
+                    index=len(traj.steps),
+                    model_output=tpb.Message(role=tpb.ROLE_ASSISTANT, content=str(message.get("content") or "")),
+                )
+            )
         elif traj.steps:
-            traj.steps[-1].observations.append(tpb.Observation(message=tpb.Message(
-                role=roles[message["role"]], content=str(message.get("content") or ""))))
+            traj.steps[-1].observations.append(
+                tpb.Observation(
+                    message=tpb.Message(role=roles[message["role"]], content=str(message.get("content") or ""))
+                )
+            )
     traj.step_count = len(traj.steps)
-    traj.stop_reason = (tpb.STOP_REASON_SUBMITTED if run.exit_status == "Submitted" else
-                        tpb.STOP_REASON_STEP_LIMIT if run.exit_status == "LimitsExceeded" else
-                        tpb.STOP_REASON_FORMAT_ERROR if "Format" in run.exit_status else tpb.STOP_REASON_MODEL_ERROR)
+    traj.stop_reason = (
+        tpb.STOP_REASON_SUBMITTED
+        if run.exit_status == "Submitted"
+        else tpb.STOP_REASON_STEP_LIMIT
+        if run.exit_status == "LimitsExceeded"
+        else tpb.STOP_REASON_FORMAT_ERROR
+        if "Format" in run.exit_status
+        else tpb.STOP_REASON_MODEL_ERROR
+    )
     traj.stop_detail = run.exit_status
-    traj.duration.FromNanoseconds(int(seconds * 1e9))
+    traj.duration.CopyFrom(duration(seconds))
     traj.end_time.GetCurrentTime()
     return traj
 
 
-async def mini_rollout(client: Any, instance: Any, sample: int, *, run_id: str, task_set: str,
-                       config: dict[str, Any], test_timeout_s: float = 600.0) -> Any:
+async def mini_rollout(
+    client: Any,
+    instance: Any,
+    sample: int,
+    *,
+    run_id: str,
+    task_set: str,
+    config: dict[str, Any],
+    test_timeout_s: float = 600.0,
+) -> Any:
     """One rollout of a task by mini-swe-agent, as any Orchard rollout: the task's sandbox set up (its repository
     at base, its environment forked when it has one), mini's DefaultAgent run in it, the submission graded in a
     fresh sandbox; returns a RolloutResult (the trajectory with its outcome reward)."""
@@ -276,9 +338,9 @@ async def mini_rollout(client: Any, instance: Any, sample: int, *, run_id: str, 
     from orchard.tasks.environments import task_sandbox
     from orchard.tasks.grading import grade
 
-    sandbox, _ = await task_sandbox(client, instance, labels={"orchard.role": "rollout",
-                                                              "orchard.task": instance.instance_id[:63]},
-                                    timeout=7200)
+    sandbox, _ = await task_sandbox(
+        client, instance, labels={"orchard.role": "rollout", "orchard.task": instance.instance_id[:63]}, timeout=7200
+    )
     environment = {**config["environment"], "cwd": instance.workdir}
     started = time.monotonic()
 
@@ -295,8 +357,15 @@ async def mini_rollout(client: Any, instance: Any, sample: int, *, run_id: str, 
         await asyncio.shield(sandbox.delete())
         raise
     model = config["model"]["model_name"].removeprefix("openai/")
-    traj = trajectory_of(done, run_id=run_id, instance_id=instance.instance_id, task_set=task_set, sample=sample,
-                         model=model, seconds=time.monotonic() - started)
+    traj = trajectory_of(
+        done,
+        run_id=run_id,
+        instance_id=instance.instance_id,
+        task_set=task_set,
+        sample=sample,
+        model=model,
+        seconds=time.monotonic() - started,
+    )
     from orchard.types.v1 import types_pb2 as tpb
 
     if traj.stop_reason == tpb.STOP_REASON_SUBMITTED:

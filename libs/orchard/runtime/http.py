@@ -26,16 +26,20 @@ class HttpSite:
             raise RuntimeError("HTTP endpoint not started; call start() first")
         return self._port
 
-    async def start(self, app: web.Application, host: str, port: int, grace_period_s: float,
-                    **runner_options: Any) -> int:
+    async def start(
+        self, app: web.Application, host: str, port: int, grace_period_s: float, **runner_options: Any
+    ) -> int:
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=grace_period_s, **runner_options)
         await runner.setup()
         try:
             await web.TCPSite(runner, host, port).start()
         except OSError as err:
             await runner.cleanup()
-            raise FailedPrecondition(f"cannot listen for HTTP on {host}:{port} ({err.strerror}); is the port in "
-                                     f"use? choose another with {self._port_flag}", field=self._port_field) from None
+            raise FailedPrecondition(
+                f"cannot listen for HTTP on {host}:{port} ({err.strerror}); is the port in "
+                f"use? choose another with {self._port_flag}",
+                field=self._port_field,
+            ) from None
         self._runner, self._port = runner, runner.addresses[0][1]
         return self._port
 

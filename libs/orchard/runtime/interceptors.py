@@ -85,14 +85,17 @@ def _tolerant(deserialize: Callable[[bytes], Any] | None) -> Callable[[bytes], A
 
 
 def _refuse(method: str, request: _Undecodable) -> NoReturn:
-    raise errors.InvalidArgument(f"the request to {method} is not a valid message of its type ({request.error}); "
-                                 "send the serialized request message the service's proto defines",
-                                 reason="UNDECODABLE_REQUEST")
+    raise errors.InvalidArgument(
+        f"the request to {method} is not a valid message of its type ({request.error}); "
+        "send the serialized request message the service's proto defines",
+        reason="UNDECODABLE_REQUEST",
+    )
 
 
 def _checked_requests(behavior: Behavior, streaming: bool, method: str) -> Behavior:
     """`behavior`, refusing an undecodable request (or message of a request stream) with INVALID_ARGUMENT."""
     if streaming:
+
         async def messages(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
             async for request in requests:
                 if isinstance(request, _Undecodable):
@@ -274,8 +277,9 @@ def _behavior(handler: grpc.RpcMethodHandler) -> Behavior:
     return behavior  # type: ignore[no-any-return]
 
 
-def _with_behavior(handler: grpc.RpcMethodHandler, behavior: Behavior,
-                   request_deserializer: Callable[[bytes], Any] | None = None) -> grpc.RpcMethodHandler:
+def _with_behavior(
+    handler: grpc.RpcMethodHandler, behavior: Behavior, request_deserializer: Callable[[bytes], Any] | None = None
+) -> grpc.RpcMethodHandler:
     """A handler of the same kind and (de)serializers as `handler` (or this request deserializer) that runs
     `behavior`."""
     factory = {

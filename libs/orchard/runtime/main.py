@@ -14,8 +14,9 @@ from orchard.runtime.settings import ServiceSettings, SettingsError, load_settin
 S = TypeVar("S", bound=ServiceSettings)
 
 
-def run_service(name: str, settings_class: type[S], serve: Callable[[S], Awaitable[None]],
-                argv: Sequence[str] | None = None) -> None:
+def run_service(
+    name: str, settings_class: type[S], serve: Callable[[S], Awaitable[None]], argv: Sequence[str] | None = None
+) -> None:
     """`orchard serve <name>`: exits with "orchard serve <name>: <what is wrong>" on a bad setting or an
     OrchardError at start-up (port taken, a dependency unreachable, a missing model ...)."""
     try:

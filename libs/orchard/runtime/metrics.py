@@ -11,12 +11,12 @@ from prometheus_client import Counter, Histogram, start_http_server
 _log = logging.getLogger("orchard.metrics")
 
 RPC_LATENCY = Histogram(
-    "orchard_rpc_duration_seconds", "Time to answer an RPC, by service, method and status code.",
+    "orchard_rpc_duration_seconds",
+    "Time to answer an RPC, by service, method and status code.",
     ["service", "method", "code"],
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
 )
-RPC_TOTAL = Counter("orchard_rpcs", "RPCs answered, by service, method and status code.",
-                    ["service", "method", "code"])
+RPC_TOTAL = Counter("orchard_rpcs", "RPCs answered, by service, method and status code.", ["service", "method", "code"])
 
 
 def observe_rpc(service: str, method: str, code: str, seconds: float) -> None:

@@ -101,7 +101,9 @@ class GrpcServer:
             else:
                 port = server.add_insecure_port(address)
         except RuntimeError as exc:
-            raise OSError(f"{self._name}: cannot listen on {address}; is the port in use or the host not local?") from exc
+            raise OSError(
+                f"{self._name}: cannot listen on {address}; is the port in use or the host not local?"
+            ) from exc
         for service in ["", *names]:  # before start, so no probe ever sees a service as unknown
             await health.set(service, health_pb2.HealthCheckResponse.SERVING)
         await server.start()
@@ -188,4 +190,6 @@ def _server_credentials(settings: ServiceSettings) -> grpc.ServerCredentials:
     client_ca = settings.tls_client_ca_file.read_bytes() if settings.tls_client_ca_file else None
     return grpc.ssl_server_credentials(
         [(settings.tls_key_file.read_bytes(), settings.tls_cert_file.read_bytes())],
-        root_certificates=client_ca, require_client_auth=client_ca is not None)
+        root_certificates=client_ca,
+        require_client_auth=client_ca is not None,
+    )

@@ -144,7 +144,9 @@ def load_settings(cls: type[S], argv: Sequence[str] | None = None) -> S:
 def _build_parser(cls: type[ServiceSettings]) -> argparse.ArgumentParser:
     """One flag per field; flags not given are absent from the result (not None)."""
     doc = (cls.__doc__ or "").strip()
-    parser = argparse.ArgumentParser(description=doc.splitlines()[0] if doc else None, argument_default=argparse.SUPPRESS)
+    parser = argparse.ArgumentParser(
+        description=doc.splitlines()[0] if doc else None, argument_default=argparse.SUPPRESS
+    )
     for name, info in cls.model_fields.items():
         help_text = f"{info.description or ''} (env {_env_var(cls, name)}; default {_default_text(info)})"
         if info.annotation is bool:

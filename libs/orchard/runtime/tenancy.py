@@ -61,8 +61,10 @@ def load_tokens(auth_token: str | None, tokens_file: Path | None) -> dict[str, s
             tenant, sep, token = line.partition(":")
             tenant, token = tenant.strip(), token.strip()
             if not sep or not _NAME.match(tenant) or len(token) < 8:
-                raise ValueError(f"{tokens_file}:{number}: expected `tenant:token` with a tenant of lowercase "
-                                 "letters, digits, '.', '_' or '-' and a token of at least 8 characters")
+                raise ValueError(
+                    f"{tokens_file}:{number}: expected `tenant:token` with a tenant of lowercase "
+                    "letters, digits, '.', '_' or '-' and a token of at least 8 characters"
+                )
             if token in tokens:
                 raise ValueError(f"{tokens_file}:{number}: this token is already given to tenant {tokens[token]!r}")
             tokens[token] = tenant

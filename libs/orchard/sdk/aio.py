@@ -75,8 +75,7 @@ class AsyncSandboxPager:
     async def pages(self) -> AsyncIterator[list[AsyncSandbox]]:
         token = ""
         while True:
-            request = pb.ListSandboxesRequest(label_selector=self._labels, page_size=self._page_size,
-                                              page_token=token)
+            request = pb.ListSandboxesRequest(label_selector=self._labels, page_size=self._page_size, page_token=token)
             response = await self._client._transport.unary("ListSandboxes", request, idempotent=True)
             yield [AsyncSandbox(self._client, sandbox_info(sb)) for sb in response.sandboxes]
             token = response.next_page_token
@@ -108,8 +107,16 @@ class AsyncSandboxClient:
         connect_timeout: how long to wait for the service before failing with Unavailable.
     """
 
-    def __init__(self, target: str | None = None, timeout: float = 300.0, auto_cleanup: bool = True,
-                 api_key: str | None = None, prefix: str | None = None, *, connect_timeout: float = 3.0) -> None:
+    def __init__(
+        self,
+        target: str | None = None,
+        timeout: float = 300.0,
+        auto_cleanup: bool = True,
+        api_key: str | None = None,
+        prefix: str | None = None,
+        *,
+        connect_timeout: float = 3.0,
+    ) -> None:
         self.config: ClientConfig = load_config(target, api_key, prefix)
         self.auto_cleanup = auto_cleanup
         self._transport = Transport(self.config, timeout=timeout, connect_timeout=connect_timeout)
@@ -117,9 +124,16 @@ class AsyncSandboxClient:
         self._snapshots: set[str] = set()  # taken through this client (AsyncSandbox.snapshot)
 
     @classmethod
-    async def connect(cls, target: str | None = None, timeout: float = 300.0, auto_cleanup: bool = True,
-                      api_key: str | None = None, prefix: str | None = None, *,
-                      connect_timeout: float = 3.0) -> AsyncSandboxClient:
+    async def connect(
+        cls,
+        target: str | None = None,
+        timeout: float = 300.0,
+        auto_cleanup: bool = True,
+        api_key: str | None = None,
+        prefix: str | None = None,
+        *,
+        connect_timeout: float = 3.0,
+    ) -> AsyncSandboxClient:
         """A client whose connection is already up; raises Unavailable (a ConnectionError) fast if it cannot be."""
         client = cls(target, timeout, auto_cleanup, api_key, prefix, connect_timeout=connect_timeout)
         await client._transport.connect()
@@ -174,10 +188,15 @@ class AsyncSandboxClient:
                 sandbox_id = f"{prefix}-{sandbox_id or uuid.uuid4().hex[:12]}"
             labels.setdefault(PREFIX_LABEL, prefix)
         request = pb.CreateSandboxRequest(
-            image=image, resources=pb.Resources(cpu_millis=cpu_millis(cpu), memory_bytes=memory_bytes(memory)),
-            env=dict(env or {}), labels=labels, ttl=duration(timeout or 0),
+            image=image,
+            resources=pb.Resources(cpu_millis=cpu_millis(cpu), memory_bytes=memory_bytes(memory)),
+            env=dict(env or {}),
+            labels=labels,
+            ttl=duration(timeout or 0),
             network_policy=pb.NetworkPolicy(allow=[] if block_network else OPEN_EGRESS),
-            sandbox_id=sandbox_id or "", from_snapshot=from_snapshot or "", isolation=ISOLATION[isolation],
+            sandbox_id=sandbox_id or "",
+            from_snapshot=from_snapshot or "",
+            isolation=ISOLATION[isolation],
             request_id=uuid.uuid4().hex,  # one per create, kept across retries: a retry never makes a second sandbox
         )
         response = await self._transport.unary("CreateSandbox", request, idempotent=True)
@@ -185,8 +204,14 @@ class AsyncSandboxClient:
         self._created.add(sandbox.sandbox_id)
         return sandbox
 
-    async def create_browser(self, allow: Sequence[str] = (), *, sandbox_id: str | None = None,
-                             timeout: float | None = 3600, labels: Mapping[str, str] | None = None) -> AsyncSandbox:
+    async def create_browser(
+        self,
+        allow: Sequence[str] = (),
+        *,
+        sandbox_id: str | None = None,
+        timeout: float | None = 3600,
+        labels: Mapping[str, str] | None = None,
+    ) -> AsyncSandbox:
         """Create a browser sandbox (a fresh headless Chromium context and page) and return it ready; drive it
         with screenshot(), act() and page_content().
 
@@ -208,8 +233,12 @@ class AsyncSandboxClient:
                 sandbox_id = f"{prefix}-{sandbox_id or uuid.uuid4().hex[:12]}"
             labels.setdefault(PREFIX_LABEL, prefix)
         request = pb.CreateSandboxRequest(
-            kind=pb.SANDBOX_KIND_BROWSER, labels=labels, ttl=duration(timeout or 0),
-            network_policy=pb.NetworkPolicy(allow=rules), sandbox_id=sandbox_id or "", request_id=uuid.uuid4().hex,
+            kind=pb.SANDBOX_KIND_BROWSER,
+            labels=labels,
+            ttl=duration(timeout or 0),
+            network_policy=pb.NetworkPolicy(allow=rules),
+            sandbox_id=sandbox_id or "",
+            request_id=uuid.uuid4().hex,
         )
         response = await self._transport.unary("CreateSandbox", request, idempotent=True)
         sandbox = AsyncSandbox(self, sandbox_info(response.sandbox))
@@ -218,15 +247,17 @@ class AsyncSandboxClient:
 
     async def get_sandbox(self, sandbox_id: str) -> AsyncSandbox:
         """An existing sandbox; raises NotFound (with the reason when it was deleted or expired)."""
-        response = await self._transport.unary("GetSandbox", pb.GetSandboxRequest(sandbox_id=sandbox_id),
-                                               idempotent=True)
+        response = await self._transport.unary(
+            "GetSandbox", pb.GetSandboxRequest(sandbox_id=sandbox_id), idempotent=True
+        )
         return AsyncSandbox(self, sandbox_info(response.sandbox))
 
     async def delete_sandbox(self, sandbox_id: str) -> bool:
         """Delete a sandbox; returns False if it was already gone."""
         try:
-            await self._transport.unary("DeleteSandbox", pb.DeleteSandboxRequest(sandbox_id=sandbox_id),
-                                        idempotent=True)
+            await self._transport.unary(
+                "DeleteSandbox", pb.DeleteSandboxRequest(sandbox_id=sandbox_id), idempotent=True
+            )
         except NotFound:
             self._created.discard(sandbox_id)
             return False
@@ -239,14 +270,23 @@ class AsyncSandboxClient:
 
     async def get_snapshot(self, snapshot_id: str) -> SnapshotInfo:
         """A snapshot; raises NotFound."""
-        response = await self._transport.unary("GetSnapshot", pb.GetSnapshotRequest(snapshot_id=snapshot_id),
-                                               idempotent=True)
+        response = await self._transport.unary(
+            "GetSnapshot", pb.GetSnapshotRequest(snapshot_id=snapshot_id), idempotent=True
+        )
         return snapshot_info(response.snapshot)
 
-    async def build_image(self, name: str, *, suite: str = "", packages: Sequence[str] = (), pip: Sequence[str] = (),
-                          description: str = "", force: bool = False,
-                          progress: Callable[[str, int, int, str], None] | None = None,
-                          timeout: float = BUILD_TIMEOUT_S) -> ImageInfo:
+    async def build_image(
+        self,
+        name: str,
+        *,
+        suite: str = "",
+        packages: Sequence[str] = (),
+        pip: Sequence[str] = (),
+        description: str = "",
+        force: bool = False,
+        progress: Callable[[str, int, int, str], None] | None = None,
+        timeout: float = BUILD_TIMEOUT_S,
+    ) -> ImageInfo:
         """Build sandbox image `name` on the service's machine; returns at once when it is built already.
 
         A new name needs its recipe: `suite` (bullseye, bookworm or trixie: Python 3.9, 3.11 or 3.13) and its
@@ -255,16 +295,18 @@ class AsyncSandboxClient:
         """
         request = pb.BuildImageRequest(name=name, force=force)
         if suite:
-            request.recipe.CopyFrom(pb.ImageRecipe(suite=suite, packages=list(packages), pip=list(pip),
-                                                   description=description))
+            request.recipe.CopyFrom(
+                pb.ImageRecipe(suite=suite, packages=list(packages), pip=list(pip), description=description)
+            )
         async for event in self._transport.server_stream("BuildImage", request, timeout=timeout):
             if event.WhichOneof("event") == "progress":
                 if progress is not None:
                     p = event.progress
                     progress(p.stage, p.done, p.total, p.message)
             else:
-                return ImageInfo(name=event.image.name, size=event.image.size_bytes,
-                                 description=event.image.description)
+                return ImageInfo(
+                    name=event.image.name, size=event.image.size_bytes, description=event.image.description
+                )
         raise Unavailable(f"the build of image {name!r} ended without an image")
 
     async def list_snapshots(self, labels: Mapping[str, str] | None = None) -> list[SnapshotInfo]:
@@ -283,8 +325,9 @@ class AsyncSandboxClient:
         """Delete a snapshot; returns False if it was already gone. Sandboxes made from it keep running (its
         files stay on disk until the last of them is deleted)."""
         try:
-            await self._transport.unary("DeleteSnapshot", pb.DeleteSnapshotRequest(snapshot_id=snapshot_id),
-                                        idempotent=True)
+            await self._transport.unary(
+                "DeleteSnapshot", pb.DeleteSnapshotRequest(snapshot_id=snapshot_id), idempotent=True
+            )
         except NotFound:
             self._snapshots.discard(snapshot_id)
             return False
@@ -315,9 +358,13 @@ class AsyncSandboxClient:
             if self.auto_cleanup and self._snapshots:
                 await asyncio.gather(*(self.delete_snapshot(i) for i in sorted(self._snapshots)))
         except Exception as err:
-            log.warning("could not delete every sandbox and snapshot this client made (%s); sandboxes %s remain "
-                        "until their ttl, snapshots %s until deleted or the service stops", err, sorted(self._created),
-                        sorted(self._snapshots))
+            log.warning(
+                "could not delete every sandbox and snapshot this client made (%s); sandboxes %s remain "
+                "until their ttl, snapshots %s until deleted or the service stops",
+                err,
+                sorted(self._created),
+                sorted(self._snapshots),
+            )
         finally:
             await self._transport.close()
 
@@ -325,8 +372,9 @@ class AsyncSandboxClient:
         await self._transport.connect()
         return self
 
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         await self.close()
 
     def __repr__(self) -> str:

@@ -220,30 +220,58 @@ def _seconds(msg: Message, name: str) -> float | None:
 def job_result(ex: pb.Exec) -> JobResult:
     status = EXEC_STATUS.get(ex.state, "unknown")
     return JobResult(
-        job_id=ex.exec_id, sandbox_id=ex.sandbox_id, command=ex.command, status=status,
-        stdout=ex.stdout.decode("utf-8", errors="replace"), stderr=ex.stderr.decode("utf-8", errors="replace"),
-        exit_code=ex.exit_code if status in DONE else None, error=ex.error,
-        stdout_truncated=ex.stdout_truncated, stderr_truncated=ex.stderr_truncated,
-        duration=_seconds(ex, "duration"), created_at=_seconds(ex, "create_time"),
-        started_at=_seconds(ex, "start_time"), completed_at=_seconds(ex, "end_time"),
+        job_id=ex.exec_id,
+        sandbox_id=ex.sandbox_id,
+        command=ex.command,
+        status=status,
+        stdout=ex.stdout.decode("utf-8", errors="replace"),
+        stderr=ex.stderr.decode("utf-8", errors="replace"),
+        exit_code=ex.exit_code if status in DONE else None,
+        error=ex.error,
+        stdout_truncated=ex.stdout_truncated,
+        stderr_truncated=ex.stderr_truncated,
+        duration=_seconds(ex, "duration"),
+        created_at=_seconds(ex, "create_time"),
+        started_at=_seconds(ex, "start_time"),
+        completed_at=_seconds(ex, "end_time"),
     )
 
 
 def file_entry(info: pb.FileInfo) -> FileEntry:
-    return FileEntry(name=info.name, path=info.path, type=FILE_TYPE.get(info.type, "other"), size=info.size_bytes,
-                     modified=_seconds(info, "modify_time"), mode=info.mode)
+    return FileEntry(
+        name=info.name,
+        path=info.path,
+        type=FILE_TYPE.get(info.type, "other"),
+        size=info.size_bytes,
+        modified=_seconds(info, "modify_time"),
+        mode=info.mode,
+    )
 
 
 def sandbox_info(sb: pb.Sandbox) -> SandboxInfo:
     return SandboxInfo(
-        sandbox_id=sb.sandbox_id, image=sb.image, state=SANDBOX_STATE.get(sb.state, "unknown"), workdir=sb.workdir,
-        labels=dict(sb.labels), env=dict(sb.env), failure_reason=sb.failure_reason,
-        created_at=_seconds(sb, "create_time"), expires_at=_seconds(sb, "expire_time"), ttl=_seconds(sb, "ttl"),
-        from_snapshot=sb.from_snapshot, kind=SANDBOX_KIND.get(sb.kind, "container"),
+        sandbox_id=sb.sandbox_id,
+        image=sb.image,
+        state=SANDBOX_STATE.get(sb.state, "unknown"),
+        workdir=sb.workdir,
+        labels=dict(sb.labels),
+        env=dict(sb.env),
+        failure_reason=sb.failure_reason,
+        created_at=_seconds(sb, "create_time"),
+        expires_at=_seconds(sb, "expire_time"),
+        ttl=_seconds(sb, "ttl"),
+        from_snapshot=sb.from_snapshot,
+        kind=SANDBOX_KIND.get(sb.kind, "container"),
     )
 
 
 def snapshot_info(snap: pb.Snapshot) -> SnapshotInfo:
-    return SnapshotInfo(snapshot_id=snap.snapshot_id, sandbox_id=snap.sandbox_id, image=snap.image,
-                        size=snap.size_bytes, labels=dict(snap.labels), created_at=_seconds(snap, "create_time"),
-                        keep=snap.keep)
+    return SnapshotInfo(
+        snapshot_id=snap.snapshot_id,
+        sandbox_id=snap.sandbox_id,
+        image=snap.image,
+        size=snap.size_bytes,
+        labels=dict(snap.labels),
+        created_at=_seconds(snap, "create_time"),
+        keep=snap.keep,
+    )

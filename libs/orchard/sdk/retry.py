@@ -41,7 +41,14 @@ async def with_retries(call: Callable[[], Awaitable[T]], *, idempotent: bool, wh
             if attempt + 1 == ATTEMPTS or not retryable(err, idempotent):
                 raise
             delay = backoff_s(attempt, err)
-            log.info("%s failed (%s: %s); retry %d/%d in %.1fs", what, err.code.name, err.message,
-                     attempt + 1, ATTEMPTS - 1, delay)
+            log.info(
+                "%s failed (%s: %s); retry %d/%d in %.1fs",
+                what,
+                err.code.name,
+                err.message,
+                attempt + 1,
+                ATTEMPTS - 1,
+                delay,
+            )
             await asyncio.sleep(delay)
     raise AssertionError("unreachable")

@@ -14,8 +14,8 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Self
 
 import grpc
-from google.protobuf.duration_pb2 import Duration
 
+from orchard import prototime
 from orchard.env.v1 import env_pb2 as pb
 from orchard.errors import DeadlineExceeded, FailedPrecondition, NotFound
 from orchard.sdk.results import (
@@ -53,18 +53,24 @@ PTY_STARTED_KEY = "orchard-pty-started"
 """Initial metadata the service sends once a terminal session's program runs."""
 
 Command = str | Sequence[str]
-ACTIONS = {"click": pb.ACTION_TYPE_CLICK, "double_click": pb.ACTION_TYPE_DOUBLE_CLICK, "type": pb.ACTION_TYPE_TYPE,
-           "key_press": pb.ACTION_TYPE_KEY_PRESS, "scroll": pb.ACTION_TYPE_SCROLL, "navigate": pb.ACTION_TYPE_NAVIGATE,
-           "back": pb.ACTION_TYPE_BACK, "wait": pb.ACTION_TYPE_WAIT}
+ACTIONS = {
+    "click": pb.ACTION_TYPE_CLICK,
+    "double_click": pb.ACTION_TYPE_DOUBLE_CLICK,
+    "type": pb.ACTION_TYPE_TYPE,
+    "key_press": pb.ACTION_TYPE_KEY_PRESS,
+    "scroll": pb.ACTION_TYPE_SCROLL,
+    "navigate": pb.ACTION_TYPE_NAVIGATE,
+    "back": pb.ACTION_TYPE_BACK,
+    "wait": pb.ACTION_TYPE_WAIT,
+}
 """The browser actions act() takes."""
-DONE_STATES = frozenset({pb.EXEC_STATE_SUCCEEDED, pb.EXEC_STATE_FAILED, pb.EXEC_STATE_TIMED_OUT,
-                         pb.EXEC_STATE_CANCELLED})
+DONE_STATES = frozenset(
+    {pb.EXEC_STATE_SUCCEEDED, pb.EXEC_STATE_FAILED, pb.EXEC_STATE_TIMED_OUT, pb.EXEC_STATE_CANCELLED}
+)
 
 
-def duration(seconds: float) -> Duration:
-    d = Duration()
-    d.FromNanoseconds(round(seconds * 1e9))
-    return d
+duration = prototime.duration
+"""A protobuf Duration of seconds (kept here: the SDK's modules import it from this one)."""
 
 
 async def complete_output(transport: Transport, ex: pb.Exec) -> JobResult:
@@ -76,8 +82,11 @@ async def complete_output(transport: Transport, ex: pb.Exec) -> JobResult:
         parts = [getattr(ex, name)]
         offset = len(parts[0])
         while True:
-            response = await transport.unary("ReadExecOutput", pb.ReadExecOutputRequest(
-                exec_id=ex.exec_id, stream=stream, offset=offset), idempotent=True)
+            response = await transport.unary(
+                "ReadExecOutput",
+                pb.ReadExecOutputRequest(exec_id=ex.exec_id, stream=stream, offset=offset),
+                idempotent=True,
+            )
             parts.append(response.data)
             offset += len(response.data)
             if not response.data or offset >= response.kept_bytes:
@@ -98,7 +107,7 @@ class AsyncExecHandle:
         self.job_id: str = ex.exec_id
         self.sandbox_id: str = ex.sandbox_id
         self.command: str = ex.command
-        self.timeout: float = ex.timeout.ToNanoseconds() / 1e9
+        self.timeout: float = prototime.seconds_of(ex.timeout)
         """The command's timeout in seconds, as the service applies it."""
         self.last: pb.Exec = ex
         """The command as the service last reported it."""
@@ -121,26 +130,25 @@ class AsyncExecHandle:
             if deadline is not None:
                 remaining = deadline - loop.time()
                 if remaining <= 0:
-                    raise DeadlineExceeded(f"command {self.job_id} in sandbox {self.sandbox_id} did not end within "
-                                           f"{timeout:g}s; it may still be queued or running (cancel() stops it)")
+                    raise DeadlineExceeded(
+                        f"command {self.job_id} in sandbox {self.sandbox_id} did not end within "
+                        f"{timeout:g}s; it may still be queued or running (cancel() stops it)"
+                    )
                 wait_s = min(wait_s, remaining)
             request = pb.WaitExecRequest(exec_id=self.job_id, timeout=duration(wait_s))
-            response = await self._transport.unary("WaitExec", request, idempotent=True,
-                                                   timeout=wait_s + RPC_MARGIN_S)
+            response = await self._transport.unary("WaitExec", request, idempotent=True, timeout=wait_s + RPC_MARGIN_S)
             if response.done:
                 return await complete_output(self._transport, response.exec)
 
     async def cancel(self) -> JobResult:
         """Kill the command (and its whole process tree) if it is queued or running; returns its final state."""
-        response = await self._transport.unary("CancelExec", pb.CancelExecRequest(exec_id=self.job_id),
-                                               idempotent=True)
+        response = await self._transport.unary("CancelExec", pb.CancelExecRequest(exec_id=self.job_id), idempotent=True)
         return await complete_output(self._transport, response.exec)
 
     async def stream(self) -> AsyncIterator[tuple[str, bytes]]:
         """Yield ("stdout" | "stderr", chunk) from the first byte on, as the command writes; ends when it ends."""
         request = pb.StreamExecRequest(exec_id=self.job_id)
-        async for event in self._transport.server_stream("StreamExec", request,
-                                                         timeout=self.timeout + EXEC_MARGIN_S):
+        async for event in self._transport.server_stream("StreamExec", request, timeout=self.timeout + EXEC_MARGIN_S):
             kind = event.WhichOneof("event")
             if kind in ("stdout", "stderr"):
                 yield kind, getattr(event, kind)
@@ -153,8 +161,7 @@ class AsyncPtySession:
     """An interactive terminal in a sandbox: `async for chunk in session` yields its output bytes until the
     program ends (exit_code is set then); send() types into it and resize() changes its size."""
 
-    def __init__(self, transport: Transport, call: grpc.aio.StreamStreamCall, sandbox_id: str,
-                 timeout: float) -> None:
+    def __init__(self, transport: Transport, call: grpc.aio.StreamStreamCall, sandbox_id: str, timeout: float) -> None:
         self._transport = transport
         self._call = call
         self._timeout = timeout
@@ -175,8 +182,10 @@ class AsyncPtySession:
             await self._call.write(request)
         except asyncio.InvalidStateError:  # the call is over: say how it ended
             await self._read()
-            raise FailedPrecondition(f"the terminal session in sandbox {self.sandbox_id} has ended (exit code "
-                                     f"{self.exit_code}); open a new one") from None
+            raise FailedPrecondition(
+                f"the terminal session in sandbox {self.sandbox_id} has ended (exit code "
+                f"{self.exit_code}); open a new one"
+            ) from None
         except grpc.aio.AioRpcError as err:
             raise self._transport.error(err, "OpenPty", self._timeout) from None
 
@@ -231,9 +240,17 @@ class AsyncSandbox:
         self.info = sandbox_info((await self._transport.unary("Heartbeat", request, idempotent=True)).sandbox)
         return self.info
 
-    async def start(self, command: Command, timeout: float | None = 300, cwd: str | None = None,
-                    env: Mapping[str, str] | None = None, login_shell: bool = False,
-                    stdin: bytes | str | None = None, *, max_output: int | None = None) -> AsyncExecHandle:
+    async def start(
+        self,
+        command: Command,
+        timeout: float | None = 300,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        login_shell: bool = False,
+        stdin: bytes | str | None = None,
+        *,
+        max_output: int | None = None,
+    ) -> AsyncExecHandle:
         """Queue a command and return its handle at once.
 
         A string runs as `bash -c <command>`; a list is argv, quoted by the service. Commands
@@ -243,12 +260,25 @@ class AsyncSandbox:
         """
         return await self._start(command, timeout, cwd, env, login_shell, stdin, wait_s=0.0, max_output=max_output)
 
-    async def _start(self, command: Command, timeout: float | None, cwd: str | None,
-                     env: Mapping[str, str] | None, login_shell: bool, stdin: bytes | str | None,
-                     *, wait_s: float, max_output: int | None = None) -> AsyncExecHandle:
+    async def _start(
+        self,
+        command: Command,
+        timeout: float | None,
+        cwd: str | None,
+        env: Mapping[str, str] | None,
+        login_shell: bool,
+        stdin: bytes | str | None,
+        *,
+        wait_s: float,
+        max_output: int | None = None,
+    ) -> AsyncExecHandle:
         request = pb.StartExecRequest(
-            sandbox_id=self.sandbox_id, cwd=cwd or "", env=dict(env or {}), timeout=duration(timeout or 0),
-            login_shell=login_shell, stdin=stdin.encode() if isinstance(stdin, str) else stdin or b"",
+            sandbox_id=self.sandbox_id,
+            cwd=cwd or "",
+            env=dict(env or {}),
+            timeout=duration(timeout or 0),
+            login_shell=login_shell,
+            stdin=stdin.encode() if isinstance(stdin, str) else stdin or b"",
             max_output_bytes=max_output or 0,
         )
         if isinstance(command, str):
@@ -257,15 +287,24 @@ class AsyncSandbox:
             request.argv.args.extend(command)
         if wait_s > 0:
             request.wait.CopyFrom(duration(wait_s))
-        response = await self._transport.unary("StartExec", request, idempotent=False,
-                                               timeout=wait_s + RPC_MARGIN_S if wait_s > 0 else None)
+        response = await self._transport.unary(
+            "StartExec", request, idempotent=False, timeout=wait_s + RPC_MARGIN_S if wait_s > 0 else None
+        )
         return AsyncExecHandle(self._transport, response.exec)
 
     exec_async = start
 
-    async def exec(self, command: Command, timeout: float | None = 300, cwd: str | None = None,
-                   env: Mapping[str, str] | None = None, login_shell: bool = False,
-                   stdin: bytes | str | None = None, *, max_output: int | None = None) -> JobResult:
+    async def exec(
+        self,
+        command: Command,
+        timeout: float | None = 300,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        login_shell: bool = False,
+        stdin: bytes | str | None = None,
+        *,
+        max_output: int | None = None,
+    ) -> JobResult:
         """Run a command to its end and return its result; a failing command is a result, not an error.
         `max_output` caps the bytes kept of each of stdout and stderr (None: the service default, 16 MiB).
 
@@ -273,8 +312,9 @@ class AsyncSandbox:
         cancelled then). Cancelling the caller cancels the command too.
         """
         # Start and wait in one call: a short command's result comes back without a WaitExec round trip.
-        handle = await self._start(command, timeout, cwd, env, login_shell, stdin, wait_s=MAX_WAIT_S,
-                                   max_output=max_output)
+        handle = await self._start(
+            command, timeout, cwd, env, login_shell, stdin, wait_s=MAX_WAIT_S, max_output=max_output
+        )
         if handle.last.state in DONE_STATES:
             return await complete_output(self._transport, handle.last)
         try:
@@ -297,13 +337,22 @@ class AsyncSandbox:
         starts from the command's first byte."""
         response = await self._transport.unary("GetExec", pb.GetExecRequest(exec_id=job_id), idempotent=True)
         if response.exec.sandbox_id != self.sandbox_id:
-            raise NotFound(f"command {job_id!r} belongs to sandbox {response.exec.sandbox_id!r}, not to "
-                           f"{self.sandbox_id!r}; attach through that sandbox")
+            raise NotFound(
+                f"command {job_id!r} belongs to sandbox {response.exec.sandbox_id!r}, not to "
+                f"{self.sandbox_id!r}; attach through that sandbox"
+            )
         return AsyncExecHandle(self._transport, response.exec)
 
     @contextlib.asynccontextmanager
-    async def pty(self, argv: Sequence[str] | None = None, rows: int = 24, cols: int = 80, cwd: str | None = None,
-                  env: Mapping[str, str] | None = None, timeout: float = 3600) -> AsyncIterator[AsyncPtySession]:
+    async def pty(
+        self,
+        argv: Sequence[str] | None = None,
+        rows: int = 24,
+        cols: int = 80,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout: float = 3600,
+    ) -> AsyncIterator[AsyncPtySession]:
         """An interactive terminal running argv (an interactive bash by default) until the program exits or
         the block is left, which kills its whole process tree. It ends with DeadlineExceeded after `timeout` s.
 
@@ -314,8 +363,14 @@ class AsyncSandbox:
         call = await self._transport.bidi_stream("OpenPty", timeout=timeout)
         session = AsyncPtySession(self._transport, call, self.sandbox_id, timeout)
         try:
-            start = pb.PtyStart(sandbox_id=self.sandbox_id, argv=list(argv or ()), rows=rows, cols=cols,
-                                cwd=cwd or "", env=dict(env or {}))
+            start = pb.PtyStart(
+                sandbox_id=self.sandbox_id,
+                argv=list(argv or ()),
+                rows=rows,
+                cols=cols,
+                cwd=cwd or "",
+                env=dict(env or {}),
+            )
             await session._write(pb.OpenPtyRequest(start=start))
             try:
                 started = await call.initial_metadata()
@@ -329,12 +384,14 @@ class AsyncSandbox:
 
     async def apply_patch(self, patch: str, timeout: float = 30, cwd: str | None = None) -> PatchResult:
         """Apply a unified (git) diff, all or nothing; raises PatchError when it does not apply."""
-        request = pb.ApplyPatchRequest(sandbox_id=self.sandbox_id, patch=patch, cwd=cwd or "",
-                                       timeout=duration(timeout))
+        request = pb.ApplyPatchRequest(
+            sandbox_id=self.sandbox_id, patch=patch, cwd=cwd or "", timeout=duration(timeout)
+        )
         try:
             # The patch waits behind the sandbox's earlier commands, hence the client timeout on top.
-            response = await self._transport.unary("ApplyPatch", request, idempotent=False,
-                                                   timeout=timeout + self._transport.timeout)
+            response = await self._transport.unary(
+                "ApplyPatch", request, idempotent=False, timeout=timeout + self._transport.timeout
+            )
         except FailedPrecondition as err:
             if err.field != "patch":
                 raise
@@ -347,12 +404,13 @@ class AsyncSandbox:
 
         async def chunks() -> AsyncIterator[bytes]:
             for offset in range(0, len(data), CHUNK):
-                yield data[offset:offset + CHUNK]
+                yield data[offset : offset + CHUNK]
 
         return await self._upload(remote_path, mode, chunks())
 
-    async def upload_file(self, local_path: str | os.PathLike[str], remote_path: str,
-                          mode: int | None = None) -> UploadResult:
+    async def upload_file(
+        self, local_path: str | os.PathLike[str], remote_path: str, mode: int | None = None
+    ) -> UploadResult:
         """Stream a local file of any size to remote_path, 1 MiB at a time."""
         file = await asyncio.to_thread(open, local_path, "rb")  # fails here, before the call, if unreadable
 
@@ -410,14 +468,20 @@ class AsyncSandbox:
         response = await self._transport.unary("ListFiles", request, idempotent=True)
         return [file_entry(info) for info in response.files]
 
-    async def snapshot(self, labels: Mapping[str, str] | None = None, snapshot_id: str | None = None, *,
-                       keep: bool = False) -> SnapshotInfo:
+    async def snapshot(
+        self, labels: Mapping[str, str] | None = None, snapshot_id: str | None = None, *, keep: bool = False
+    ) -> SnapshotInfo:
         """Freeze the sandbox's files into a snapshot, taken after the commands started before this call and
         before those started after it; `client.create_sandbox(from_snapshot=snap.snapshot_id)` starts copies of
         it, cheaply and as many as you like. Processes still running in the background are not paused. A kept
         snapshot outlives this client (no auto-cleanup) and restarts of the service, until it is deleted."""
-        request = pb.SnapshotSandboxRequest(sandbox_id=self.sandbox_id, snapshot_id=snapshot_id or "",
-                                            labels=dict(labels or {}), request_id=uuid.uuid4().hex, keep=keep)
+        request = pb.SnapshotSandboxRequest(
+            sandbox_id=self.sandbox_id,
+            snapshot_id=snapshot_id or "",
+            labels=dict(labels or {}),
+            request_id=uuid.uuid4().hex,
+            keep=keep,
+        )
         response = await self._transport.unary("SnapshotSandbox", request, idempotent=True)
         if not keep:
             self._client._snapshots.add(response.snapshot.snapshot_id)
@@ -427,12 +491,25 @@ class AsyncSandbox:
         """A PNG of a browser sandbox's page: the viewport, or the whole page with full_page."""
         request = pb.ScreenshotRequest(sandbox_id=self.sandbox_id, full_page=full_page)
         response = await self._transport.unary("Screenshot", request, idempotent=True)
-        return Screenshot(png=response.png, width=response.width, height=response.height, url=response.url,
-                          title=response.title)
+        return Screenshot(
+            png=response.png, width=response.width, height=response.height, url=response.url, title=response.title
+        )
 
-    async def act(self, action: str, *, selector: str = "", x: float | None = None, y: float | None = None,
-                  text: str = "", key: str = "", delta_x: float = 0.0, delta_y: float = 0.0, url: str = "",
-                  timeout: float | None = None, screenshot: bool = False) -> ActResult:
+    async def act(
+        self,
+        action: str,
+        *,
+        selector: str = "",
+        x: float | None = None,
+        y: float | None = None,
+        text: str = "",
+        key: str = "",
+        delta_x: float = 0.0,
+        delta_y: float = 0.0,
+        url: str = "",
+        timeout: float | None = None,
+        screenshot: bool = False,
+    ) -> ActResult:
         """Do one thing in a browser sandbox's page, in order with its other actions.
 
         Args:
@@ -451,20 +528,33 @@ class AsyncSandbox:
         kind = ACTIONS.get(action)
         if kind is None:
             raise ValueError(f"action {action!r} is not one of {', '.join(ACTIONS)}")
-        request = pb.ActRequest(sandbox_id=self.sandbox_id, action=kind, x=x or 0.0, y=y or 0.0, selector=selector,
-                                text=text, key=key, delta_x=delta_x, delta_y=delta_y, url=url,
-                                timeout=duration(timeout or 0), screenshot=screenshot)
+        request = pb.ActRequest(
+            sandbox_id=self.sandbox_id,
+            action=kind,
+            x=x or 0.0,
+            y=y or 0.0,
+            selector=selector,
+            text=text,
+            key=key,
+            delta_x=delta_x,
+            delta_y=delta_y,
+            url=url,
+            timeout=duration(timeout or 0),
+            screenshot=screenshot,
+        )
         # Actions change the page: never retried. The deadline leaves room for the action's own timeout.
-        response = await self._transport.unary("Act", request, idempotent=False,
-                                               timeout=timeout + RPC_MARGIN_S if timeout else None)
+        response = await self._transport.unary(
+            "Act", request, idempotent=False, timeout=timeout + RPC_MARGIN_S if timeout else None
+        )
         return ActResult(url=response.url, title=response.title, png=response.png)
 
     async def page_content(self) -> PageContent:
         """A browser sandbox's page as text: its accessibility tree and its visible text."""
         request = pb.GetPageContentRequest(sandbox_id=self.sandbox_id)
         response = await self._transport.unary("GetPageContent", request, idempotent=True)
-        return PageContent(url=response.url, title=response.title, accessibility_tree=response.accessibility_tree,
-                           text=response.text)
+        return PageContent(
+            url=response.url, title=response.title, accessibility_tree=response.accessibility_tree, text=response.text
+        )
 
     async def delete(self) -> None:
         """Delete the sandbox: its processes are killed and its files removed. Deleting twice is fine."""
@@ -473,10 +563,10 @@ class AsyncSandbox:
     async def __aenter__(self) -> Self:
         return self
 
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         await self.delete()
 
     def __repr__(self) -> str:
         return f"AsyncSandbox(sandbox_id={self.sandbox_id!r}, image={self.image!r}, state={self.info.state!r})"
-

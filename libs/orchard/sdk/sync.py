@@ -165,19 +165,36 @@ class Sandbox:
         """Extend the sandbox's liveness lease now."""
         return self._run.run(self._sandbox.heartbeat())
 
-    def exec(self, command: Command, timeout: float | None = 300, cwd: str | None = None,
-             env: Mapping[str, str] | None = None, login_shell: bool = False,
-             stdin: bytes | str | None = None, *, max_output: int | None = None) -> JobResult:
+    def exec(
+        self,
+        command: Command,
+        timeout: float | None = 300,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        login_shell: bool = False,
+        stdin: bytes | str | None = None,
+        *,
+        max_output: int | None = None,
+    ) -> JobResult:
         """Run a command to its end (string: `bash -c`; list: argv, quoted by the service)."""
-        return self._run.run(self._sandbox.exec(command, timeout, cwd, env, login_shell, stdin,
-                                                max_output=max_output))
+        return self._run.run(self._sandbox.exec(command, timeout, cwd, env, login_shell, stdin, max_output=max_output))
 
-    def start(self, command: Command, timeout: float | None = 300, cwd: str | None = None,
-              env: Mapping[str, str] | None = None, login_shell: bool = False,
-              stdin: bytes | str | None = None, *, max_output: int | None = None) -> ExecHandle:
+    def start(
+        self,
+        command: Command,
+        timeout: float | None = 300,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        login_shell: bool = False,
+        stdin: bytes | str | None = None,
+        *,
+        max_output: int | None = None,
+    ) -> ExecHandle:
         """Queue a command and return its handle at once."""
-        return ExecHandle(self._run.run(self._sandbox.start(command, timeout, cwd, env, login_shell, stdin,
-                                                            max_output=max_output)), self._run)
+        return ExecHandle(
+            self._run.run(self._sandbox.start(command, timeout, cwd, env, login_shell, stdin, max_output=max_output)),
+            self._run,
+        )
 
     exec_async = start
 
@@ -189,8 +206,15 @@ class Sandbox:
         return ExecHandle(self._run.run(self._sandbox.attach(job_id)), self._run)
 
     @contextlib.contextmanager
-    def pty(self, argv: Sequence[str] | None = None, rows: int = 24, cols: int = 80, cwd: str | None = None,
-            env: Mapping[str, str] | None = None, timeout: float = 3600) -> Iterator[PtySession]:
+    def pty(
+        self,
+        argv: Sequence[str] | None = None,
+        rows: int = 24,
+        cols: int = 80,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout: float = 3600,
+    ) -> Iterator[PtySession]:
         """An interactive terminal running argv (an interactive bash by default); leaving the block kills it."""
         context = self._sandbox.pty(argv, rows, cols, cwd, env, timeout)
         session = self._run.run(context.__aenter__())
@@ -203,8 +227,9 @@ class Sandbox:
         """Apply a unified (git) diff, all or nothing; raises PatchError when it does not apply."""
         return self._run.run(self._sandbox.apply_patch(patch, timeout, cwd))
 
-    def upload_file(self, local_path: str | os.PathLike[str], remote_path: str,
-                    mode: int | None = None) -> UploadResult:
+    def upload_file(
+        self, local_path: str | os.PathLike[str], remote_path: str, mode: int | None = None
+    ) -> UploadResult:
         return self._run.run(self._sandbox.upload_file(local_path, remote_path, mode))
 
     def upload_content(self, content: bytes | str, remote_path: str, mode: int | None = None) -> UploadResult:
@@ -219,8 +244,9 @@ class Sandbox:
     def list_files(self, path: str = "") -> list[FileEntry]:
         return self._run.run(self._sandbox.list_files(path))
 
-    def snapshot(self, labels: Mapping[str, str] | None = None, snapshot_id: str | None = None, *,
-                 keep: bool = False) -> SnapshotInfo:
+    def snapshot(
+        self, labels: Mapping[str, str] | None = None, snapshot_id: str | None = None, *, keep: bool = False
+    ) -> SnapshotInfo:
         """Freeze the sandbox's files into a snapshot (between its commands); see AsyncSandbox.snapshot."""
         return self._run.run(self._sandbox.snapshot(labels, snapshot_id, keep=keep))
 
@@ -228,13 +254,37 @@ class Sandbox:
         """A PNG of a browser sandbox's page; see AsyncSandbox.screenshot."""
         return self._run.run(self._sandbox.screenshot(full_page))
 
-    def act(self, action: str, *, selector: str = "", x: float | None = None, y: float | None = None,
-            text: str = "", key: str = "", delta_x: float = 0.0, delta_y: float = 0.0, url: str = "",
-            timeout: float | None = None, screenshot: bool = False) -> ActResult:
+    def act(
+        self,
+        action: str,
+        *,
+        selector: str = "",
+        x: float | None = None,
+        y: float | None = None,
+        text: str = "",
+        key: str = "",
+        delta_x: float = 0.0,
+        delta_y: float = 0.0,
+        url: str = "",
+        timeout: float | None = None,
+        screenshot: bool = False,
+    ) -> ActResult:
         """Do one thing in a browser sandbox's page; see AsyncSandbox.act."""
-        return self._run.run(self._sandbox.act(action, selector=selector, x=x, y=y, text=text, key=key,
-                                               delta_x=delta_x, delta_y=delta_y, url=url, timeout=timeout,
-                                               screenshot=screenshot))
+        return self._run.run(
+            self._sandbox.act(
+                action,
+                selector=selector,
+                x=x,
+                y=y,
+                text=text,
+                key=key,
+                delta_x=delta_x,
+                delta_y=delta_y,
+                url=url,
+                timeout=timeout,
+                screenshot=screenshot,
+            )
+        )
 
     def page_content(self) -> PageContent:
         """A browser sandbox's accessibility tree and visible text; see AsyncSandbox.page_content."""
@@ -247,8 +297,9 @@ class Sandbox:
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.delete()
 
     def __repr__(self) -> str:
@@ -262,19 +313,35 @@ class SandboxClient:
     if it was never closed.
     """
 
-    def __init__(self, target: str | None = None, timeout: float = 300.0, auto_cleanup: bool = True,
-                 api_key: str | None = None, prefix: str | None = None, *, connect_timeout: float = 3.0) -> None:
+    def __init__(
+        self,
+        target: str | None = None,
+        timeout: float = 300.0,
+        auto_cleanup: bool = True,
+        api_key: str | None = None,
+        prefix: str | None = None,
+        *,
+        connect_timeout: float = 3.0,
+    ) -> None:
         self._run = _loop_thread()
-        self._client = AsyncSandboxClient(target, timeout, auto_cleanup, api_key, prefix,
-                                          connect_timeout=connect_timeout)
+        self._client = AsyncSandboxClient(
+            target, timeout, auto_cleanup, api_key, prefix, connect_timeout=connect_timeout
+        )
         self._closed = False
         if auto_cleanup:
             atexit.register(self.close)
 
     @classmethod
-    def connect(cls, target: str | None = None, timeout: float = 300.0, auto_cleanup: bool = True,
-                api_key: str | None = None, prefix: str | None = None, *,
-                connect_timeout: float = 3.0) -> SandboxClient:
+    def connect(
+        cls,
+        target: str | None = None,
+        timeout: float = 300.0,
+        auto_cleanup: bool = True,
+        api_key: str | None = None,
+        prefix: str | None = None,
+        *,
+        connect_timeout: float = 3.0,
+    ) -> SandboxClient:
         """A client whose connection is already up; raises Unavailable (a ConnectionError) fast if it cannot be."""
         client = cls(target, timeout, auto_cleanup, api_key, prefix, connect_timeout=connect_timeout)
         try:
@@ -292,21 +359,51 @@ class SandboxClient:
     def target(self) -> str:
         return self._client.target
 
-    def create_sandbox(self, image: str = "", block_network: bool = True, sandbox_id: str | None = None,
-                       cpu: str | float | None = None, memory: str | int | None = None, timeout: float | None = 3600,
-                       wait_ready: bool = True, env: Mapping[str, str] | None = None,
-                       labels: Mapping[str, str] | None = None, from_snapshot: str | None = None,
-                       isolation: str | None = None) -> Sandbox:
+    def create_sandbox(
+        self,
+        image: str = "",
+        block_network: bool = True,
+        sandbox_id: str | None = None,
+        cpu: str | float | None = None,
+        memory: str | int | None = None,
+        timeout: float | None = 3600,
+        wait_ready: bool = True,
+        env: Mapping[str, str] | None = None,
+        labels: Mapping[str, str] | None = None,
+        from_snapshot: str | None = None,
+        isolation: str | None = None,
+    ) -> Sandbox:
         """Create a sandbox (from an image or a snapshot) and return it ready; see AsyncSandboxClient.create_sandbox."""
-        sandbox = self._run.run(self._client.create_sandbox(image, block_network, sandbox_id, cpu, memory, timeout,
-                                                            wait_ready, env, labels, from_snapshot, isolation))
+        sandbox = self._run.run(
+            self._client.create_sandbox(
+                image,
+                block_network,
+                sandbox_id,
+                cpu,
+                memory,
+                timeout,
+                wait_ready,
+                env,
+                labels,
+                from_snapshot,
+                isolation,
+            )
+        )
         return Sandbox(sandbox, self._run)
 
-    def create_browser(self, allow: Sequence[str] = (), *, sandbox_id: str | None = None,
-                       timeout: float | None = 3600, labels: Mapping[str, str] | None = None) -> Sandbox:
+    def create_browser(
+        self,
+        allow: Sequence[str] = (),
+        *,
+        sandbox_id: str | None = None,
+        timeout: float | None = 3600,
+        labels: Mapping[str, str] | None = None,
+    ) -> Sandbox:
         """Create a browser sandbox and return it ready; see AsyncSandboxClient.create_browser."""
-        return Sandbox(self._run.run(self._client.create_browser(allow, sandbox_id=sandbox_id, timeout=timeout,
-                                                                 labels=labels)), self._run)
+        return Sandbox(
+            self._run.run(self._client.create_browser(allow, sandbox_id=sandbox_id, timeout=timeout, labels=labels)),
+            self._run,
+        )
 
     def get_sandbox(self, sandbox_id: str) -> Sandbox:
         """An existing sandbox; raises NotFound."""
@@ -348,8 +445,9 @@ class SandboxClient:
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close()
 
     def __repr__(self) -> str:

@@ -5,8 +5,7 @@ into orchard.errors classes that name the service and its address."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
@@ -24,9 +23,17 @@ CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_mess
 class Transport:
     """One lazily opened channel and the call helpers every SDK object uses."""
 
-    def __init__(self, config: ClientConfig, *, timeout: float, connect_timeout: float, service: str = "env",
-                 stub: Callable[[grpc.aio.Channel], Any] = env_pb2_grpc.EnvServiceStub, hint: str = START_HINT,
-                 options: list[tuple[str, Any]] | None = None) -> None:
+    def __init__(
+        self,
+        config: ClientConfig,
+        *,
+        timeout: float,
+        connect_timeout: float,
+        service: str = "env",
+        stub: Callable[[grpc.aio.Channel], Any] = env_pb2_grpc.EnvServiceStub,
+        hint: str = START_HINT,
+        options: list[tuple[str, Any]] | None = None,
+    ) -> None:
         self.config = config
         self.service = service
         """The service's name in messages ("env", "inference" ...)."""
@@ -58,9 +65,11 @@ class Transport:
                 await asyncio.wait_for(channel.channel_ready(), self.connect_timeout)
             except TimeoutError:
                 await channel.close()
-                raise Unavailable(f"cannot reach the {self.service} service at {target} "
-                                  f"(no connection within {self.connect_timeout:g}s); is it running? "
-                                  f"{self._hint}") from None
+                raise Unavailable(
+                    f"cannot reach the {self.service} service at {target} "
+                    f"(no connection within {self.connect_timeout:g}s); is it running? "
+                    f"{self._hint}"
+                ) from None
             except BaseException:
                 await channel.close()
                 raise
@@ -124,11 +133,12 @@ class Transport:
         error = from_rpc_error(err)
         target = self.config.target
         if isinstance(error, DeadlineExceeded) and error.message == "Deadline Exceeded":
-            return DeadlineExceeded(f"{method} to the {self.service} service at {target} did not finish within "
-                                    f"the client's {deadline:g}s deadline; pass a larger timeout if the work is slow")
+            return DeadlineExceeded(
+                f"{method} to the {self.service} service at {target} did not finish within "
+                f"the client's {deadline:g}s deadline; pass a larger timeout if the work is slow"
+            )
         if isinstance(error, Unavailable) and not _sent_by_orchard(err):
-            return Unavailable(f"the {self.service} service at {target} is unavailable ({error.message}); "
-                               f"{self._hint}")
+            return Unavailable(f"the {self.service} service at {target} is unavailable ({error.message}); {self._hint}")
         return error
 
 

@@ -105,16 +105,38 @@ def wheelhouse(requirements: list[str], python: str, cache: Path) -> Path:
     target = cache / "wheels" / key
     if (target / ".complete").exists():
         return target
-    tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=target.parent if target.parent.exists() else
-                                _mkdirs(target.parent)))
-    argv = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--quiet", "--dest", str(tmp),
-            "--only-binary=:all:", "--python-version", python, "--implementation", "cp", "--platform",
-            "manylinux2014_x86_64", "--platform", "manylinux_2_17_x86_64", "--platform", "linux_x86_64", *reqs]
+    tmp = Path(
+        tempfile.mkdtemp(prefix=f".{key}-", dir=target.parent if target.parent.exists() else _mkdirs(target.parent))
+    )
+    argv = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--disable-pip-version-check",
+        "--quiet",
+        "--dest",
+        str(tmp),
+        "--only-binary=:all:",
+        "--python-version",
+        python,
+        "--implementation",
+        "cp",
+        "--platform",
+        "manylinux2014_x86_64",
+        "--platform",
+        "manylinux_2_17_x86_64",
+        "--platform",
+        "linux_x86_64",
+        *reqs,
+    ]
     done = subprocess.run(argv, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         subprocess.run(["rm", "-rf", str(tmp)], check=False)
-        raise BuildError(f"downloading the Python packages failed (pip download for Python {python}: "
-                         f"{' '.join(reqs)}): {(done.stdout + done.stderr)[-LOG_TAIL:]}")
+        raise BuildError(
+            f"downloading the Python packages failed (pip download for Python {python}: "
+            f"{' '.join(reqs)}): {(done.stdout + done.stderr)[-LOG_TAIL:]}"
+        )
     (tmp / ".complete").write_text(json.dumps(reqs))
     tmp.rename(target) if not target.exists() else subprocess.run(["rm", "-rf", str(tmp)], check=False)
     return target
@@ -136,6 +158,7 @@ def _tar_of(folder: Path) -> bytes:
 
 def repo_bundle(repo_dir: Path, commit: str) -> tuple[bytes, str]:
     """A git bundle of `commit` and its ancestors only (no later commit, no other ref), and the full hash."""
+
     def git(*args: str, cwd: Path | None = None) -> str:
         done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=False)
         if done.returncode != 0:
@@ -164,8 +187,14 @@ class Builder:
     """Builds (or finds) the environments and instance states of tasks on one env service, one at a time per
     environment: concurrent rollouts of a new instance wait for one build instead of starting several."""
 
-    def __init__(self, client: AsyncSandboxClient, *, cache: Path | None = None, logs: Path | None = None,
-                 progress: Progress | None = None) -> None:
+    def __init__(
+        self,
+        client: AsyncSandboxClient,
+        *,
+        cache: Path | None = None,
+        logs: Path | None = None,
+        progress: Progress | None = None,
+    ) -> None:
         self._client = client
         self._cache = cache or default_cache_dir()
         self._logs = logs or self._cache / "env-builds"
@@ -179,8 +208,11 @@ class Builder:
         """The instance's snapshot (repository at base, installed), building what is missing."""
         spec = instance.environment
         if spec is None:
-            raise InvalidArgument(f"task {instance.instance_id} has no environment spec; give it `environment`, "
-                                  "`install_config` or --env-specs", field="environment")
+            raise InvalidArgument(
+                f"task {instance.instance_id} has no environment spec; give it `environment`, "
+                "`install_config` or --env-specs",
+                field="environment",
+            )
         started = time.monotonic()
         key = instance_key(instance, spec)
         async with self._lock(key):
@@ -202,10 +234,14 @@ class Builder:
                 return found[0].snapshot_id
             self._progress(f"environment {key}: image {spec.image}")
             await self._client.build_image(
-                spec.image, suite=spec.suite if spec.packages else "", packages=spec.image_packages,
+                spec.image,
+                suite=spec.suite if spec.packages else "",
+                packages=spec.image_packages,
                 description=f"Python {spec.python} ({spec.suite}) with {' '.join(spec.packages)}",
                 progress=lambda stage, done, total, message: self._progress(
-                    f"environment {key}: image [{stage}] {done}{f'/{total}' if total else ''} {message}"))
+                    f"environment {key}: image [{stage}] {done}{f'/{total}' if total else ''} {message}"
+                ),
+            )
             self._progress(f"environment {key}: downloading {len(spec.venv_requirements)} Python packages")
             wheels = await asyncio.to_thread(wheelhouse, list(spec.venv_requirements), spec.python, self._cache)
             self._progress(f"environment {key}: installing them into a venv")
@@ -213,48 +249,84 @@ class Builder:
 
     async def _build_environment(self, spec: EnvSpec, key: str, wheels: Path) -> str:
         log_path = self._log(f"env-{key}")
-        sandbox = await self._client.create_sandbox(spec.image, env=SANDBOX_ENV, timeout=BUILD_SANDBOX_TTL_S,
-                                                    labels={"orchard.role": "env-build"})
+        sandbox = await self._client.create_sandbox(
+            spec.image, env=SANDBOX_ENV, timeout=BUILD_SANDBOX_TTL_S, labels={"orchard.role": "env-build"}
+        )
         async with sandbox:
             await sandbox.upload_content(_tar_of(wheels), "/tmp/wheels.tar")
             links = " ".join(f"/usr/local/bin/{c}" for c in VENV_COMMANDS)
             requirements = " ".join(shlex.quote(r) for r in spec.venv_requirements)
-            await self._step(sandbox, log_path, "unpack the wheelhouse and point pip at it", (
-                f"mkdir -p {WHEELS} && tar -xf /tmp/wheels.tar -C {WHEELS} && rm /tmp/wheels.tar && "
-                f"printf '[global]\\nno-index = true\\nfind-links = {WHEELS}\\n' > /etc/pip.conf"))
+            await self._step(
+                sandbox,
+                log_path,
+                "unpack the wheelhouse and point pip at it",
+                (
+                    f"mkdir -p {WHEELS} && tar -xf /tmp/wheels.tar -C {WHEELS} && rm /tmp/wheels.tar && "
+                    f"printf '[global]\\nno-index = true\\nfind-links = {WHEELS}\\n' > /etc/pip.conf"
+                ),
+            )
             # python and python3 are wrappers, not links: Python finds its venv (pyvenv.cfg) next to the path it
             # was started by, so a link elsewhere would run the image's Python with the image's packages.
-            wrappers = " && ".join(f"printf '#!/bin/sh\\nexec {VENV}/bin/{c} \"$@\"\\n' > /usr/local/bin/{c} && "
-                                   f"chmod 755 /usr/local/bin/{c}" for c in ("python", "python3"))
-            await self._step(sandbox, log_path, f"create the venv (Python {spec.python})", (
-                f"python3 -m venv {VENV} && rm -f {links} && {wrappers} && for c in pip pip3 pytest; do "
-                f"ln -s {VENV}/bin/$c /usr/local/bin/$c; done"))
-            await self._offline(sandbox, log_path, "install the Python packages", spec.python,
-                                f"{VENV}/bin/pip install -q --upgrade {' '.join(BUILD_TOOLS)} && "
-                                f"{VENV}/bin/pip install -q {requirements}")
+            wrappers = " && ".join(
+                f"printf '#!/bin/sh\\nexec {VENV}/bin/{c} \"$@\"\\n' > /usr/local/bin/{c} && "
+                f"chmod 755 /usr/local/bin/{c}"
+                for c in ("python", "python3")
+            )
+            await self._step(
+                sandbox,
+                log_path,
+                f"create the venv (Python {spec.python})",
+                (
+                    f"python3 -m venv {VENV} && rm -f {links} && {wrappers} && for c in pip pip3 pytest; do "
+                    f"ln -s {VENV}/bin/$c /usr/local/bin/$c; done"
+                ),
+            )
+            await self._offline(
+                sandbox,
+                log_path,
+                "install the Python packages",
+                spec.python,
+                f"{VENV}/bin/pip install -q --upgrade {' '.join(BUILD_TOOLS)} && "
+                f"{VENV}/bin/pip install -q {requirements}",
+            )
             snap = await sandbox.snapshot({LABEL_ENV: key, "orchard.python": spec.python}, keep=True)
         return snap.snapshot_id
 
-    async def _build_instance(self, instance: TaskInstance, spec: EnvSpec, env_snapshot: str,
-                              key: str) -> tuple[str, str]:
+    async def _build_instance(
+        self, instance: TaskInstance, spec: EnvSpec, env_snapshot: str, key: str
+    ) -> tuple[str, str]:
         log_path = self._log(f"instance-{instance.instance_id}-{key}")
         repo_dir = instance.repo_dir
         extra: list[str] = project_requirements(repo_dir) if repo_dir is not None else []
-        sandbox = await self._client.create_sandbox(from_snapshot=env_snapshot, env=SANDBOX_ENV,
-                                                    timeout=BUILD_SANDBOX_TTL_S, labels={"orchard.role": "env-build"})
+        sandbox = await self._client.create_sandbox(
+            from_snapshot=env_snapshot,
+            env=SANDBOX_ENV,
+            timeout=BUILD_SANDBOX_TTL_S,
+            labels={"orchard.role": "env-build"},
+        )
         async with sandbox:
             if extra:
                 wheels = await asyncio.to_thread(wheelhouse, extra, spec.python, self._cache)
                 await sandbox.upload_content(_tar_of(wheels), "/tmp/wheels.tar")
-                await self._step(sandbox, log_path, "add the project's own requirements to the wheelhouse",
-                                 f"tar -xf /tmp/wheels.tar -C {WHEELS} && rm /tmp/wheels.tar")
+                await self._step(
+                    sandbox,
+                    log_path,
+                    "add the project's own requirements to the wheelhouse",
+                    f"tar -xf /tmp/wheels.tar -C {WHEELS} && rm /tmp/wheels.tar",
+                )
             workdir = shlex.quote(instance.workdir)
             if repo_dir is not None and is_git_repo(repo_dir):
                 bundle, head = await asyncio.to_thread(repo_bundle, repo_dir, instance.base_commit)
                 await sandbox.upload_content(bundle, "/tmp/repo.bundle")
-                await self._step(sandbox, log_path, f"check out {head[:12]} (its history only)", (
-                    f"rm -rf {workdir} && git clone -q --branch main /tmp/repo.bundle {workdir} && cd {workdir} && "
-                    "git remote remove origin && rm /tmp/repo.bundle"))
+                await self._step(
+                    sandbox,
+                    log_path,
+                    f"check out {head[:12]} (its history only)",
+                    (
+                        f"rm -rf {workdir} && git clone -q --branch main /tmp/repo.bundle {workdir} && cd {workdir} && "
+                        "git remote remove origin && rm /tmp/repo.bundle"
+                    ),
+                )
             elif repo_dir is not None:
                 files = repo_files(repo_dir)
                 if not files:
@@ -264,30 +336,53 @@ class Builder:
                     for path in files:
                         archive.add(path, arcname=path.relative_to(repo_dir).as_posix())
                 await sandbox.upload_content(tar.getvalue(), "/tmp/repo.tar")
-                await self._step(sandbox, log_path, "put the repository's files in place and commit them", (
-                    f"mkdir -p {workdir} && tar -xf /tmp/repo.tar -C {workdir} && rm /tmp/repo.tar && cd {workdir} "
-                    "&& git init -q && git add -A && git commit -q -m base"))
+                await self._step(
+                    sandbox,
+                    log_path,
+                    "put the repository's files in place and commit them",
+                    (
+                        f"mkdir -p {workdir} && tar -xf /tmp/repo.tar -C {workdir} && rm /tmp/repo.tar && cd {workdir} "
+                        "&& git init -q && git add -A && git commit -q -m base"
+                    ),
+                )
             else:
                 if not instance.base_commit:
                     raise BuildError(f"task {instance.instance_id} has neither repo_dir nor base_commit")
-                await self._step(sandbox, log_path, f"reset the image's repository to {instance.base_commit[:12]}",
-                                 f"cd {workdir} && git reset -q --hard {shlex.quote(instance.base_commit)} && "
-                                 "git clean -fdq")
+                await self._step(
+                    sandbox,
+                    log_path,
+                    f"reset the image's repository to {instance.base_commit[:12]}",
+                    f"cd {workdir} && git reset -q --hard {shlex.quote(instance.base_commit)} && git clean -fdq",
+                )
             for number, line in enumerate([*spec.pre_install, *instance.setup_commands], 1):
-                await self._step(sandbox, log_path, f"pre_install line {number}: {line[:60]}", f"cd {workdir} && {line}")
-            await self._offline(sandbox, log_path, f"install: {spec.install[:60]}", spec.python,
-                                f"cd {workdir} && {spec.install}")
+                await self._step(
+                    sandbox, log_path, f"pre_install line {number}: {line[:60]}", f"cd {workdir} && {line}"
+                )
+            await self._offline(
+                sandbox, log_path, f"install: {spec.install[:60]}", spec.python, f"cd {workdir} && {spec.install}"
+            )
             # What the install wrote into the work tree (an egg-info, a build folder) is no part of any patch.
-            head = (await self._step(sandbox, log_path, "record the base commit", (
-                f"cd {workdir} && git status --porcelain --untracked-files=all | sed -n 's/^?? //p' "
-                ">> .git/info/exclude && test -z \"$(git status --porcelain)\" && git rev-parse HEAD"))).strip()
+            head = (
+                await self._step(
+                    sandbox,
+                    log_path,
+                    "record the base commit",
+                    (
+                        f"cd {workdir} && git status --porcelain --untracked-files=all | sed -n 's/^?? //p' "
+                        '>> .git/info/exclude && test -z "$(git status --porcelain)" && git rev-parse HEAD'
+                    ),
+                )
+            ).strip()
             head = head.splitlines()[-1]
             if instance.base_commit and head != instance.base_commit:
-                raise BuildError(f"task {instance.instance_id}: the repository is at {head}, not base_commit "
-                                 f"{instance.base_commit}; give repo_dir as a git repository holding it (its history "
-                                 "is kept), or leave base_commit empty for plain files")
-            snap = await sandbox.snapshot({LABEL_INSTANCE: key, LABEL_HEAD: head,
-                                           "orchard.task": instance.instance_id[:200]}, keep=True)
+                raise BuildError(
+                    f"task {instance.instance_id}: the repository is at {head}, not base_commit "
+                    f"{instance.base_commit}; give repo_dir as a git repository holding it (its history "
+                    "is kept), or leave base_commit empty for plain files"
+                )
+            snap = await sandbox.snapshot(
+                {LABEL_INSTANCE: key, LABEL_HEAD: head, "orchard.task": instance.instance_id[:200]}, keep=True
+            )
         return snap.snapshot_id, head
 
     async def _offline(self, sandbox: AsyncSandbox, log_path: Path, step: str, python: str, command: str) -> None:
@@ -305,11 +400,17 @@ class Builder:
             self._progress(f"{step}: adding {requirement} to the wheelhouse")
             wheels = await asyncio.to_thread(wheelhouse, [requirement], python, self._cache)
             await sandbox.upload_content(_tar_of(wheels), "/tmp/wheels.tar")
-            await self._step(sandbox, log_path, f"add {requirement} to the wheelhouse",
-                             f"tar -xf /tmp/wheels.tar -C {WHEELS} && rm /tmp/wheels.tar")
+            await self._step(
+                sandbox,
+                log_path,
+                f"add {requirement} to the wheelhouse",
+                f"tar -xf /tmp/wheels.tar -C {WHEELS} && rm /tmp/wheels.tar",
+            )
         if not result.succeeded:
-            raise BuildError(f"environment build step {step!r} failed (exit {result.exit_code}; log {log_path}): "
-                             f"{(result.stdout + result.stderr)[-LOG_TAIL:]}")
+            raise BuildError(
+                f"environment build step {step!r} failed (exit {result.exit_code}; log {log_path}): "
+                f"{(result.stdout + result.stderr)[-LOG_TAIL:]}"
+            )
 
     def _log(self, name: str) -> Path:
         self._logs.mkdir(parents=True, exist_ok=True)
@@ -322,16 +423,22 @@ class Builder:
         with log_path.open("a") as out:
             out.write(f"$ {command}\n{result.stdout}{result.stderr}[exit {result.exit_code}]\n\n")
         if not result.succeeded:
-            raise BuildError(f"environment build step {step!r} failed (exit {result.exit_code}; log {log_path}): "
-                             f"{(result.stdout + result.stderr)[-LOG_TAIL:]}")
+            raise BuildError(
+                f"environment build step {step!r} failed (exit {result.exit_code}; log {log_path}): "
+                f"{(result.stdout + result.stderr)[-LOG_TAIL:]}"
+            )
         return result.stdout
 
 
 def instance_key(instance: TaskInstance, spec: EnvSpec) -> str:
     """A content hash of an instance's built state: its environment, its repository and how it is installed."""
     if instance.repo_dir is not None and is_git_repo(instance.repo_dir):
-        done = subprocess.run(["git", "-C", str(instance.repo_dir), "rev-parse", f"{instance.base_commit or 'HEAD'}"],
-                              capture_output=True, text=True, check=False)
+        done = subprocess.run(
+            ["git", "-C", str(instance.repo_dir), "rev-parse", f"{instance.base_commit or 'HEAD'}"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         source = f"git:{done.stdout.strip() or instance.base_commit}"
     elif instance.repo_dir is not None:
         digest = hashlib.sha256()
@@ -355,16 +462,18 @@ def builder_for(client: AsyncSandboxClient) -> Builder:
     return found
 
 
-async def task_sandbox(client: AsyncSandboxClient, instance: TaskInstance, *, labels: dict[str, str],
-                       timeout: float) -> tuple[AsyncSandbox, str]:
+async def task_sandbox(
+    client: AsyncSandboxClient, instance: TaskInstance, *, labels: dict[str, str], timeout: float
+) -> tuple[AsyncSandbox, str]:
     """A sandbox with the instance's repository at its base commit, and that commit: forked from its built state
     when it has an environment (built first if missing), else made from its image and set up (setup_repo)."""
     from orchard.tasks.repo import setup_repo
 
     if instance.environment is not None:
         prepared = await builder_for(client).prepare(instance)
-        sandbox = await client.create_sandbox(from_snapshot=prepared.snapshot_id, env=SANDBOX_ENV, timeout=timeout,
-                                              labels=labels)
+        sandbox = await client.create_sandbox(
+            from_snapshot=prepared.snapshot_id, env=SANDBOX_ENV, timeout=timeout, labels=labels
+        )
         return sandbox, prepared.head
     sandbox = await client.create_sandbox(instance.image, env=SANDBOX_ENV, timeout=timeout, labels=labels)
     try:

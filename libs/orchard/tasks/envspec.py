@@ -13,12 +13,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from orchard.errors import InvalidArgument, NotFound
 
-PYTHON_IMAGES = {"3.9": ("bullseye", "python:3.9-slim"), "3.11": ("bookworm", "python:3.11-slim"),
-                 "3.13": ("trixie", "python:3.13-slim")}
+PYTHON_IMAGES = {
+    "3.9": ("bullseye", "python:3.9-slim"),
+    "3.11": ("bookworm", "python:3.11-slim"),
+    "3.13": ("trixie", "python:3.13-slim"),
+}
 """The Pythons an environment can have: each is a Debian suite's python3, and its built-in image."""
 BUILD_LAYOUT = 2
 """The version of how environments are built (environments.py); part of every key, so a change rebuilds."""
@@ -49,8 +52,10 @@ class EnvSpec(BaseModel):
     def _python(cls, value: object) -> object:
         version = ".".join(str(value).split(".")[:2])
         if version not in PYTHON_IMAGES:
-            raise ValueError(f"python {value} is not available: environments have Python "
-                             f"{', '.join(PYTHON_IMAGES)} (each a Debian suite's python3)")
+            raise ValueError(
+                f"python {value} is not available: environments have Python "
+                f"{', '.join(PYTHON_IMAGES)} (each a Debian suite's python3)"
+            )
         return version
 
     @field_validator("packages", "pip_packages", "pre_install", mode="before")
@@ -92,8 +97,13 @@ class EnvSpec(BaseModel):
 
     def key(self) -> str:
         """A content hash of what the environment's snapshot holds (its image and its venv)."""
-        data = {"layout": BUILD_LAYOUT, "image": self.image, "python": self.python, "pip": list(self.venv_requirements),
-                "pre_install": list(self.pre_install)}
+        data = {
+            "layout": BUILD_LAYOUT,
+            "image": self.image,
+            "python": self.python,
+            "pip": list(self.venv_requirements),
+            "pre_install": list(self.pre_install),
+        }
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -135,7 +145,7 @@ class EnvSpecs:
         except json.JSONDecodeError as err:
             raise InvalidArgument(f"{file}: not valid JSON ({err})") from None
         if not isinstance(data, dict):
-            raise InvalidArgument(f"{file}: must be a JSON object keyed by repo (\"owner/name\")")
+            raise InvalidArgument(f'{file}: must be a JSON object keyed by repo ("owner/name")')
         specs = cls(data, str(file))
         for repo in data:  # every entry is checked now, not when a task first needs it
             for version in specs._versions(repo):
@@ -156,6 +166,7 @@ class EnvSpecs:
         if not isinstance(entry, dict):
             raise InvalidArgument(f"{self._source}: {repo} must map to a spec or to versions of specs")
         if version not in entry:
-            raise NotFound(f"{self._source} has no spec for {repo} version {version!r}; it has versions "
-                           f"{sorted(entry)}")
+            raise NotFound(
+                f"{self._source} has no spec for {repo} version {version!r}; it has versions {sorted(entry)}"
+            )
         return parse_spec(entry[version], f"{self._source}: {repo} {version}")

@@ -18,8 +18,10 @@ from orchard.errors import InvalidArgument, NotFound
 from orchard.tasks.envspec import EnvSpec, EnvSpecs
 
 _TOYREPAIR = Path(__file__).resolve().parent / "toyrepair"
-BUNDLED = {"toyrepair": (_TOYREPAIR / "tasks.jsonl",),
-           "toyrepair-extended": (_TOYREPAIR / "tasks.jsonl", _TOYREPAIR / "extended.jsonl")}
+BUNDLED = {
+    "toyrepair": (_TOYREPAIR / "tasks.jsonl",),
+    "toyrepair-extended": (_TOYREPAIR / "tasks.jsonl", _TOYREPAIR / "extended.jsonl"),
+}
 """Task sets shipped with Orchard, by name, each the task files it is made of: ToyRepair's 8 quick tasks, and
 those with 16 more (the value model's real-run bench needs more tasks to train on than 8 give)."""
 DEFAULT_TEST_CMD = "python -m pytest -rA -p no:cacheprovider"
@@ -86,7 +88,7 @@ class TaskInstance(BaseModel):
     @property
     def command(self) -> str:
         """The test command the environment sets, else the instance's."""
-        return (self.environment.test_cmd if self.environment and self.environment.test_cmd else self.test_cmd)
+        return self.environment.test_cmd if self.environment and self.environment.test_cmd else self.test_cmd
 
     @property
     def test_files(self) -> list[str]:
@@ -100,13 +102,15 @@ def resolve_source(source: str | Path) -> tuple[Path, ...]:
         return BUNDLED[str(source)]
     path = Path(source)
     if not path.is_file():
-        raise NotFound(f"task source {str(source)!r} is neither a file nor a bundled task set "
-                       f"({', '.join(sorted(BUNDLED))})")
+        raise NotFound(
+            f"task source {str(source)!r} is neither a file nor a bundled task set ({', '.join(sorted(BUNDLED))})"
+        )
     return (path,)
 
 
-def load_instances(source: str | Path, ids: list[str] | None = None,
-                   env_specs: str | Path | EnvSpecs | None = None) -> list[TaskInstance]:
+def load_instances(
+    source: str | Path, ids: list[str] | None = None, env_specs: str | Path | EnvSpecs | None = None
+) -> list[TaskInstance]:
     """Load instances from a JSON list, a JSON-lines or a Parquet file (or a bundled task set), optionally only
     `ids`, giving each without an `environment` the one `env_specs` (a specs file) has for its repo and version.
 
@@ -117,13 +121,16 @@ def load_instances(source: str | Path, ids: list[str] | None = None,
     instances = [i for path in paths for i in _read_instances(path)]
     if env_specs is not None:
         specs = env_specs if isinstance(env_specs, EnvSpecs) else EnvSpecs.load(env_specs)
-        instances = [i if i.environment is not None or (spec := specs.get(i.repo, i.version)) is None
-                     else i.model_copy(update={"environment": spec}) for i in instances]
+        instances = [
+            i
+            if i.environment is not None or (spec := specs.get(i.repo, i.version)) is None
+            else i.model_copy(update={"environment": spec})
+            for i in instances
+        ]
     seen: set[str] = set()
     for instance in instances:
         if instance.instance_id in seen:
-            raise InvalidArgument(f"{' + '.join(map(str, paths))}: instance id {instance.instance_id!r} appears "
-                                  "twice")
+            raise InvalidArgument(f"{' + '.join(map(str, paths))}: instance id {instance.instance_id!r} appears twice")
         seen.add(instance.instance_id)
     if ids:
         known = {i.instance_id: i for i in instances}
@@ -178,8 +185,7 @@ def _validated(path: Path, records: list[tuple[int, object]], where: str) -> lis
         try:
             instance = TaskInstance.model_validate(record)
         except ValidationError as err:
-            problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'record'}: {e['msg']}"
-                                 for e in err.errors())
+            problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'record'}: {e['msg']}" for e in err.errors())
             raise InvalidArgument(f"{path} {where} {number}: not a valid task instance ({problems})") from None
         if instance.repo_dir is not None and not instance.repo_dir.is_absolute():
             instance = instance.model_copy(update={"repo_dir": path.parent / instance.repo_dir})

@@ -24,9 +24,9 @@ def parse_log_pytest_v2(log: str) -> dict[str, str]:
     statuses: dict[str, str] = {}
     for raw in log.split("\n"):
         line = _ANSI.sub("", raw).translate(_CONTROL)
-        status = next((s for s in STATUSES if line.startswith(s) and line[len(s):len(s) + 1] in (" ", "")), None)
+        status = next((s for s in STATUSES if line.startswith(s) and line[len(s) : len(s) + 1] in (" ", "")), None)
         if status is not None:
-            test_id = _leading_id(line[len(status):].strip())
+            test_id = _leading_id(line[len(status) :].strip())
             if test_id:
                 statuses[test_id] = status
             continue

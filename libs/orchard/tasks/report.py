@@ -20,8 +20,9 @@ def prediction_key(result: GradeResult, samples: int) -> str:
     return result.instance_id if samples == 1 else f"{result.instance_id}#{result.sample_index}"
 
 
-def make_report(results: list[GradeResult], instance_ids: list[str], *, run_id: str = "", model: str = "",
-                k: int | None = None) -> dict[str, object]:
+def make_report(
+    results: list[GradeResult], instance_ids: list[str], *, run_id: str = "", model: str = "", k: int | None = None
+) -> dict[str, object]:
     """SWE-bench's run report (schema_version 2) over every graded prediction, plus pass@1/pass@k per task.
 
     Args:
@@ -42,15 +43,21 @@ def make_report(results: list[GradeResult], instance_ids: list[str], *, run_id: 
     for instance_id in instance_ids:
         graded = sorted(by_task.get(instance_id, []), key=lambda r: r.sample_index)
         n, c = len(graded), sum(r.resolved for r in graded)
-        tasks.append({
-            "instance_id": instance_id, "samples": n, "resolved": c,
-            "pass@1": pass_at_k(n, c, 1) if n else 0.0, f"pass@{k}": pass_at_k(n, c, k) if n >= k else None,
-            "errors": sum(bool(r.error) for r in graded),
-            "mean_grading_s": round(sum(r.duration_s for r in graded) / n, 3) if n else None,
-        })
+        tasks.append(
+            {
+                "instance_id": instance_id,
+                "samples": n,
+                "resolved": c,
+                "pass@1": pass_at_k(n, c, 1) if n else 0.0,
+                f"pass@{k}": pass_at_k(n, c, k) if n >= k else None,
+                "errors": sum(bool(r.error) for r in graded),
+                "mean_grading_s": round(sum(r.duration_s for r in graded) / n, 3) if n else None,
+            }
+        )
     graded_tasks = [t for t in tasks if t["samples"]]
     return {
-        "run_id": run_id, "model": model,
+        "run_id": run_id,
+        "model": model,
         "total_instances": len(instance_ids),
         "submitted_instances": len(ordered),
         "completed_instances": len(completed),
@@ -68,8 +75,11 @@ def make_report(results: list[GradeResult], instance_ids: list[str], *, run_id: 
         "schema_version": 2,
         "samples_per_instance": samples,
         "pass@1": sum(t["pass@1"] for t in graded_tasks) / len(graded_tasks) if graded_tasks else 0.0,  # type: ignore[misc]
-        f"pass@{k}": (sum(t[f"pass@{k}"] for t in graded_tasks) / len(graded_tasks)  # type: ignore[misc]
-                      if graded_tasks and all(t[f"pass@{k}"] is not None for t in graded_tasks) else None),
+        f"pass@{k}": (
+            sum(t[f"pass@{k}"] for t in graded_tasks) / len(graded_tasks)  # type: ignore[misc]
+            if graded_tasks and all(t[f"pass@{k}"] is not None for t in graded_tasks)
+            else None
+        ),
         "tasks": tasks,
         "instances": {key[id(r)]: r.report_entry() for r in ordered},
     }
@@ -83,12 +93,16 @@ def format_table(report: dict[str, object], outcome: str = "resolved") -> str:
     rows = [f"{'TASK':<40} {header:>9} {'PASS@1':>7} {f'PASS@{k}':>7}"]
     for task in report["tasks"]:  # type: ignore[attr-defined]
         at_k = task.get(f"pass@{k}")
-        rows.append(f"{task['instance_id']:<40} {task['resolved']:>4}/{task['samples']:<4} "
-                    f"{task['pass@1']:>7.2f} {'-' if at_k is None else f'{at_k:.2f}':>7}")
+        rows.append(
+            f"{task['instance_id']:<40} {task['resolved']:>4}/{task['samples']:<4} "
+            f"{task['pass@1']:>7.2f} {'-' if at_k is None else f'{at_k:.2f}':>7}"
+        )
     at_k = report.get(f"pass@{k}")
     at_k_text = "" if k == 1 else f"pass@{k} {'-' if at_k is None else f'{at_k:.3f}'}  "
     patches = f"  empty patches {report['empty_patch_instances']}" if outcome == "resolved" else ""
-    rows.append(f"pass@1 {report['pass@1']:.3f}  {at_k_text}"
-                f"{outcome} {report['resolved_instances']}/{report['submitted_instances']}  "
-                f"errors {report['error_instances']}{patches}")
+    rows.append(
+        f"pass@1 {report['pass@1']:.3f}  {at_k_text}"
+        f"{outcome} {report['resolved_instances']}/{report['submitted_instances']}  "
+        f"errors {report['error_instances']}{patches}"
+    )
     return "\n".join(rows)

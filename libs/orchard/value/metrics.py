@@ -60,8 +60,12 @@ def check_tie_margin(tie_margin: float) -> float:
     return tie_margin
 
 
-def rank(scores: Sequence[float], patches: Sequence[str], excluded: Sequence[bool] | None = None,
-         tie_margin: float = TIE_MARGIN) -> list[Ranked]:
+def rank(
+    scores: Sequence[float],
+    patches: Sequence[str],
+    excluded: Sequence[bool] | None = None,
+    tie_margin: float = TIE_MARGIN,
+) -> list[Ranked]:
     """The candidates best first: excluded ones (and empty patches) last; the others one place at a time, each
     place going to the largest patch cluster (a majority vote over normalised patches) among the candidates
     scoring within `tie_margin` of the best remaining score, then to the higher score, then to input order.
@@ -70,8 +74,10 @@ def rank(scores: Sequence[float], patches: Sequence[str], excluded: Sequence[boo
     clusters = [cluster_id(p) for p in patches]
     sizes = Counter(c for c in clusters if c)
     out = excluded if excluded is not None else [False] * len(scores)
-    ranked = [Ranked(i, float(s), c, sizes[c] if c else 1, bool(x) or not c)
-              for i, (s, c, x) in enumerate(zip(scores, clusters, out, strict=True))]
+    ranked = [
+        Ranked(i, float(s), c, sizes[c] if c else 1, bool(x) or not c)
+        for i, (s, c, x) in enumerate(zip(scores, clusters, out, strict=True))
+    ]
     by_score = sorted(ranked, key=lambda r: (r.excluded, -r.score, -r.cluster_size, r.index))
     left = [r for r in by_score if not r.excluded]
     placed = []
@@ -101,8 +107,9 @@ def ece(probabilities: Sequence[float], labels: Sequence[bool], bins: int = 10) 
     total, err = len(probabilities), 0.0
     for b in range(bins):
         lo, hi = b / bins, (b + 1) / bins
-        members = [(p, y) for p, y in zip(probabilities, labels, strict=True)
-                   if lo <= p < hi or (b == bins - 1 and p == 1.0)]
+        members = [
+            (p, y) for p, y in zip(probabilities, labels, strict=True) if lo <= p < hi or (b == bins - 1 and p == 1.0)
+        ]
         if members:
             confidence = sum(p for p, _ in members) / len(members)
             accuracy = sum(bool(y) for _, y in members) / len(members)
@@ -169,8 +176,9 @@ def pass_at_1(candidates: Sequence[Candidate]) -> float:
     return sum(c.resolved for c in candidates) / max(len(candidates), 1)
 
 
-def best_of_n_report(candidates: Sequence[Candidate], ns: Sequence[int] = (1, 2, 4, 8),
-                     tie_margin: float = TIE_MARGIN) -> dict[str, object]:
+def best_of_n_report(
+    candidates: Sequence[Candidate], ns: Sequence[int] = (1, 2, 4, 8), tie_margin: float = TIE_MARGIN
+) -> dict[str, object]:
     """pass@1, and for each N: random@N, best@N (ranked with `tie_margin`), pass@N and the majority vote@N; AUC
     and ECE of the scores (as probabilities).
 
@@ -181,25 +189,48 @@ def best_of_n_report(candidates: Sequence[Candidate], ns: Sequence[int] = (1, 2,
     scored = [c for c in candidates if not c.excluded]
     scores = [c.score for c in scored]
     labels = [c.resolved for c in scored]
-    curve = [{"n": n, "random": random_at_n(candidates, n), "best": best_at_n(candidates, n, tie_margin),
-              "pass": pass_at_n(candidates, n), "vote": vote_at_n(candidates, n)} for n in ns if n <= most]
-    return {"tasks": len(tasks), "candidates": len(candidates), "samples_per_task": most,
-            "pass@1": pass_at_1(candidates), "auc": auc(scores, labels), "ece": ece(scores, labels),
-            "tie_margin": tie_margin, "curve": curve}
+    curve = [
+        {
+            "n": n,
+            "random": random_at_n(candidates, n),
+            "best": best_at_n(candidates, n, tie_margin),
+            "pass": pass_at_n(candidates, n),
+            "vote": vote_at_n(candidates, n),
+        }
+        for n in ns
+        if n <= most
+    ]
+    return {
+        "tasks": len(tasks),
+        "candidates": len(candidates),
+        "samples_per_task": most,
+        "pass@1": pass_at_1(candidates),
+        "auc": auc(scores, labels),
+        "ece": ece(scores, labels),
+        "tie_margin": tie_margin,
+        "curve": curve,
+    }
 
 
 def format_best_of_n(report: dict[str, object]) -> str:
     """The report as a table: one row per N."""
+
     def pct(x: object) -> str:
         return "-" if x is None else f"{100 * float(x):5.1f}%"  # type: ignore[arg-type]
 
     margin = report.get("tie_margin")
-    lines = [(f"best-of-N over {report['tasks']} tasks x up to {report['samples_per_task']} candidates: "
-              f"pass@1 {pct(report['pass@1'])}  AUC {'-' if report['auc'] is None else format(report['auc'], '.3f')}"
-              f"  ECE {'-' if report['ece'] is None else format(report['ece'], '.3f')}"
-              + ("" if margin is None else f"  tie margin {margin:g}")),
-             f"{'N':>3}  {'random@N':>9}  {'best@N':>9}  {'pass@N':>9}  {'vote@N':>9}"]
+    lines = [
+        (
+            f"best-of-N over {report['tasks']} tasks x up to {report['samples_per_task']} candidates: "
+            f"pass@1 {pct(report['pass@1'])}  AUC {'-' if report['auc'] is None else format(report['auc'], '.3f')}"
+            f"  ECE {'-' if report['ece'] is None else format(report['ece'], '.3f')}"
+            + ("" if margin is None else f"  tie margin {margin:g}")
+        ),
+        f"{'N':>3}  {'random@N':>9}  {'best@N':>9}  {'pass@N':>9}  {'vote@N':>9}",
+    ]
     for row in report["curve"]:  # type: ignore[attr-defined]
-        lines.append(f"{row['n']:>3}  {pct(row['random']):>9}  {pct(row['best']):>9}  {pct(row['pass']):>9}"
-                     f"  {pct(row.get('vote')):>9}")
+        lines.append(
+            f"{row['n']:>3}  {pct(row['random']):>9}  {pct(row['best']):>9}  {pct(row['pass']):>9}"
+            f"  {pct(row.get('vote')):>9}"
+        )
     return "\n".join(lines)

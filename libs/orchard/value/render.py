@@ -10,5 +10,6 @@ from orchard.types.v1 import types_pb2 as tpb
 def render_candidate(trajectory: tpb.Trajectory, *, problem: str = "", patch: str = "") -> str:
     """The value model's input for one candidate. `problem` defaults to the trajectory's first user message and
     `patch` to its final patch."""
-    return render_trajectory(problem or problem_statement(trajectory), steps_of(trajectory),
-                             patch or trajectory.final_patch, None)
+    return render_trajectory(
+        problem or problem_statement(trajectory), steps_of(trajectory), patch or trajectory.final_patch, None
+    )

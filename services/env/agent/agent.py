@@ -79,8 +79,9 @@ def _json_codec():
             memo = None
 
         scan = _json.make_scanner(Options())
-        encoder = _json.make_encoder(None, _unencodable, _json.encode_basestring_ascii, None, ":", ",",
-                                     False, False, True)
+        encoder = _json.make_encoder(
+            None, _unencodable, _json.encode_basestring_ascii, None, ":", ",", False, False, True
+        )
 
         def loads(text):
             try:
@@ -94,8 +95,12 @@ def _json_codec():
         def dumps(value):
             return "".join(encoder(value, 0))
 
-        sample = {"id": 7, "s": "a\"\\\n\x00\u00e9\u2028\U0001f600", "f": 1e300,
-                  "l": [1.5, -2, None, True, False, [], {}]}
+        sample = {
+            "id": 7,
+            "s": 'a"\\\n\x00\u00e9\u2028\U0001f600',
+            "f": 1e300,
+            "l": [1.5, -2, None, True, False, [], {}],
+        }
         if dumps({"a": [1, "b", None]}) != '{"a":[1,"b",null]}' or loads(dumps(sample)) != sample:
             raise ValueError("_json differs")
         return loads, dumps
@@ -287,7 +292,7 @@ class Writer:
         while queue:
             batch = queue[:IOV_MAX]
             if self.offset:
-                batch[0] = memoryview(batch[0])[self.offset:]
+                batch[0] = memoryview(batch[0])[self.offset :]
             try:
                 written = os.writev(self.fd, batch)
             except BlockingIOError:
@@ -396,15 +401,19 @@ def spawn(argv, cwd, env, home, stdio=None, terminal=None):
     if not argv:
         raise ValueError("argv is empty")
     if terminal is not None:
-        actions = [(os.POSIX_SPAWN_OPEN, 0, terminal, os.O_RDWR, 0),
-                   (os.POSIX_SPAWN_DUP2, 0, 1), (os.POSIX_SPAWN_DUP2, 0, 2)]
+        actions = [
+            (os.POSIX_SPAWN_OPEN, 0, terminal, os.O_RDWR, 0),
+            (os.POSIX_SPAWN_DUP2, 0, 1),
+            (os.POSIX_SPAWN_DUP2, 0, 2),
+        ]
     else:
         actions = [(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate(stdio)]
     if cwd:
         os.chdir(cwd)  # FileNotFoundError etc. name cwd, as subprocess's do
     try:
-        return os.posix_spawn(find_program(argv[0], env), argv, env, file_actions=actions, setsid=True,
-                              setsigdef=DEFAULT_SIGNALS)
+        return os.posix_spawn(
+            find_program(argv[0], env), argv, env, file_actions=actions, setsid=True, setsigdef=DEFAULT_SIGNALS
+        )
     finally:
         if cwd:
             os.fchdir(home)
@@ -475,14 +484,23 @@ class Exec:
             ours += [out_r, err_r]
             theirs += [out_w, err_w]
             try:
-                self.pid = spawn(header["argv"], header.get("cwd") or None, env, self.agent.home,
-                                 stdio=(stdin_r, out_w, err_w))
+                self.pid = spawn(
+                    header["argv"], header.get("cwd") or None, env, self.agent.home, stdio=(stdin_r, out_w, err_w)
+                )
             except (OSError, ValueError) as err:  # ValueError: a NUL byte, or '=' in a variable's name
                 for fd in ours:
                     os.close(fd)
                 message = os_message(err) if isinstance(err, OSError) else str(err)
-                self.agent.out.send({"id": self.rid, "ev": "exit", "code": 127, "error": f"cannot start: {message}",
-                                     "totals": [0, 0], "reason": None})
+                self.agent.out.send(
+                    {
+                        "id": self.rid,
+                        "ev": "exit",
+                        "code": 127,
+                        "error": f"cannot start: {message}",
+                        "totals": [0, 0],
+                        "reason": None,
+                    }
+                )
                 return
             self.pidfd = os.pidfd_open(self.pid)
         except BaseException:
@@ -546,7 +564,7 @@ class Exec:
     def feed(self):
         """Write the command's stdin as its pipe takes it, then close it."""
         try:
-            self.stdin = self.stdin[os.write(self.stdin_fd, self.stdin):]
+            self.stdin = self.stdin[os.write(self.stdin_fd, self.stdin) :]
         except BlockingIOError:
             pass
         except OSError:  # EPIPE: the command did not read all its input, which is its business
@@ -593,8 +611,16 @@ class Exec:
         kill_tree(self.pid, self.rid)  # leftovers of a finished command die with it
         self.close_stdin()
         del self.agent.jobs[self.rid]
-        self.agent.out.send({"id": self.rid, "ev": "exit", "code": self.code, "totals": self.totals,
-                             "reason": self.reasons[0] if self.reasons else None, "error": None})
+        self.agent.out.send(
+            {
+                "id": self.rid,
+                "ev": "exit",
+                "code": self.code,
+                "totals": self.totals,
+                "reason": self.reasons[0] if self.reasons else None,
+                "error": None,
+            }
+        )
 
 
 class Terminal:
@@ -696,7 +722,7 @@ class Terminal:
         while self.inputs:
             entry = self.inputs[0]
             try:
-                entry[1] = entry[1][os.write(self.master, entry[1]):]
+                entry[1] = entry[1][os.write(self.master, entry[1]) :]
             except BlockingIOError:
                 self.loop.add_writer(self.master, self.write_input)
                 return
@@ -768,8 +794,14 @@ def file_info(path):
         kind = "file"
     else:
         kind = "other"
-    return {"name": os.path.basename(path.rstrip("/")) or "/", "path": path, "type": kind,
-            "size": st.st_size, "mode": stat.S_IMODE(st.st_mode), "mtime": st.st_mtime}
+    return {
+        "name": os.path.basename(path.rstrip("/")) or "/",
+        "path": path,
+        "type": kind,
+        "size": st.st_size,
+        "mode": stat.S_IMODE(st.st_mode),
+        "mtime": st.st_mtime,
+    }
 
 
 def list_dir(path):
@@ -796,14 +828,16 @@ def write_part(header, body):
     try:
         view = memoryview(body)
         while view:
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view) :]
         size = os.fstat(fd).st_size
     finally:
         os.close(fd)
     if size != header["offset"] + len(body):
         os.unlink(temp)
-        raise ValueError(f"upload of {path} lost its place (have {size} bytes, expected "
-                         f"{header['offset'] + len(body)}); start it again")
+        raise ValueError(
+            f"upload of {path} lost its place (have {size} bytes, expected "
+            f"{header['offset'] + len(body)}); start it again"
+        )
     if header.get("last"):
         try:
             os.chmod(temp, header.get("mode") or 0o644)
@@ -905,8 +939,8 @@ class Agent:
             if len(inbox) < end:
                 break
             with memoryview(inbox) as view:
-                raw = bytes(view[HEAD.size:HEAD.size + head_len])
-                body = bytes(view[HEAD.size + head_len:end])
+                raw = bytes(view[HEAD.size : HEAD.size + head_len])
+                body = bytes(view[HEAD.size + head_len : end])
             del inbox[:end]
             try:
                 header = loads(raw.decode())
@@ -980,8 +1014,10 @@ def main():
 
 
 # The second interpreter's whole program: read the agent's compiled code from the fd in argv, and run it.
-RELAUNCH_BOOT = ("import marshal,os,sys;fd=int(sys.argv[1]);code=marshal.loads(os.pread(fd,os.fstat(fd).st_size,0));"
-                 "os.close(fd);exec(code,{'__name__':'__main__','__builtins__':__builtins__,'RELAUNCHED':True})")
+RELAUNCH_BOOT = (
+    "import marshal,os,sys;fd=int(sys.argv[1]);code=marshal.loads(os.pread(fd,os.fstat(fd).st_size,0));"
+    "os.close(fd);exec(code,{'__name__':'__main__','__builtins__':__builtins__,'RELAUNCHED':True})"
+)
 
 
 def relaunch(code):

@@ -36,15 +36,22 @@ def check_limits(resources: Resources) -> None:
     pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
     r = resources
     if r.cpu_millis and not MIN_CPU_MILLIS <= r.cpu_millis <= 1000 * cpus:
-        raise InvalidArgument(f"resources.cpu_millis {r.cpu_millis} must be between {MIN_CPU_MILLIS} and "
-                              f"{1000 * cpus} (this machine has {cpus} CPUs)", field="resources.cpu_millis")
+        raise InvalidArgument(
+            f"resources.cpu_millis {r.cpu_millis} must be between {MIN_CPU_MILLIS} and "
+            f"{1000 * cpus} (this machine has {cpus} CPUs)",
+            field="resources.cpu_millis",
+        )
     if r.memory_bytes and not MIN_MEMORY_BYTES <= r.memory_bytes <= memory:
-        raise InvalidArgument(f"resources.memory_bytes {r.memory_bytes} must be between {MIN_MEMORY_BYTES >> 20} MiB "
-                              f"and this machine's memory ({memory / (1 << 30):.1f} GiB)",
-                              field="resources.memory_bytes")
+        raise InvalidArgument(
+            f"resources.memory_bytes {r.memory_bytes} must be between {MIN_MEMORY_BYTES >> 20} MiB "
+            f"and this machine's memory ({memory / (1 << 30):.1f} GiB)",
+            field="resources.memory_bytes",
+        )
     if r.pids and not MIN_PIDS <= r.pids <= pid_max:
-        raise InvalidArgument(f"resources.pids {r.pids} must be between {MIN_PIDS} and this machine's pid_max "
-                              f"({pid_max})", field="resources.pids")
+        raise InvalidArgument(
+            f"resources.pids {r.pids} must be between {MIN_PIDS} and this machine's pid_max ({pid_max})",
+            field="resources.pids",
+        )
 
 
 def parent_name(state_dir: Path) -> str:
@@ -85,8 +92,10 @@ class Cgroups:
         """Raise FailedPrecondition naming the missing controllers, if any."""
         missing = [c for c in CONTROLLERS if c not in self._parents]
         if missing:
-            raise FailedPrecondition(f"{what} needs the cgroup v1 controllers {', '.join(missing)} mounted under "
-                                     f"{CGROUP_FS}, which this host lacks (cgroup v2 is not supported yet); {remedy}")
+            raise FailedPrecondition(
+                f"{what} needs the cgroup v1 controllers {', '.join(missing)} mounted under "
+                f"{CGROUP_FS}, which this host lacks (cgroup v2 is not supported yet); {remedy}"
+            )
 
     def create(self, sandbox_id: str, resources: Resources) -> list[Path]:
         """Make a group in each controller the sandbox has a limit for (no idle memory groups to keep), with
@@ -155,8 +164,7 @@ def _rmdir(group: Path) -> None:
             return
         except OSError as err:
             if err.errno != errno.EBUSY or time.monotonic() > deadline:
-                log.warning("cannot remove cgroup %s: %s (the next start of the service retries)", group,
-                            err.strerror)
+                log.warning("cannot remove cgroup %s: %s (the next start of the service retries)", group, err.strerror)
                 return
         time.sleep(0.005)
 

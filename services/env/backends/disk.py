@@ -20,9 +20,11 @@ def check_disk(disk_bytes: int, state_dir: Path) -> None:
     """Refuse a cap below the minimum or beyond the free space of the state dir's filesystem."""
     free = shutil.disk_usage(state_dir).free
     if disk_bytes and not MIN_DISK_BYTES <= disk_bytes <= free:
-        raise InvalidArgument(f"resources.disk_bytes {disk_bytes} must be between {MIN_DISK_BYTES >> 20} MiB and the "
-                              f"free space where sandboxes live ({free / (1 << 30):.1f} GiB in {state_dir})",
-                              field="resources.disk_bytes")
+        raise InvalidArgument(
+            f"resources.disk_bytes {disk_bytes} must be between {MIN_DISK_BYTES >> 20} MiB and the "
+            f"free space where sandboxes live ({free / (1 << 30):.1f} GiB in {state_dir})",
+            field="resources.disk_bytes",
+        )
 
 
 async def mount_layer(home: Path, disk_bytes: int) -> Path:
@@ -38,12 +40,17 @@ async def mount_layer(home: Path, disk_bytes: int) -> Path:
 
 async def _run(*argv: str) -> None:
     try:
-        proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL,
-                                                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+        )
     except FileNotFoundError:
-        raise FailedPrecondition(f"a disk cap needs {argv[0]} on the env service's host (apt-get install e2fsprogs "
-                                 "mount); create the sandbox without resources.disk_bytes") from None
+        raise FailedPrecondition(
+            f"a disk cap needs {argv[0]} on the env service's host (apt-get install e2fsprogs "
+            "mount); create the sandbox without resources.disk_bytes"
+        ) from None
     output, _ = await proc.communicate()
     if proc.returncode != 0:
-        raise FailedPrecondition(f"cannot make the sandbox's capped writable layer: {argv[0]} failed: "
-                                 f"{output.decode(errors='replace').strip()}")
+        raise FailedPrecondition(
+            f"cannot make the sandbox's capped writable layer: {argv[0]} failed: "
+            f"{output.decode(errors='replace').strip()}"
+        )

@@ -51,8 +51,10 @@ OOM_FILES = (
     "/sys/fs/cgroup/memory/memory.oom_control",  # cgroup v1: the container's memory group, as it sees it
     "/sys/fs/cgroup/memory.events",  # cgroup v2 with a private cgroup namespace (the engines' default)
 )
-NO_EGRESS = ("the docker backend gives sandboxes no network at all (network_mode none); egress allowlists need "
-             "the local or kubernetes backend: create the sandbox without network_policy rules")
+NO_EGRESS = (
+    "the docker backend gives sandboxes no network at all (network_mode none); egress allowlists need "
+    "the local or kubernetes backend: create the sandbox without network_policy rules"
+)
 MAX_SUN_PATH = 100  # sockaddr_un.sun_path holds 108 bytes; longer paths are reached through /proc/self/fd
 
 
@@ -65,8 +67,9 @@ def _docker() -> Any:
     try:
         import docker  # (an optional extra: pip install 'orchard[docker]')
     except ImportError:
-        raise FailedPrecondition("the docker backend needs the docker Python package: "
-                                 "pip install 'orchard[docker]' (docker==7.*)") from None
+        raise FailedPrecondition(
+            "the docker backend needs the docker Python package: pip install 'orchard[docker]' (docker==7.*)"
+        ) from None
     return docker
 
 
@@ -98,8 +101,9 @@ class DockerBackend:
                 self._client.ping()
             except self._docker.errors.DockerException as err:
                 self._client = None
-                raise FailedPrecondition(f"cannot reach the container engine "
-                                         f"({self._settings.docker_host or 'DOCKER_HOST'}): {err}") from None
+                raise FailedPrecondition(
+                    f"cannot reach the container engine ({self._settings.docker_host or 'DOCKER_HOST'}): {err}"
+                ) from None
         return self._client
 
     def _engine_for(self, isolation: str) -> tuple[Any, dict[str, str]]:
@@ -121,8 +125,10 @@ class DockerBackend:
     async def start(self) -> None:
         """Check the engine and the agent binary. (What a previous run left is for recover().)"""
         if not self._agent.is_file():
-            raise FailedPrecondition(f"the native agent {self._agent} is not built: run scripts/build_agent.sh "
-                                     "(needs cargo) or set ORCHARD_ENV_DOCKER_AGENT_PATH")
+            raise FailedPrecondition(
+                f"the native agent {self._agent} is not built: run scripts/build_agent.sh "
+                "(needs cargo) or set ORCHARD_ENV_DOCKER_AGENT_PATH"
+            )
         self._root.mkdir(parents=True, exist_ok=True)
         await asyncio.to_thread(self._connect)
 
@@ -130,7 +136,8 @@ class DockerBackend:
         """Take back the running containers of `alive` a previous run left (their agents outlived it), and remove
         every other container labelled with this service: expired, failed, or never recorded."""
         leftovers = await asyncio.to_thread(
-            self._connect().containers.list, all=True, filters={"label": f"{LABEL_SERVICE}={self._service}"})
+            self._connect().containers.list, all=True, filters={"label": f"{LABEL_SERVICE}={self._service}"}
+        )
         taken: dict[str, AgentClient] = {}
         for container in leftovers:
             spec = alive.get(container.labels.get(LABEL_SANDBOX, ""))
@@ -169,21 +176,35 @@ class DockerBackend:
             raise FailedPrecondition(
                 f"image {ref!r} (for {spec.image!r}) is not in the container engine; import a built rootfs: "
                 f"`orchard image build {spec.image}` then `tar -C <images_dir>/<image>/rootfs -c . | "
-                f"podman import - {ref}` (or `docker import`)") from None
-        env = {"PATH": SANDBOX_PATH, "HOME": "/root", "LANG": "C.UTF-8", "ORCHARD_SANDBOX_ID": spec.sandbox_id,
-               "PYTHONDONTWRITEBYTECODE": "1", **spec.env}
+                f"podman import - {ref}` (or `docker import`)"
+            ) from None
+        env = {
+            "PATH": SANDBOX_PATH,
+            "HOME": "/root",
+            "LANG": "C.UTF-8",
+            "ORCHARD_SANDBOX_ID": spec.sandbox_id,
+            "PYTHONDONTWRITEBYTECODE": "1",
+            **spec.env,
+        }
         try:
             container = client.containers.create(
-                ref, [AGENT_PATH, "--listen", f"{RUN_DIR}/{SOCKET_NAME}"],
+                ref,
+                [AGENT_PATH, "--listen", f"{RUN_DIR}/{SOCKET_NAME}"],
                 name=f"orchard-{self._service[:8]}-{spec.sandbox_id}"[:128],
                 hostname=spec.sandbox_id[:63],
                 network_mode="none",
-                labels={LABEL_SANDBOX: spec.sandbox_id, LABEL_SERVICE: self._service, LABEL_TENANT: spec.tenant,
-                        LABEL_EXPIRE: str(int(spec.expire_time))},
+                labels={
+                    LABEL_SANDBOX: spec.sandbox_id,
+                    LABEL_SERVICE: self._service,
+                    LABEL_TENANT: spec.tenant,
+                    LABEL_EXPIRE: str(int(spec.expire_time)),
+                },
                 working_dir=spec.workdir,
                 environment=env,
-                volumes={str(home): {"bind": RUN_DIR, "mode": "rw"},
-                         str(self._agent): {"bind": AGENT_PATH, "mode": "ro"}},
+                volumes={
+                    str(home): {"bind": RUN_DIR, "mode": "rw"},
+                    str(self._agent): {"bind": AGENT_PATH, "mode": "ro"},
+                },
                 # Never privileged, no added capabilities: the engine's default profile (seccomp, masked and
                 # read-only /proc paths, dropped capabilities) applies.
                 privileged=False,
@@ -195,7 +216,8 @@ class DockerBackend:
                 raise FailedPrecondition(
                     f"the container engine cannot cap this sandbox's disk use: {err.explanation}. Create it with "
                     "resources.disk_bytes 0, or give the engine storage that sizes containers (overlay on XFS "
-                    "mounted with pquota)") from None
+                    "mounted with pquota)"
+                ) from None
             raise
         self._containers[spec.sandbox_id] = container
         if runtime and container.attrs.get("HostConfig", {}).get("Runtime") != runtime["runtime"]:
@@ -203,7 +225,8 @@ class DockerBackend:
                 f"the container engine ignored the {runtime['runtime']!r} runtime asked for (podman's compat API "
                 "does): start an engine whose default runtime is gVisor (`podman --runtime runsc system service "
                 "unix:///run/orchard-gvisor.sock`, same storage) and set ORCHARD_ENV_DOCKER_GVISOR_HOST to it",
-                field="isolation")
+                field="isolation",
+            )
         container.start()
         return container
 
@@ -233,8 +256,10 @@ class DockerBackend:
                 os.close(dir_fd)
         logs = await asyncio.to_thread(container.logs, tail=50)
         detail = logs.decode(errors="replace").strip()[-2000:]
-        raise Unavailable(f"agent of {spec.sandbox_id} did not start within {self._settings.agent_start_timeout_s:.0f}s "
-                          f"(container {container.status}): {detail or 'no output'}")
+        raise Unavailable(
+            f"agent of {spec.sandbox_id} did not start within {self._settings.agent_start_timeout_s:.0f}s "
+            f"(container {container.status}): {detail or 'no output'}"
+        )
 
     async def create(self, spec: SandboxSpec) -> AgentClient:
         if spec.egress:
@@ -298,8 +323,12 @@ class DockerBackend:
 
     async def stored_snapshots(self) -> set[str]:
         images = await asyncio.to_thread(self._connect().images.list, name=self._snapshot_repo)
-        return {tag.rsplit(":", 1)[1] for image in images for tag in image.tags
-                if tag.rsplit(":", 1)[0] == self._snapshot_repo}
+        return {
+            tag.rsplit(":", 1)[1]
+            for image in images
+            for tag in image.tags
+            if tag.rsplit(":", 1)[0] == self._snapshot_repo
+        }
 
     async def oom_kills(self, sandbox_id: str) -> int:
         """The oom_kill count of the container's memory cgroup, read by its agent: the engine's API does not

@@ -81,9 +81,11 @@ def expired(metadata: dict[str, Any], now: float) -> bool:
 
 def resource_list(res: Resources) -> dict[str, str]:
     """The set limits as Kubernetes quantities; 0 = unlimited = left out."""
-    quantities = {"cpu": f"{res.cpu_millis}m" if res.cpu_millis else "",
-                  "memory": str(res.memory_bytes) if res.memory_bytes else "",
-                  "ephemeral-storage": str(res.disk_bytes) if res.disk_bytes else ""}
+    quantities = {
+        "cpu": f"{res.cpu_millis}m" if res.cpu_millis else "",
+        "memory": str(res.memory_bytes) if res.memory_bytes else "",
+        "ephemeral-storage": str(res.disk_bytes) if res.disk_bytes else "",
+    }
     return {k: v for k, v in quantities.items() if v}
 
 
@@ -96,9 +98,22 @@ def _labels(cfg: PodConfig, sandbox_id: str | None, image: str) -> dict[str, str
     return labels
 
 
-def sandbox_pod(cfg: PodConfig, *, name: str, image: str, container_image: str, token: str, workdir: str,
-                env: dict[str, str], resources: Resources, expire_s: float, ttl_s: float, tenant: str,
-                sandbox_id: str | None, runtime_class: str | None = None) -> dict[str, Any]:
+def sandbox_pod(
+    cfg: PodConfig,
+    *,
+    name: str,
+    image: str,
+    container_image: str,
+    token: str,
+    workdir: str,
+    env: dict[str, str],
+    resources: Resources,
+    expire_s: float,
+    ttl_s: float,
+    tenant: str,
+    sandbox_id: str | None,
+    runtime_class: str | None = None,
+) -> dict[str, Any]:
     """The Pod of one sandbox (sandbox_id None: a warm pool's, handed out later with handout_patch).
 
     The init container installs the agent from its own image into an emptyDir; the sandbox container runs it on
@@ -107,8 +122,10 @@ def sandbox_pod(cfg: PodConfig, *, name: str, image: str, container_image: str, 
     stay. `runtime_class` (e.g. gVisor's) overrides the service's.
     """
     limits = resource_list(resources)
-    agent_env = [{"name": POD_IP_ENV, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-                 {"name": TOKEN_ENV, "value": token}]
+    agent_env = [
+        {"name": POD_IP_ENV, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": TOKEN_ENV, "value": token},
+    ]
     base_env = {"PATH": SANDBOX_PATH, "HOME": "/root", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
     if sandbox_id is not None:
         base_env["ORCHARD_SANDBOX_ID"] = sandbox_id
@@ -120,39 +137,52 @@ def sandbox_pod(cfg: PodConfig, *, name: str, image: str, container_image: str, 
         "activeDeadlineSeconds": math.ceil(ttl_s) + DEADLINE_SLACK_S,
         "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
         "volumes": [{"name": "orchard-agent", "emptyDir": {"sizeLimit": "64Mi"}}],
-        "initContainers": [{
-            "name": "install-agent",
-            "image": cfg.agent_image,
-            "imagePullPolicy": "IfNotPresent",
-            "command": ["/orchard-agent", "--install", AGENT_PATH],
-            "resources": {"requests": INIT_RESOURCES, "limits": INIT_RESOURCES},
-            "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-                                "capabilities": {"drop": ["ALL"]}},
-            "volumeMounts": [{"name": "orchard-agent", "mountPath": AGENT_DIR}],
-        }],
-        "containers": [{
-            "name": CONTAINER,
-            "image": container_image,
-            "imagePullPolicy": "IfNotPresent",
-            # The kubelet expands $(ORCHARD_POD_IP): the agent listens on the Pod IP alone.
-            "command": [AGENT_PATH, "--listen-tcp", f"$({POD_IP_ENV}):{cfg.agent_port}"],
-            "workingDir": workdir,
-            "env": agent_env + [{"name": k, "value": v} for k, v in {**base_env, **env}.items()],
-            "ports": [{"name": "agent", "containerPort": cfg.agent_port, "protocol": "TCP"}],
-            "readinessProbe": {"tcpSocket": {"port": "agent"}, "periodSeconds": 5},
-            "resources": {"requests": limits, "limits": limits},
-            "securityContext": {"allowPrivilegeEscalation": False,
-                                "capabilities": {"drop": ["ALL"], "add": SANDBOX_CAPS}},
-            "volumeMounts": [{"name": "orchard-agent", "mountPath": AGENT_DIR, "readOnly": True}],
-        }],
+        "initContainers": [
+            {
+                "name": "install-agent",
+                "image": cfg.agent_image,
+                "imagePullPolicy": "IfNotPresent",
+                "command": ["/orchard-agent", "--install", AGENT_PATH],
+                "resources": {"requests": INIT_RESOURCES, "limits": INIT_RESOURCES},
+                "securityContext": {
+                    "allowPrivilegeEscalation": False,
+                    "readOnlyRootFilesystem": True,
+                    "capabilities": {"drop": ["ALL"]},
+                },
+                "volumeMounts": [{"name": "orchard-agent", "mountPath": AGENT_DIR}],
+            }
+        ],
+        "containers": [
+            {
+                "name": CONTAINER,
+                "image": container_image,
+                "imagePullPolicy": "IfNotPresent",
+                # The kubelet expands $(ORCHARD_POD_IP): the agent listens on the Pod IP alone.
+                "command": [AGENT_PATH, "--listen-tcp", f"$({POD_IP_ENV}):{cfg.agent_port}"],
+                "workingDir": workdir,
+                "env": agent_env + [{"name": k, "value": v} for k, v in {**base_env, **env}.items()],
+                "ports": [{"name": "agent", "containerPort": cfg.agent_port, "protocol": "TCP"}],
+                "readinessProbe": {"tcpSocket": {"port": "agent"}, "periodSeconds": 5},
+                "resources": {"requests": limits, "limits": limits},
+                "securityContext": {
+                    "allowPrivilegeEscalation": False,
+                    "capabilities": {"drop": ["ALL"], "add": SANDBOX_CAPS},
+                },
+                "volumeMounts": [{"name": "orchard-agent", "mountPath": AGENT_DIR, "readOnly": True}],
+            }
+        ],
     }
     if runtime_class or cfg.runtime_class:
         spec["runtimeClassName"] = runtime_class or cfg.runtime_class
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": name, "namespace": cfg.namespace, "labels": _labels(cfg, sandbox_id, image),
-                     "annotations": {ANN_EXPIRE: rfc3339(expire_s), ANN_TENANT: tenant, ANN_IMAGE: image}},
+        "metadata": {
+            "name": name,
+            "namespace": cfg.namespace,
+            "labels": _labels(cfg, sandbox_id, image),
+            "annotations": {ANN_EXPIRE: rfc3339(expire_s), ANN_TENANT: tenant, ANN_IMAGE: image},
+        },
         "spec": spec,
     }
 
@@ -161,8 +191,10 @@ def handout_patch(sandbox_id: str, *, tenant: str, expire_s: float, deadline_s: 
     """A JSON merge patch that makes a warm pod sandbox_id's: its label (so its allow policy selects it), the
     pool label gone (so no pool counts it), the tenant and expiry, and a kubelet deadline of deadline_s."""
     return {
-        "metadata": {"labels": {LABEL_SANDBOX: sandbox_id, LABEL_POOL: None},
-                     "annotations": {ANN_TENANT: tenant, ANN_EXPIRE: rfc3339(expire_s)}},
+        "metadata": {
+            "labels": {LABEL_SANDBOX: sandbox_id, LABEL_POOL: None},
+            "annotations": {ANN_TENANT: tenant, ANN_EXPIRE: rfc3339(expire_s)},
+        },
         "spec": {"activeDeadlineSeconds": math.ceil(deadline_s) + DEADLINE_SLACK_S},
     }
 
@@ -181,8 +213,7 @@ def egress_policy_name(sandbox_id: str) -> str:
     return f"orchard-egress-{sandbox_id}"
 
 
-def egress_policy(cfg: PodConfig, sandbox_id: str, rules: tuple[EgressRule, ...], *,
-                  expire_s: float) -> dict[str, Any]:
+def egress_policy(cfg: PodConfig, sandbox_id: str, rules: tuple[EgressRule, ...], *, expire_s: float) -> dict[str, Any]:
     """The policy that lets one sandbox reach its allowlist (policies add up: deny-all stays in force for the rest).
 
     NetworkPolicy matches IP blocks only, so a host-name rule is FailedPrecondition.
@@ -192,7 +223,8 @@ def egress_policy(cfg: PodConfig, sandbox_id: str, rules: tuple[EgressRule, ...]
         if rule.host:
             raise FailedPrecondition(
                 f"network_policy rule {i}: host {rule.host!r} cannot be enforced by the kubernetes backend "
-                "(a NetworkPolicy matches IP blocks only); give the host's addresses as cidr rules instead")
+                "(a NetworkPolicy matches IP blocks only); give the host's addresses as cidr rules instead"
+            )
         entry: dict[str, Any] = {"to": [{"ipBlock": {"cidr": str(ipaddress.ip_network(rule.cidr, strict=False))}}]}
         if rule.port:
             entry["ports"] = [{"protocol": proto, "port": rule.port} for proto in ("TCP", "UDP")]
@@ -200,9 +232,15 @@ def egress_policy(cfg: PodConfig, sandbox_id: str, rules: tuple[EgressRule, ...]
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
-        "metadata": {"name": egress_policy_name(sandbox_id), "namespace": cfg.namespace,
-                     "labels": {MANAGED_BY: MANAGER, LABEL_SERVICE: cfg.service_id, LABEL_SANDBOX: sandbox_id},
-                     "annotations": {ANN_EXPIRE: rfc3339(expire_s)}},
-        "spec": {"podSelector": {"matchLabels": {LABEL_SANDBOX: sandbox_id}}, "policyTypes": ["Egress"],
-                 "egress": egress},
+        "metadata": {
+            "name": egress_policy_name(sandbox_id),
+            "namespace": cfg.namespace,
+            "labels": {MANAGED_BY: MANAGER, LABEL_SERVICE: cfg.service_id, LABEL_SANDBOX: sandbox_id},
+            "annotations": {ANN_EXPIRE: rfc3339(expire_s)},
+        },
+        "spec": {
+            "podSelector": {"matchLabels": {LABEL_SANDBOX: sandbox_id}},
+            "policyTypes": ["Egress"],
+            "egress": egress,
+        },
     }

@@ -30,8 +30,14 @@ class WarmPod:
 class WarmPools:
     """Keeps sizes[image] started pods per image; take() hands one out and the filler task replaces it."""
 
-    def __init__(self, sizes: dict[str, int], cache: PodCache, *, create: Callable[[str], Awaitable[WarmPod]],
-                 delete: Callable[[str], Awaitable[None]]) -> None:
+    def __init__(
+        self,
+        sizes: dict[str, int],
+        cache: PodCache,
+        *,
+        create: Callable[[str], Awaitable[WarmPod]],
+        delete: Callable[[str], Awaitable[None]],
+    ) -> None:
         self._sizes = {image: n for image, n in sizes.items() if n > 0}
         self._cache = cache
         self._create = create
@@ -77,8 +83,12 @@ class WarmPools:
         for pods in self._pods.values():
             dead = [p for p in pods if (s := self._cache.get(p.name)) is not None and s.ended]
             for pod in dead:
-                log.warning("warm pod %s of %s died while waiting (%s); replacing it", pod.name, pod.image,
-                            self._cache.get(pod.name).ended)  # type: ignore[union-attr]
+                log.warning(
+                    "warm pod %s of %s died while waiting (%s); replacing it",
+                    pod.name,
+                    pod.image,
+                    self._cache.get(pod.name).ended,
+                )  # type: ignore[union-attr]
                 pods.remove(pod)
                 await self._delete(pod.name)
         wanted = [image for image, n in self._sizes.items() for _ in range(n - len(self._pods[image]))]

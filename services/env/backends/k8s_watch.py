@@ -50,14 +50,26 @@ class PodState:
             if state.get("terminated"):
                 ended = f"its container ended: {state['terminated'].get('reason') or 'terminated'}"
             waiting = (state.get("waiting") or {}).get("reason", "")
-            if waiting in ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError",
-                           "CreateContainerError"):
+            if waiting in (
+                "ErrImagePull",
+                "ImagePullBackOff",
+                "InvalidImageName",
+                "CreateContainerConfigError",
+                "CreateContainerError",
+            ):
                 ended = f"its container cannot start: {waiting}: {state['waiting'].get('message', '')}".rstrip(": ")
         if phase in ("Failed", "Succeeded") and not ended:
             ended = f"pod {phase.lower()}: {status.get('reason') or status.get('message') or 'no reason given'}"
-        return cls(name=meta.get("name", ""), labels=dict(meta.get("labels") or {}),
-                   annotations=dict(meta.get("annotations") or {}), phase=phase, ip=status.get("podIP") or "",
-                   running=running and bool(status.get("podIP")), ended=ended, oom_killed=oom)
+        return cls(
+            name=meta.get("name", ""),
+            labels=dict(meta.get("labels") or {}),
+            annotations=dict(meta.get("annotations") or {}),
+            phase=phase,
+            ip=status.get("podIP") or "",
+            running=running and bool(status.get("podIP")),
+            ended=ended,
+            oom_killed=oom,
+        )
 
 
 class PodCache:
@@ -122,8 +134,13 @@ class PodCache:
         else:
             state = PodState.of(pods[0])
             if kind == "DELETED":
-                state = PodState(name=state.name, labels=state.labels, annotations=state.annotations,
-                                 ended="the pod was deleted", oom_killed=state.oom_killed)
+                state = PodState(
+                    name=state.name,
+                    labels=state.labels,
+                    annotations=state.annotations,
+                    ended="the pod was deleted",
+                    oom_killed=state.oom_killed,
+                )
             self._pods[state.name] = state
             names = {state.name}
         for name in names:
@@ -162,8 +179,9 @@ class PodCache:
                 self._stop.wait(RETRY_S)
 
     def _relist(self) -> str:
-        response = self._list_pods(self._namespace, label_selector=self._selector, _preload_content=False,
-                                   _request_timeout=30)
+        response = self._list_pods(
+            self._namespace, label_selector=self._selector, _preload_content=False, _request_timeout=30
+        )
         listing = json.loads(response.data)
         self._post("SYNC", listing.get("items") or [])
         return listing["metadata"]["resourceVersion"]
@@ -172,9 +190,15 @@ class PodCache:
         """Follow the watch from version until the server ends it; the version to resume from ("": relist)."""
         from kubernetes.watch.watch import iter_resp_lines
 
-        response = self._list_pods(self._namespace, label_selector=self._selector, watch=True,
-                                   resource_version=version, allow_watch_bookmarks=True,
-                                   timeout_seconds=WATCH_TIMEOUT_S, _preload_content=False)
+        response = self._list_pods(
+            self._namespace,
+            label_selector=self._selector,
+            watch=True,
+            resource_version=version,
+            allow_watch_bookmarks=True,
+            timeout_seconds=WATCH_TIMEOUT_S,
+            _preload_content=False,
+        )
         self._response = response
         try:
             for line in iter_resp_lines(response):

@@ -54,8 +54,10 @@ def _kubernetes() -> Any:
     try:
         import kubernetes  # (an optional extra: pip install 'orchard[kubernetes]')
     except ImportError:
-        raise FailedPrecondition("the kubernetes backend needs the kubernetes Python package: "
-                                 "pip install 'orchard[kubernetes]' (kubernetes==37.*)") from None
+        raise FailedPrecondition(
+            "the kubernetes backend needs the kubernetes Python package: "
+            "pip install 'orchard[kubernetes]' (kubernetes==37.*)"
+        ) from None
     return kubernetes
 
 
@@ -80,9 +82,13 @@ class KubernetesBackend:
         self._k8s = _kubernetes()
         s = settings
         service_id = m.label_value(s.k8s_service_id or socket.gethostname())
-        self._cfg = m.PodConfig(namespace=s.k8s_namespace, service_id=service_id, agent_image=s.k8s_agent_image,
-                                agent_port=s.k8s_agent_port,
-                                runtime_class=s.k8s_runtime_class)
+        self._cfg = m.PodConfig(
+            namespace=s.k8s_namespace,
+            service_id=service_id,
+            agent_image=s.k8s_agent_image,
+            agent_port=s.k8s_agent_port,
+            runtime_class=s.k8s_runtime_class,
+        )
         self._defaults = Resources(s.default_cpu_millis, s.default_memory_bytes, s.default_pids, s.default_disk_bytes)
         import urllib3  # the kubernetes client's HTTP layer: its connection errors are not all OSErrors
 
@@ -108,8 +114,10 @@ class KubernetesBackend:
                 except k8s.config.ConfigException:
                     k8s.config.load_kube_config(client_configuration=conf)
         except (k8s.config.ConfigException, OSError) as err:
-            raise FailedPrecondition(f"no usable Kubernetes credentials ({err}): set ORCHARD_ENV_K8S_KUBECONFIG or "
-                                     "KUBECONFIG, or run the service in a pod with a service account") from None
+            raise FailedPrecondition(
+                f"no usable Kubernetes credentials ({err}): set ORCHARD_ENV_K8S_KUBECONFIG or "
+                "KUBECONFIG, or run the service in a pod with a service account"
+            ) from None
         conf.connection_pool_maxsize = 64  # creates and deletes run in threads side by side
         return k8s.client.ApiClient(conf)
 
@@ -120,8 +128,9 @@ class KubernetesBackend:
         except self._k8s.client.exceptions.ApiException as err:
             raise _api_error(what, err) from None
         except self._transport_errors as err:
-            raise Unavailable(f"cannot {what}: the Kubernetes API at {self._api.configuration.host} is "
-                              f"unreachable: {err}") from None
+            raise Unavailable(
+                f"cannot {what}: the Kubernetes API at {self._api.configuration.host} is unreachable: {err}"
+            ) from None
 
     async def _send(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> None:
         """_call for a write whose reply is not needed: the reply is not parsed into a model (that is slow)."""
@@ -133,15 +142,21 @@ class KubernetesBackend:
 
     async def _delete_pod(self, name: str) -> None:
         try:
-            await self._send(f"delete pod {name}", self._core.delete_namespaced_pod, name, self._cfg.namespace,
-                             grace_period_seconds=0)
+            await self._send(
+                f"delete pod {name}",
+                self._core.delete_namespaced_pod,
+                name,
+                self._cfg.namespace,
+                grace_period_seconds=0,
+            )
         except NotFound:
             pass
 
     async def _delete_policy(self, name: str) -> None:
         try:
-            await self._send(f"delete network policy {name}", self._net.delete_namespaced_network_policy, name,
-                             self._cfg.namespace)
+            await self._send(
+                f"delete network policy {name}", self._net.delete_namespaced_network_policy, name, self._cfg.namespace
+            )
         except NotFound:
             pass
 
@@ -156,17 +171,30 @@ class KubernetesBackend:
         await self._clean_up()
         deny = m.deny_egress_policy(self._cfg)  # the client sends plain dicts as they are
         try:
-            await self._send("create the deny-all egress policy", self._net.create_namespaced_network_policy,
-                             self._cfg.namespace, deny)
+            await self._send(
+                "create the deny-all egress policy",
+                self._net.create_namespaced_network_policy,
+                self._cfg.namespace,
+                deny,
+            )
         except AlreadyExists:
-            await self._send("replace the deny-all egress policy", self._net.patch_namespaced_network_policy,
-                             m.DENY_POLICY, self._cfg.namespace, _replace_spec(m.deny_egress_policy(self._cfg)),
-                             _content_type=JSON_PATCH)
-        self._cache = PodCache(self._core.list_namespaced_pod, namespace=self._cfg.namespace,
-                               selector=f"{m.MANAGED_BY}={m.MANAGER},{m.LABEL_SERVICE}={self._cfg.service_id}")
+            await self._send(
+                "replace the deny-all egress policy",
+                self._net.patch_namespaced_network_policy,
+                m.DENY_POLICY,
+                self._cfg.namespace,
+                _replace_spec(m.deny_egress_policy(self._cfg)),
+                _content_type=JSON_PATCH,
+            )
+        self._cache = PodCache(
+            self._core.list_namespaced_pod,
+            namespace=self._cfg.namespace,
+            selector=f"{m.MANAGED_BY}={m.MANAGER},{m.LABEL_SERVICE}={self._cfg.service_id}",
+        )
         await self._cache.start(API_TIMEOUT_S)
-        self._pools = WarmPools(self._settings.k8s_warm_pools, self._cache, create=self._create_warm,
-                                delete=self._delete_pod)
+        self._pools = WarmPools(
+            self._settings.k8s_warm_pools, self._cache, create=self._create_warm, delete=self._delete_pod
+        )
         self._pools.start()
 
     async def _clean_up(self) -> None:
@@ -174,8 +202,12 @@ class KubernetesBackend:
         and every orchard pod or policy in the namespace whose expiry annotation has passed."""
         ns, now, selector = self._cfg.namespace, time.time(), f"{m.MANAGED_BY}={m.MANAGER}"
         pods = await self._call("list pods", self._core.list_namespaced_pod, ns, label_selector=selector)
-        policies = await self._call("list network policies", self._net.list_namespaced_network_policy, ns,
-                                    label_selector=f"{selector},{m.LABEL_SANDBOX}")
+        policies = await self._call(
+            "list network policies",
+            self._net.list_namespaced_network_policy,
+            ns,
+            label_selector=f"{selector},{m.LABEL_SANDBOX}",
+        )
 
         def stale(meta: Any) -> bool:
             mine = (meta.labels or {}).get(m.LABEL_SERVICE) == self._cfg.service_id
@@ -185,8 +217,11 @@ class KubernetesBackend:
         doomed_policies = [p.metadata.name for p in policies.items if stale(p.metadata)]
         await asyncio.gather(*map(self._delete_pod, doomed_pods), *map(self._delete_policy, doomed_policies))
         if doomed_pods or doomed_policies:
-            log.info("removed %d pods and %d network policies left by earlier runs or expired",
-                     len(doomed_pods), len(doomed_policies))
+            log.info(
+                "removed %d pods and %d network policies left by earlier runs or expired",
+                len(doomed_pods),
+                len(doomed_policies),
+            )
 
     async def close(self) -> None:
         if self._pools is not None:
@@ -203,34 +238,74 @@ class KubernetesBackend:
         """The container image of a sandbox image name."""
         return self._settings.k8s_images.get(image) or f"{self._settings.k8s_image_prefix}{image}"
 
-    def _pod_manifest(self, name: str, token: str, *, image: str, workdir: str, env: dict[str, str],
-                      resources: Resources, sandbox_id: str | None, tenant: str, expire_s: float,
-                      isolation: str = "container") -> dict[str, Any]:
-        return m.sandbox_pod(self._cfg, name=name, image=image, container_image=self.container_image(image),
-                             token=token, workdir=workdir, env=env, resources=resources, expire_s=expire_s,
-                             ttl_s=max(expire_s - time.time(), 1), tenant=tenant, sandbox_id=sandbox_id,
-                             runtime_class=self._runtime_class(isolation))
+    def _pod_manifest(
+        self,
+        name: str,
+        token: str,
+        *,
+        image: str,
+        workdir: str,
+        env: dict[str, str],
+        resources: Resources,
+        sandbox_id: str | None,
+        tenant: str,
+        expire_s: float,
+        isolation: str = "container",
+    ) -> dict[str, Any]:
+        return m.sandbox_pod(
+            self._cfg,
+            name=name,
+            image=image,
+            container_image=self.container_image(image),
+            token=token,
+            workdir=workdir,
+            env=env,
+            resources=resources,
+            expire_s=expire_s,
+            ttl_s=max(expire_s - time.time(), 1),
+            tenant=tenant,
+            sandbox_id=sandbox_id,
+            runtime_class=self._runtime_class(isolation),
+        )
 
     def _runtime_class(self, isolation: str) -> str | None:
         """The RuntimeClass of a sandbox's pod: gVisor's for isolation "gvisor", else the service's (if any)."""
         return self._settings.k8s_gvisor_runtime_class if isolation == "gvisor" else self._cfg.runtime_class
 
     async def _create_pod(self, manifest: dict[str, Any]) -> None:
-        await self._send(f"create pod {manifest['metadata']['name']}", self._core.create_namespaced_pod,
-                         self._cfg.namespace, manifest)
+        await self._send(
+            f"create pod {manifest['metadata']['name']}",
+            self._core.create_namespaced_pod,
+            self._cfg.namespace,
+            manifest,
+        )
 
     async def _create_warm(self, image: str) -> WarmPod:
-        pod = WarmPod(name=f"orchard-{secrets.token_hex(5)}", token=secrets.token_urlsafe(24), image=image,
-                      created_s=time.time())
+        pod = WarmPod(
+            name=f"orchard-{secrets.token_hex(5)}", token=secrets.token_urlsafe(24), image=image, created_s=time.time()
+        )
         # Until handed out it belongs to no tenant, and lives no longer than any sandbox may.
-        await self._create_pod(self._pod_manifest(pod.name, pod.token, image=image, workdir=WARM_WORKDIR, env={},
-                                                  resources=self._defaults, sandbox_id=None, tenant="",
-                                                  expire_s=pod.created_s + self._settings.max_ttl_s))
+        await self._create_pod(
+            self._pod_manifest(
+                pod.name,
+                pod.token,
+                image=image,
+                workdir=WARM_WORKDIR,
+                env={},
+                resources=self._defaults,
+                sandbox_id=None,
+                tenant="",
+                expire_s=pod.created_s + self._settings.max_ttl_s,
+            )
+        )
         return pod
 
     def _fits_pool(self, spec: SandboxSpec) -> bool:
-        return (not spec.env and spec.resources == self._defaults
-                and self._runtime_class(spec.isolation) == self._cfg.runtime_class)
+        return (
+            not spec.env
+            and spec.resources == self._defaults
+            and self._runtime_class(spec.isolation) == self._cfg.runtime_class
+        )
 
     async def create(self, spec: SandboxSpec) -> AgentClient:
         if spec.layers:
@@ -242,25 +317,44 @@ class KubernetesBackend:
         policy = m.egress_policy(self._cfg, sid, spec.egress, expire_s=expire_s) if spec.egress else None
         assert self._pools is not None
         warm = self._pools.take(spec.image) if self._fits_pool(spec) else None
-        pod = (_Pod(warm.name, warm.token, expire_s) if warm
-               else _Pod(f"orchard-{secrets.token_hex(5)}", secrets.token_urlsafe(24), expire_s))
+        pod = (
+            _Pod(warm.name, warm.token, expire_s)
+            if warm
+            else _Pod(f"orchard-{secrets.token_hex(5)}", secrets.token_urlsafe(24), expire_s)
+        )
         self._pods[sid] = pod  # from here on destroy() removes whatever was made
         try:
             if warm is not None:
                 patch = m.handout_patch(sid, tenant=tenant, expire_s=expire_s, deadline_s=expire_s - warm.created_s)
-                await self._send(f"hand out warm pod {pod.name}", self._core.patch_namespaced_pod, pod.name,
-                                 self._cfg.namespace, patch, _content_type=MERGE_PATCH)
+                await self._send(
+                    f"hand out warm pod {pod.name}",
+                    self._core.patch_namespaced_pod,
+                    pod.name,
+                    self._cfg.namespace,
+                    patch,
+                    _content_type=MERGE_PATCH,
+                )
             else:
-                await self._create_pod(self._pod_manifest(pod.name, pod.token, image=spec.image,
-                                                          workdir=spec.workdir, env=spec.env,
-                                                          resources=spec.resources, sandbox_id=sid,
-                                                          tenant=tenant, expire_s=expire_s,
-                                                          isolation=spec.isolation))
+                await self._create_pod(
+                    self._pod_manifest(
+                        pod.name,
+                        pod.token,
+                        image=spec.image,
+                        workdir=spec.workdir,
+                        env=spec.env,
+                        resources=spec.resources,
+                        sandbox_id=sid,
+                        tenant=tenant,
+                        expire_s=expire_s,
+                        isolation=spec.isolation,
+                    )
+                )
             if policy is not None:
                 await self._apply_policy(pod, policy)
             state = await self._started(pod.name, sid)
-            pod.client = await connect_tcp(state.ip, self._cfg.agent_port, pod.token, label=sid,
-                                           timeout=self._settings.agent_start_timeout_s)
+            pod.client = await connect_tcp(
+                state.ip, self._cfg.agent_port, pod.token, label=sid, timeout=self._settings.agent_start_timeout_s
+            )
             if warm is not None:
                 await _make_dir(pod.client, spec.workdir)
         except BaseException:
@@ -275,11 +369,15 @@ class KubernetesBackend:
             state = await self._cache.wait(name, lambda s: s.running, timeout)
         except TimeoutError:
             state = self._cache.get(name) or PodState(name)
-            raise Unavailable(f"pod {name} of sandbox {sandbox_id} did not start within {timeout:.0f}s (phase "
-                              f"{state.phase}); see `kubectl -n {self._cfg.namespace} describe pod {name}`") from None
+            raise Unavailable(
+                f"pod {name} of sandbox {sandbox_id} did not start within {timeout:.0f}s (phase "
+                f"{state.phase}); see `kubectl -n {self._cfg.namespace} describe pod {name}`"
+            ) from None
         if state.ended:
-            raise Unavailable(f"pod {name} of sandbox {sandbox_id} cannot serve: {state.ended}; see "
-                              f"`kubectl -n {self._cfg.namespace} describe pod {name}`")
+            raise Unavailable(
+                f"pod {name} of sandbox {sandbox_id} cannot serve: {state.ended}; see "
+                f"`kubectl -n {self._cfg.namespace} describe pod {name}`"
+            )
         return state
 
     async def destroy(self, sandbox_id: str) -> None:
@@ -305,8 +403,14 @@ class KubernetesBackend:
                 return
             except AlreadyExists:
                 pod.has_policy = True
-        await self._send(f"replace network policy {name}", self._net.patch_namespaced_network_policy, name, ns,
-                         _replace_spec(policy), _content_type=JSON_PATCH)
+        await self._send(
+            f"replace network policy {name}",
+            self._net.patch_namespaced_network_policy,
+            name,
+            ns,
+            _replace_spec(policy),
+            _content_type=JSON_PATCH,
+        )
 
     async def set_egress(self, sandbox_id: str, rules: tuple[EgressRule, ...]) -> None:
         pod = self._pods.get(sandbox_id)
@@ -353,11 +457,13 @@ async def _make_dir(client: AgentClient, path: str) -> None:
     """mkdir -p path in the sandbox (a warm pod was started before its workdir was known)."""
     if path == WARM_WORKDIR:
         return
-    async for event in client.exec(["mkdir", "-p", "--", path], cwd="/", env={}, stdin=b"", timeout=30,
-                                   max_output=4096):
+    async for event in client.exec(
+        ["mkdir", "-p", "--", path], cwd="/", env={}, stdin=b"", timeout=30, max_output=4096
+    ):
         if event.kind == "exit" and event.exit_code != 0:
-            raise FailedPrecondition(f"cannot make the workdir {path!r} in the sandbox (mkdir exited "
-                                     f"{event.exit_code})")
+            raise FailedPrecondition(
+                f"cannot make the workdir {path!r} in the sandbox (mkdir exited {event.exit_code})"
+            )
 
 
 def _replace_spec(manifest: dict[str, Any]) -> list[dict[str, Any]]:
@@ -376,8 +482,7 @@ def _api_error(what: str, err: Any) -> OrchardError:
         message = err.reason
     text = f"cannot {what}: Kubernetes API said {err.status}: {message}"
     if err.status == 403 and "exceeded quota" in message:
-        return ResourceExhausted(f"{text}; delete sandboxes or raise the namespace's ResourceQuota",
-                                 retry_after=5.0)
+        return ResourceExhausted(f"{text}; delete sandboxes or raise the namespace's ResourceQuota", retry_after=5.0)
     if err.status in (401, 403):
         return FailedPrecondition(f"{text} (give the service's account the rights in deploy/k8s/base/env-rbac.yaml)")
     cls = {404: NotFound, 409: AlreadyExists, 422: InvalidArgument}.get(err.status, Unavailable)

@@ -54,8 +54,10 @@ def _mount_overlay(layers: Sequence[Path], image: Path, upper: Path, work: Path,
         opts = f"lowerdir={lower},upperdir={upper},workdir={work}".encode()
         if _libc.mount(b"overlay", str(target).encode(), b"overlay", 0, opts) != 0:
             err = ctypes.get_errno()
-            raise FailedPrecondition(f"cannot mount the sandbox's writable layer on {target}: {os.strerror(err)} "
-                                     "(the local backend needs root and overlayfs)")
+            raise FailedPrecondition(
+                f"cannot mount the sandbox's writable layer on {target}: {os.strerror(err)} "
+                "(the local backend needs root and overlayfs)"
+            )
     finally:
         for fd in fds:
             os.close(fd)
@@ -65,9 +67,17 @@ async def _copy_tree(source: Path, target: Path) -> None:
     """Copy a writable layer to target (which must not exist) with all overlayfs keeps in it: whiteouts (0/0
     character devices), opaque directories (trusted.overlay.* xattrs), owners, modes, times, hard and symbolic links.
     `cp -a` does all that as root, reflinked (copy-on-write) where the filesystem can."""
-    proc = await asyncio.create_subprocess_exec("cp", "-a", "--reflink=auto", "-T", str(source), str(target),
-                                                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-                                                stderr=asyncio.subprocess.PIPE)
+    proc = await asyncio.create_subprocess_exec(
+        "cp",
+        "-a",
+        "--reflink=auto",
+        "-T",
+        str(source),
+        str(target),
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
     try:
         _, err = await proc.communicate()
     except BaseException:  # cancelled: stop copying (os.kill, not proc.kill(): see destroy)
@@ -127,8 +137,10 @@ class LocalBackend:
         self._net = SandboxNetworks(settings.state_dir)
         self._confinement = default_confinement()  # FailedPrecondition at start without libseccomp
         if shutil.which(settings.bwrap_path) is None:
-            raise FailedPrecondition(f"bubblewrap ({settings.bwrap_path!r}) is not installed; run scripts/install.sh "
-                                     "or `apt-get install bubblewrap`")
+            raise FailedPrecondition(
+                f"bubblewrap ({settings.bwrap_path!r}) is not installed; run scripts/install.sh "
+                "or `apt-get install bubblewrap`"
+            )
 
     async def start(self) -> None:
         """Take the state dir for this service, then remove what a previous, crashed run left behind
@@ -143,8 +155,10 @@ class LocalBackend:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(self._lock_fd)
-            raise FailedPrecondition(f"another env service is using the state dir {self._settings.state_dir}; "
-                                     "stop it or give this one its own --state-dir") from None
+            raise FailedPrecondition(
+                f"another env service is using the state dir {self._settings.state_dir}; "
+                "stop it or give this one its own --state-dir"
+            ) from None
         if removed := await asyncio.to_thread(self._cgroups.start):
             log.info("removed the cgroups of %d sandboxes left by a previous run", removed)
         if removed := await self._net.remove_leftovers():
@@ -152,8 +166,10 @@ class LocalBackend:
         s = self._settings
         if s.default_cpu_millis or s.default_memory_bytes or s.default_pids:
             try:
-                self._cgroups.require("the service's default cpu, memory or pids limit",
-                                      "set them to 0 (e.g. ORCHARD_ENV_DEFAULT_PIDS=0) to run sandboxes without limits")
+                self._cgroups.require(
+                    "the service's default cpu, memory or pids limit",
+                    "set them to 0 (e.g. ORCHARD_ENV_DEFAULT_PIDS=0) to run sandboxes without limits",
+                )
             except FailedPrecondition:
                 if s.model_fields_set & {"default_cpu_millis", "default_memory_bytes", "default_pids"}:
                     raise  # the operator asked for default limits this host cannot give: say so at start-up
@@ -190,35 +206,73 @@ class LocalBackend:
         task.add_done_callback(self._removals.discard)
 
     def _bwrap_argv(self, spec: SandboxSpec, rootfs: Path, host_image: bool, seccomp_fd: int) -> list[str]:
-        argv = [self._settings.bwrap_path, "--bind", str(rootfs), "/", "--dev", "/dev", "--proc", "/proc",
-                *self._confinement.bwrap_args]
+        argv = [
+            self._settings.bwrap_path,
+            "--bind",
+            str(rootfs),
+            "/",
+            "--dev",
+            "/dev",
+            "--proc",
+            "/proc",
+            *self._confinement.bwrap_args,
+        ]
         if host_image:
             # The host's root is the lower layer: hide the host's /tmp and every sandbox's state from it.
             # A disk cap caps /tmp alike (it lives in memory: a tmpfs).
             size = ["--size", str(spec.resources.disk_bytes)] if spec.resources.disk_bytes else []
             argv += [*size, "--tmpfs", "/tmp", "--tmpfs", str(self._settings.state_dir)]
         argv += [
-            "--unshare-all", "--die-with-parent", "--new-session",
-            "--cap-drop", "ALL",  # as root bwrap would keep every capability (remount, nft ...)
-            "--hostname", spec.sandbox_id[:63],
-            "--clearenv", "--setenv", "PATH", SANDBOX_PATH, "--setenv", "HOME", "/root",
-            "--setenv", "LANG", "C.UTF-8", "--setenv", "ORCHARD_SANDBOX_ID", spec.sandbox_id,
+            "--unshare-all",
+            "--die-with-parent",
+            "--new-session",
+            "--cap-drop",
+            "ALL",  # as root bwrap would keep every capability (remount, nft ...)
+            "--hostname",
+            spec.sandbox_id[:63],
+            "--clearenv",
+            "--setenv",
+            "PATH",
+            SANDBOX_PATH,
+            "--setenv",
+            "HOME",
+            "/root",
+            "--setenv",
+            "LANG",
+            "C.UTF-8",
+            "--setenv",
+            "ORCHARD_SANDBOX_ID",
+            spec.sandbox_id,
             # Patches can keep a file's size and mtime second; stale .pyc files would then hide the change.
-            "--setenv", "PYTHONDONTWRITEBYTECODE", "1",
+            "--setenv",
+            "PYTHONDONTWRITEBYTECODE",
+            "1",
         ]
         if spec.egress:
             argv.append("--share-net")  # keep the namespace with the allowlist it is started in (network.py)
         for key, value in spec.env.items():
             argv += ["--setenv", key, value]
-        argv += ["--seccomp", str(seccomp_fd), "--chdir", spec.workdir, "/usr/bin/python3", "-I", "-S", "-c",
-                 AGENT_SOURCE]
+        argv += [
+            "--seccomp",
+            str(seccomp_fd),
+            "--chdir",
+            spec.workdir,
+            "/usr/bin/python3",
+            "-I",
+            "-S",
+            "-c",
+            AGENT_SOURCE,
+        ]
         return argv
 
     async def create(self, spec: SandboxSpec) -> AgentClient:
         if spec.isolation == "gvisor":
-            raise FailedPrecondition("the local backend isolates sandboxes with bubblewrap (namespaces, seccomp); "
-                                     "gVisor needs the docker backend (an engine with runsc) or the kubernetes "
-                                     "backend (a gvisor RuntimeClass)", field="isolation")
+            raise FailedPrecondition(
+                "the local backend isolates sandboxes with bubblewrap (namespaces, seccomp); "
+                "gVisor needs the docker backend (an engine with runsc) or the kubernetes "
+                "backend (a gvisor RuntimeClass)",
+                field="isolation",
+            )
         res = spec.resources
         check_limits(res)
         check_disk(res.disk_bytes, self._settings.state_dir)
@@ -247,8 +301,11 @@ class LocalBackend:
                     argv = enter_argv(await asyncio.to_thread(self._cgroups.create, spec.sandbox_id, res), argv)
                 argv = [*self._net.enter_argv(spec.sandbox_id), *argv]
                 proc = await asyncio.create_subprocess_exec(
-                    *argv, pass_fds=(fd,),
-                    stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=agent_log,
+                    *argv,
+                    pass_fds=(fd,),
+                    stdin=asyncio.subprocess.PIPE,
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=agent_log,
                 )
             self._procs[spec.sandbox_id] = proc
             assert proc.stdout is not None and proc.stdin is not None
@@ -291,7 +348,8 @@ class LocalBackend:
             raise FailedPrecondition(
                 f"sandbox {sandbox_id!r} already stacks {len(layers)} snapshot layers, the most a sandbox may; flatten "
                 "the chain: copy the files you need (e.g. a tar of the workspace) into a sandbox made from the image "
-                "and snapshot that one")
+                "and snapshot that one"
+            )
         home = self._root / sandbox_id
         upper = home / "layer" / "upper" if os.path.ismount(home / "layer") else home / "upper"  # under a disk cap
         target = self._snapshots / snapshot_id

@@ -88,18 +88,26 @@ async def resolve(rules: tuple[EgressRule, ...]) -> list[Allowed]:
             return Allowed("ip" if network.version == 4 else "ip6", str(network), rule.port)
         try:
             async with asyncio.timeout(RESOLVE_TIMEOUT_S):
-                infos = await asyncio.get_running_loop().getaddrinfo(rule.host, None, family=socket.AF_INET,
-                                                                     type=socket.SOCK_STREAM)
+                infos = await asyncio.get_running_loop().getaddrinfo(
+                    rule.host, None, family=socket.AF_INET, type=socket.SOCK_STREAM
+                )
         except TimeoutError:
-            raise Unavailable(f"network_policy rule {index}: resolving host {rule.host!r} took over "
-                              f"{RESOLVE_TIMEOUT_S:g}s; retry later", retry_after=5.0) from None
+            raise Unavailable(
+                f"network_policy rule {index}: resolving host {rule.host!r} took over "
+                f"{RESOLVE_TIMEOUT_S:g}s; retry later",
+                retry_after=5.0,
+            ) from None
         except socket.gaierror as err:
             if err.errno == socket.EAI_AGAIN:
-                raise Unavailable(f"network_policy rule {index}: cannot resolve host {rule.host!r} now "
-                                  f"({err.strerror}); retry later", retry_after=5.0) from None
-            raise InvalidArgument(f"network_policy rule {index}: host {rule.host!r} does not resolve to an IPv4 "
-                                  f"address ({err.strerror}); use a resolvable name or a cidr",
-                                  field="network_policy") from None
+                raise Unavailable(
+                    f"network_policy rule {index}: cannot resolve host {rule.host!r} now ({err.strerror}); retry later",
+                    retry_after=5.0,
+                ) from None
+            raise InvalidArgument(
+                f"network_policy rule {index}: host {rule.host!r} does not resolve to an IPv4 "
+                f"address ({err.strerror}); use a resolvable name or a cidr",
+                field="network_policy",
+            ) from None
         addresses = sorted({info[4][0] for info in infos}, key=ipaddress.IPv4Address)
         return Allowed("ip", f"{{ {', '.join(addresses)} }}", rule.port)
 
@@ -115,14 +123,16 @@ def inner_ruleset(allowed: list[Allowed]) -> str:
     connections opened into the sandbox from this host. Refused packets get an ICMP error: connects fail at once.
     """
     accepts = "".join(f"    {a.match()} accept\n" for a in allowed)
-    return (f"table inet {INNER_TABLE}\nflush table inet {INNER_TABLE}\n"
-            f"table inet {INNER_TABLE} {{\n  chain output {{\n"
-            "    type filter hook output priority filter; policy drop;\n"
-            '    oif "lo" accept\n'
-            "    ct direction reply accept\n"
-            f"{accepts}"
-            "    reject with icmpx type admin-prohibited\n"
-            "  }\n}\n")
+    return (
+        f"table inet {INNER_TABLE}\nflush table inet {INNER_TABLE}\n"
+        f"table inet {INNER_TABLE} {{\n  chain output {{\n"
+        "    type filter hook output priority filter; policy drop;\n"
+        '    oif "lo" accept\n'
+        "    ct direction reply accept\n"
+        f"{accepts}"
+        "    reject with icmpx type admin-prohibited\n"
+        "  }\n}\n"
+    )
 
 
 def host_ruleset(link: Link, allowed: list[Allowed]) -> str:
@@ -134,16 +144,18 @@ def host_ruleset(link: Link, allowed: list[Allowed]) -> str:
     # This host's own services (the env service itself among them) are reachable only through rules that name one
     # address: a range such as 0.0.0.0/0 opens the outside world, never the host the sandbox runs on.
     host_accepts = "".join(f"    {iif} {a.match()} accept\n" for a in allowed if a.single_address)
-    return (f"table inet {link.name}\nflush table inet {link.name}\n"
-            f"table inet {link.name} {{\n"
-            "  chain input {\n    type filter hook input priority filter; policy accept;\n"
-            f"    {iif} ct direction reply accept\n{host_accepts}"
-            f"    {iif} reject with icmpx type admin-prohibited\n  }}\n"
-            "  chain forward {\n    type filter hook forward priority filter; policy accept;\n"
-            f"    {oif} ct direction reply accept\n    {oif} drop\n{accepts}"
-            f"    {iif} reject with icmpx type admin-prohibited\n  }}\n"
-            "  chain postrouting {\n    type nat hook postrouting priority srcnat; policy accept;\n"
-            f'    {iif} oifname != "{link.veth}" masquerade\n  }}\n}}\n')
+    return (
+        f"table inet {link.name}\nflush table inet {link.name}\n"
+        f"table inet {link.name} {{\n"
+        "  chain input {\n    type filter hook input priority filter; policy accept;\n"
+        f"    {iif} ct direction reply accept\n{host_accepts}"
+        f"    {iif} reject with icmpx type admin-prohibited\n  }}\n"
+        "  chain forward {\n    type filter hook forward priority filter; policy accept;\n"
+        f"    {oif} ct direction reply accept\n    {oif} drop\n{accepts}"
+        f"    {iif} reject with icmpx type admin-prohibited\n  }}\n"
+        "  chain postrouting {\n    type nat hook postrouting priority srcnat; policy accept;\n"
+        f'    {iif} oifname != "{link.veth}" masquerade\n  }}\n}}\n'
+    )
 
 
 def name_prefix(state_dir: Path) -> str:
@@ -158,10 +170,12 @@ class CommandFailed(Exception):
 async def _run(*argv: str, stdin: str = "") -> str:
     """Run one `ip`/`nft` command and return its stdout; CommandFailed with its stderr when it fails."""
     if shutil.which(argv[0]) is None:
-        raise FailedPrecondition(f"{argv[0]!r} is not installed; egress allowlists need iproute2 and nftables "
-                                 "(run scripts/install.sh)")
-    proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                                                stderr=asyncio.subprocess.PIPE)
+        raise FailedPrecondition(
+            f"{argv[0]!r} is not installed; egress allowlists need iproute2 and nftables (run scripts/install.sh)"
+        )
+    proc = await asyncio.create_subprocess_exec(
+        *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
     try:
         async with asyncio.timeout(COMMAND_TIMEOUT_S):
             out, err = await proc.communicate(stdin.encode())
@@ -207,10 +221,16 @@ class SandboxNetworks:
         """Remove the namespaces, veths and tables a previous run of this service left; returns how many."""
         if shutil.which("ip") is None or shutil.which("nft") is None:
             return 0
-        names = [line.split()[0] for line in (await _run("ip", "netns", "list")).splitlines()
-                 if line.startswith(self._prefix)]
-        tables = [line.split()[2] for line in (await _run("nft", "list", "tables", "inet")).splitlines()
-                  if line.split()[2:3] and line.split()[2].startswith(self._prefix)]
+        names = [
+            line.split()[0]
+            for line in (await _run("ip", "netns", "list")).splitlines()
+            if line.startswith(self._prefix)
+        ]
+        tables = [
+            line.split()[2]
+            for line in (await _run("nft", "list", "tables", "inet")).splitlines()
+            if line.split()[2:3] and line.split()[2].startswith(self._prefix)
+        ]
         for name in names:
             await self._remove(Link(name, -1), netns=True, table=False)
         if tables:
@@ -234,34 +254,57 @@ class SandboxNetworks:
                     if "File exists" not in str(err):  # anything but a slot another service holds
                         raise
             else:
-                raise ResourceExhausted(f"no free link-local /30 for sandbox {sandbox_id!r} after {SLOT_TRIES} "
-                                        f"tries (veths {VETH_PREFIX}* are taken); delete sandboxes or retry later",
-                                        retry_after=5.0)
+                raise ResourceExhausted(
+                    f"no free link-local /30 for sandbox {sandbox_id!r} after {SLOT_TRIES} "
+                    f"tries (veths {VETH_PREFIX}* are taken); delete sandboxes or retry later",
+                    retry_after=5.0,
+                )
             await _all(
-                _run("ip", "-batch", "-", stdin=(f"link set dev {link.veth} addrgenmode none alias {name}\n"
-                                                 f"addr add {link.host_addr}/30 dev {link.veth}\n"
-                                                 f"link set dev {link.veth} up\n")),
-                _run("ip", "-n", name, "-batch", "-", stdin=("link set dev lo up\n"
-                                                            "link set dev eth0 addrgenmode none\n"
-                                                            f"addr add {link.sandbox_addr}/30 dev eth0\n"
-                                                            "link set dev eth0 up\n"
-                                                            f"route add default via {link.host_addr}\n")),
+                _run(
+                    "ip",
+                    "-batch",
+                    "-",
+                    stdin=(
+                        f"link set dev {link.veth} addrgenmode none alias {name}\n"
+                        f"addr add {link.host_addr}/30 dev {link.veth}\n"
+                        f"link set dev {link.veth} up\n"
+                    ),
+                ),
+                _run(
+                    "ip",
+                    "-n",
+                    name,
+                    "-batch",
+                    "-",
+                    stdin=(
+                        "link set dev lo up\n"
+                        "link set dev eth0 addrgenmode none\n"
+                        f"addr add {link.sandbox_addr}/30 dev eth0\n"
+                        "link set dev eth0 up\n"
+                        f"route add default via {link.host_addr}\n"
+                    ),
+                ),
                 self._apply(link, allowed),
             )
             # Forward what comes in on this veth only (the host-wide ip_forward stays as it is).
             Path(f"/proc/sys/net/ipv4/conf/{link.veth}/forwarding").write_text("1\n")
         except CommandFailed as err:
-            raise FailedPrecondition(f"cannot set up the network of sandbox {sandbox_id!r}: {err} (egress "
-                                     "allowlists need root, iproute2 and nftables)") from None
+            raise FailedPrecondition(
+                f"cannot set up the network of sandbox {sandbox_id!r}: {err} (egress "
+                "allowlists need root, iproute2 and nftables)"
+            ) from None
 
     async def apply(self, sandbox_id: str, rules: tuple[EgressRule, ...]) -> None:
         """Replace the sandbox's allowlist (no rules: it may reach nothing)."""
         link = self._links.get(sandbox_id)
         if link is None:
             if rules:
-                raise FailedPrecondition(f"sandbox {sandbox_id!r} was created without a network policy, so it has no "
-                                         "network to open; create the sandbox with a network policy to change it "
-                                         "later", field="network_policy")
+                raise FailedPrecondition(
+                    f"sandbox {sandbox_id!r} was created without a network policy, so it has no "
+                    "network to open; create the sandbox with a network policy to change it "
+                    "later",
+                    field="network_policy",
+                )
             return  # it has no network at all: "no rules" is already in force
         allowed = await resolve(rules)
         try:
@@ -301,8 +344,9 @@ class SandboxNetworks:
             await step("ip", "-n", link.name, "link", "del", "eth0")
             await step("ip", "netns", "del", link.name)
 
-        await _all(*([namespace()] if netns else []),
-                   *([step("nft", "delete", "table", "inet", link.name)] if table else []))
+        await _all(
+            *([namespace()] if netns else []), *([step("nft", "delete", "table", "inet", link.name)] if table else [])
+        )
 
     def _allocate(self) -> int:
         for i in range(len(SLOTS)):
@@ -311,5 +355,8 @@ class SandboxNetworks:
                 self._cursor = (self._cursor + i + 1) % len(SLOTS)
                 self._used.add(slot)
                 return slot
-        raise ResourceExhausted(f"all {len(SLOTS)} link-local /30 networks are in use by sandboxes with a network "
-                                "policy; delete some or retry later", retry_after=5.0)
+        raise ResourceExhausted(
+            f"all {len(SLOTS)} link-local /30 networks are in use by sandboxes with a network "
+            "policy; delete some or retry later",
+            retry_after=5.0,
+        )

@@ -17,8 +17,9 @@ def load_store(url: str) -> SqlStore:
     """The (unopened) store for `url`; ValueError naming the valid schemes otherwise."""
     scheme = url.split(":", 1)[0]
     if scheme not in STORES:
-        raise ValueError(f"unknown store URL scheme {scheme!r} in {url!r}; use one of: "
-                         f"{', '.join(s + '://' for s in STORES)}")
+        raise ValueError(
+            f"unknown store URL scheme {scheme!r} in {url!r}; use one of: {', '.join(s + '://' for s in STORES)}"
+        )
     module, _, name = STORES[scheme].partition(":")
     store: SqlStore = getattr(importlib.import_module(module), name)(url)
     return store

@@ -11,9 +11,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
+
+from orchard.chat.openai_format import messages_from_call
 from orchard.experience.v1 import experience_pb2 as pb
 from orchard.services.experience import ingest, sql
-from orchard.chat.openai_format import messages_from_call
 from orchard.types.v1 import types_pb2 as tpb
 
 Statement = tuple[str, Sequence[Sequence[Any]]]
@@ -51,41 +52,76 @@ class SqlStore(abc.ABC):
     async def write_events(self, events: list[pb.RolloutEvent]) -> None:
         """Store a batch in one transaction, idempotently: writing it again (or any part of it) changes nothing."""
         p = ingest.plan(events)
-        never_finished = f"NOT EXISTS (SELECT 1 FROM trajectories f WHERE f.trajectory_id = ? AND f.state = {sql.FINISHED})"
+        never_finished = (
+            f"NOT EXISTS (SELECT 1 FROM trajectories f WHERE f.trajectory_id = ? AND f.state = {sql.FINISHED})"
+        )
         statements: list[Statement] = [
             # 1. The ledger: one row per event id ever stored.
-            ("INSERT INTO events (event_id, run_id, trajectory_id, kind, event_time) VALUES (?, ?, ?, ?, ?) "
-             "ON CONFLICT (event_id) DO NOTHING", p.ledger),
+            (
+                "INSERT INTO events (event_id, run_id, trajectory_id, kind, event_time) VALUES (?, ?, ?, ?, ?) "
+                "ON CONFLICT (event_id) DO NOTHING",
+                p.ledger,
+            ),
             # 2. Every trajectory an event names exists from its first event on (maybe only as a stub).
-            ("INSERT INTO trajectories (trajectory_id, run_id, sort_time, first_seen, last_seen) VALUES (?, ?, ?, ?, ?) "
-             f"ON CONFLICT (trajectory_id) DO UPDATE SET last_seen = {self.greatest}(trajectories.last_seen, "
-             "excluded.last_seen)", [(tid, run, first, first, last) for tid, (run, first, last) in p.stubs.items()]),
+            (
+                "INSERT INTO trajectories (trajectory_id, run_id, sort_time, first_seen, last_seen) VALUES (?, ?, ?, ?, ?) "
+                f"ON CONFLICT (trajectory_id) DO UPDATE SET last_seen = {self.greatest}(trajectories.last_seen, "
+                "excluded.last_seen)",
+                [(tid, run, first, first, last) for tid, (run, first, last) in p.stubs.items()],
+            ),
             # 3. Started and step events fill in what a finished event has not already settled.
-            ("UPDATE trajectories SET task_id = ?, task_set = ?, harness = ?, policy_model = ?, weights_version = ?, "
-             f"header = ?, start_time = ?, sort_time = ?, state = {sql.STARTED} "
-             f"WHERE trajectory_id = ? AND state < {sql.FINISHED}", p.started),
-            (f"INSERT INTO metadata (trajectory_id, key, value) SELECT ?, ?, ? WHERE {never_finished} "
-             "ON CONFLICT (trajectory_id, key) DO NOTHING", p.started_metadata),
-            (f"INSERT INTO steps (trajectory_id, step_index, token_count, data) SELECT ?, ?, ?, ? WHERE {never_finished} "
-             "ON CONFLICT (trajectory_id, step_index) DO NOTHING", p.steps),
-            ("UPDATE trajectories SET step_count = (SELECT count(*) FROM steps s WHERE s.trajectory_id = ?), "
-             "token_count = (SELECT coalesce(sum(s.token_count), 0) FROM steps s WHERE s.trajectory_id = ?) "
-             f"WHERE trajectory_id = ? AND state < {sql.FINISHED}", [(t, t, t) for t in sorted(p.stepped)]),
+            (
+                "UPDATE trajectories SET task_id = ?, task_set = ?, harness = ?, policy_model = ?, weights_version = ?, "
+                f"header = ?, start_time = ?, sort_time = ?, state = {sql.STARTED} "
+                f"WHERE trajectory_id = ? AND state < {sql.FINISHED}",
+                p.started,
+            ),
+            (
+                f"INSERT INTO metadata (trajectory_id, key, value) SELECT ?, ?, ? WHERE {never_finished} "
+                "ON CONFLICT (trajectory_id, key) DO NOTHING",
+                p.started_metadata,
+            ),
+            (
+                f"INSERT INTO steps (trajectory_id, step_index, token_count, data) SELECT ?, ?, ?, ? WHERE {never_finished} "
+                "ON CONFLICT (trajectory_id, step_index) DO NOTHING",
+                p.steps,
+            ),
+            (
+                "UPDATE trajectories SET step_count = (SELECT count(*) FROM steps s WHERE s.trajectory_id = ?), "
+                "token_count = (SELECT coalesce(sum(s.token_count), 0) FROM steps s WHERE s.trajectory_id = ?) "
+                f"WHERE trajectory_id = ? AND state < {sql.FINISHED}",
+                [(t, t, t) for t in sorted(p.stepped)],
+            ),
             # 4. A finished event replaces whatever was pieced together, whenever it arrives.
             ("DELETE FROM steps WHERE trajectory_id = ?", [(t,) for t in p.finished]),
             ("DELETE FROM metadata WHERE trajectory_id = ?", [(t,) for t in p.finished]),
-            ("UPDATE trajectories SET task_id = ?, task_set = ?, harness = ?, policy_model = ?, weights_version = ?, "
-             "stop_reason = ?, patch_hash = ?, start_time = ?, end_time = ?, sort_time = ?, step_count = ?, "
-             f"token_count = ?, header = ?, state = {sql.FINISHED} WHERE trajectory_id = ?", list(p.finished.values())),
-            ("INSERT INTO steps (trajectory_id, step_index, token_count, data) VALUES (?, ?, ?, ?) "
-             "ON CONFLICT (trajectory_id, step_index) DO NOTHING", p.finished_steps),
-            ("INSERT INTO metadata (trajectory_id, key, value) VALUES (?, ?, ?) "
-             "ON CONFLICT (trajectory_id, key) DO NOTHING", p.finished_metadata),
+            (
+                "UPDATE trajectories SET task_id = ?, task_set = ?, harness = ?, policy_model = ?, weights_version = ?, "
+                "stop_reason = ?, patch_hash = ?, start_time = ?, end_time = ?, sort_time = ?, step_count = ?, "
+                f"token_count = ?, header = ?, state = {sql.FINISHED} WHERE trajectory_id = ?",
+                list(p.finished.values()),
+            ),
+            (
+                "INSERT INTO steps (trajectory_id, step_index, token_count, data) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (trajectory_id, step_index) DO NOTHING",
+                p.finished_steps,
+            ),
+            (
+                "INSERT INTO metadata (trajectory_id, key, value) VALUES (?, ?, ?) "
+                "ON CONFLICT (trajectory_id, key) DO NOTHING",
+                p.finished_metadata,
+            ),
             # 5. Rewards are a union keyed by content; recorded model calls by call id.
-            ("INSERT INTO rewards (trajectory_id, reward_key, seq, kind, value, outcome_status, data) "
-             "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (trajectory_id, reward_key) DO NOTHING", p.rewards),
-            ("INSERT INTO model_calls (trajectory_id, call_id, event_time, seq, data) VALUES (?, ?, ?, ?, ?) "
-             "ON CONFLICT (trajectory_id, call_id) DO NOTHING", p.calls),
+            (
+                "INSERT INTO rewards (trajectory_id, reward_key, seq, kind, value, outcome_status, data) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (trajectory_id, reward_key) DO NOTHING",
+                p.rewards,
+            ),
+            (
+                "INSERT INTO model_calls (trajectory_id, call_id, event_time, seq, data) VALUES (?, ?, ?, ?, ?) "
+                "ON CONFLICT (trajectory_id, call_id) DO NOTHING",
+                p.calls,
+            ),
         ]
         await self._transaction([(query, rows) for query, rows in statements if rows])
 
@@ -96,13 +132,20 @@ class SqlStore(abc.ABC):
         return int((await self._fetch("SELECT count(*) FROM events"))[0][0])
 
     async def get_trajectory(self, trajectory_id: str, *, full: bool) -> tpb.Trajectory | None:
-        rows = await self._fetch(f"SELECT {sql.TRAJECTORY_COLUMNS} FROM trajectories t WHERE t.trajectory_id = ?",
-                                 [trajectory_id])
+        rows = await self._fetch(
+            f"SELECT {sql.TRAJECTORY_COLUMNS} FROM trajectories t WHERE t.trajectory_id = ?", [trajectory_id]
+        )
         return (await self._assemble(rows, full))[0][0] if rows else None
 
-    async def list_trajectories(self, f: pb.TrajectoryFilter, *, full: bool, limit: int,
-                                after: Position | None = None, oldest_first: bool = False,
-                                ) -> list[tuple[tpb.Trajectory, Position]]:
+    async def list_trajectories(
+        self,
+        f: pb.TrajectoryFilter,
+        *,
+        full: bool,
+        limit: int,
+        after: Position | None = None,
+        oldest_first: bool = False,
+    ) -> list[tuple[tpb.Trajectory, Position]]:
         """One page of matches, newest first (or oldest first), starting after `after`."""
         clause, params = sql.where(f)
         order = "ASC" if oldest_first else "DESC"
@@ -110,8 +153,11 @@ class SqlStore(abc.ABC):
             cmp = ">" if oldest_first else "<"
             clause += f" AND (t.sort_time {cmp} ? OR (t.sort_time = ? AND t.trajectory_id {cmp} ?))"
             params += [after[0], after[0], after[1]]
-        rows = await self._fetch(f"SELECT {sql.TRAJECTORY_COLUMNS} FROM trajectories t WHERE {clause} "
-                                 f"ORDER BY t.sort_time {order}, t.trajectory_id {order} LIMIT ?", [*params, limit])
+        rows = await self._fetch(
+            f"SELECT {sql.TRAJECTORY_COLUMNS} FROM trajectories t WHERE {clause} "
+            f"ORDER BY t.sort_time {order}, t.trajectory_id {order} LIMIT ?",
+            [*params, limit],
+        )
         return await self._assemble(rows, full)
 
     async def stats_rows(self, f: pb.TrajectoryFilter) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
@@ -119,21 +165,37 @@ class SqlStore(abc.ABC):
         clause, params = sql.where(f)
         trajectories = await self._fetch(
             "SELECT t.trajectory_id, t.run_id, t.task_id, t.policy_model, t.weights_version, t.harness, t.state, "
-            f"t.stop_reason, t.step_count, t.token_count FROM trajectories t WHERE {clause}", params)
+            f"t.stop_reason, t.step_count, t.token_count FROM trajectories t WHERE {clause}",
+            params,
+        )
         rewards = await self._fetch(
             "SELECT r.trajectory_id, r.kind, r.value, r.outcome_status FROM rewards r JOIN trajectories t "
-            f"ON t.trajectory_id = r.trajectory_id WHERE {clause} ORDER BY r.seq", params)
+            f"ON t.trajectory_id = r.trajectory_id WHERE {clause} ORDER BY r.seq",
+            params,
+        )
         return trajectories, rewards
 
     async def list_runs(self) -> list[pb.Run]:
         """Every run, newest (by first event) first."""
         rows = await self._fetch(
             f"SELECT run_id, count(*), sum(CASE WHEN state = {sql.FINISHED} THEN 1 ELSE 0 END), min(first_seen), "
-            "max(last_seen) FROM trajectories GROUP BY run_id ORDER BY min(first_seen) DESC, run_id DESC")
-        runs = {r[0]: pb.Run(name=f"runs/{r[0]}", run_id=r[0], trajectory_count=r[1], finished_count=r[2] or 0,
-                             create_time=_stamp(r[3]), update_time=_stamp(r[4])) for r in rows}
-        parts = await self._fetch("SELECT DISTINCT run_id, task_set, harness, policy_model, weights_version "
-                                  "FROM trajectories ORDER BY run_id, task_set, harness, policy_model, weights_version")
+            "max(last_seen) FROM trajectories GROUP BY run_id ORDER BY min(first_seen) DESC, run_id DESC"
+        )
+        runs = {
+            r[0]: pb.Run(
+                name=f"runs/{r[0]}",
+                run_id=r[0],
+                trajectory_count=r[1],
+                finished_count=r[2] or 0,
+                create_time=_stamp(r[3]),
+                update_time=_stamp(r[4]),
+            )
+            for r in rows
+        }
+        parts = await self._fetch(
+            "SELECT DISTINCT run_id, task_set, harness, policy_model, weights_version "
+            "FROM trajectories ORDER BY run_id, task_set, harness, policy_model, weights_version"
+        )
         for run_id, task_set, harness, model, version in parts:
             run = runs[run_id]
             if task_set and task_set not in run.task_sets:
@@ -152,20 +214,25 @@ class SqlStore(abc.ABC):
         ids = [r[0] for r in rows]
         marks = ", ".join("?" * len(ids))
         rewards: dict[str, list[bytes]] = {}
-        for tid, data in await self._fetch(f"SELECT trajectory_id, data FROM rewards WHERE trajectory_id IN ({marks}) "
-                                           "ORDER BY seq", ids):
+        for tid, data in await self._fetch(
+            f"SELECT trajectory_id, data FROM rewards WHERE trajectory_id IN ({marks}) ORDER BY seq", ids
+        ):
             rewards.setdefault(tid, []).append(bytes(data))
         steps: dict[str, list[bytes]] = {}
         calls: dict[str, bytes] = {}
         if full:
-            for tid, data in await self._fetch(f"SELECT trajectory_id, data FROM steps WHERE trajectory_id IN ({marks}) "
-                                               "ORDER BY step_index", ids):
+            for tid, data in await self._fetch(
+                f"SELECT trajectory_id, data FROM steps WHERE trajectory_id IN ({marks}) ORDER BY step_index", ids
+            ):
                 steps.setdefault(tid, []).append(bytes(data))
             proxy_only = [r[0] for r in rows if r[3] is None]
             if proxy_only:
                 marks = ", ".join("?" * len(proxy_only))
-                for tid, data in await self._fetch(f"SELECT trajectory_id, data FROM model_calls WHERE trajectory_id "
-                                                   f"IN ({marks}) ORDER BY event_time, seq", proxy_only):
+                for tid, data in await self._fetch(
+                    f"SELECT trajectory_id, data FROM model_calls WHERE trajectory_id "
+                    f"IN ({marks}) ORDER BY event_time, seq",
+                    proxy_only,
+                ):
                     calls[tid] = bytes(data)  # the latest call holds the whole conversation so far
         out = []
         for tid, run_id, state, header, step_count, token_count, digest, sort_time, _start, _end in rows:

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import psycopg
+
 from orchard.errors import Unavailable
 from orchard.services.experience.backends.base import SqlStore, Statement
 

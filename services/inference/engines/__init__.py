@@ -22,8 +22,9 @@ def load_engine(settings: InferenceSettings) -> Engine:
     try:
         target = ENGINES[settings.engine]
     except KeyError:
-        raise InvalidArgument(f"unknown inference engine {settings.engine!r}; valid: {', '.join(sorted(ENGINES))}",
-                              field="engine") from None
+        raise InvalidArgument(
+            f"unknown inference engine {settings.engine!r}; valid: {', '.join(sorted(ENGINES))}", field="engine"
+        ) from None
     module, _, cls = target.partition(":")
     engine: Engine = getattr(importlib.import_module(module), cls)(settings)
     return engine

@@ -20,7 +20,6 @@ FinishReason = Literal["stop", "length", "abort"]
 # The chat message and tool formats are chat.tools' (one definition for every service and recipe).
 
 
-
 @dataclass(frozen=True)
 class SamplingParams:
     """How to sample one request (already validated: see orchard.services.inference.requests)."""
@@ -95,9 +94,11 @@ class ModelInfo:
 
 def vision_unsupported(info: ModelInfo, what: str) -> Unimplemented:
     """The error for an image sent to a text-only model; `what` says where the image was."""
-    return Unimplemented(f"{what} holds an image, but model {info.model_id!r} on the {info.engine} engine takes text "
-                         "only; serve a vision-language model on the vllm engine to send images",
-                         reason="VISION_UNSUPPORTED")
+    return Unimplemented(
+        f"{what} holds an image, but model {info.model_id!r} on the {info.engine} engine takes text "
+        "only; serve a vision-language model on the vllm engine to send images",
+        reason="VISION_UNSUPPORTED",
+    )
 
 
 class Engine(abc.ABC):
@@ -120,8 +121,9 @@ class Engine(abc.ABC):
         """Abort running requests (their streams end with finish_reason "abort") and release the model."""
 
     @abc.abstractmethod
-    def generate(self, prompt_ids: list[int], params: SamplingParams,
-                 images: Sequence[bytes] = ()) -> AsyncIterator[TokenEvent]:
+    def generate(
+        self, prompt_ids: list[int], params: SamplingParams, images: Sequence[bytes] = ()
+    ) -> AsyncIterator[TokenEvent]:
         """Sample params.n choices after prompt_ids; events of the choices interleave.
 
         `images` are the encoded images (PNG or JPEG) of the prompt, in the order their placeholders appear;
@@ -147,8 +149,13 @@ class Engine(abc.ABC):
         """Text of token ids, special tokens skipped."""
 
     @abc.abstractmethod
-    def apply_chat_template(self, messages: list[ChatMessage], tools: list[ToolSpec] | None = None,
-                            add_generation_prompt: bool = True, template_kwargs: dict[str, Any] | None = None) -> str:
+    def apply_chat_template(
+        self,
+        messages: list[ChatMessage],
+        tools: list[ToolSpec] | None = None,
+        add_generation_prompt: bool = True,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> str:
         """Render a conversation with the model's chat template."""
 
     async def update_weights(self, checkpoint_path: str, weights_version: str) -> ModelInfo:

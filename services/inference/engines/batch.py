@@ -64,8 +64,13 @@ class Batch:
         self.last_batch_size = len(self.seqs)
         if self.seqs:
             self.mask = torch.cat([self.mask, self.mask.new_ones(len(self.seqs), 1)], dim=1)
-            out = self.model(input_ids=self.pending[:, None], attention_mask=self.mask,
-                             position_ids=self.positions[:, None], cache=self.cache, use_cache=True)
+            out = self.model(
+                input_ids=self.pending[:, None],
+                attention_mask=self.mask,
+                position_ids=self.positions[:, None],
+                cache=self.cache,
+                use_cache=True,
+            )
             self.positions += 1
             logprobs = torch.log_softmax(out.logits[:, -1].float(), dim=-1)
             for row, seq in enumerate(self.seqs):
@@ -86,15 +91,21 @@ class Batch:
         ids = torch.zeros(len(prompts), width, dtype=torch.long, device=self.device)
         mask = torch.zeros(len(prompts), width, dtype=torch.long, device=self.device)
         for row, prompt in enumerate(prompts):
-            ids[row, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
-            mask[row, width - len(prompt):] = 1
+            ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+            mask[row, width - len(prompt) :] = 1
         cache = DynamicCache(config=self.model.config)
         if len(prompts) == 1:  # no padding: exactly the forward `score` runs
             out = self.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
         else:
             positions = (mask.cumsum(-1) - 1).clamp(min=0)
-            out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache,
-                             use_cache=True, logits_to_keep=1)
+            out = self.model(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=positions,
+                cache=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
         return cache, mask, torch.log_softmax(out.logits[:, -1].float(), dim=-1)
 
     def _admit(self, groups: list[list[Sequence]]) -> list[tuple[Sequence, TokenEvent]]:
@@ -171,8 +182,11 @@ class Batch:
         for key in _SAME_ARCHITECTURE:
             new, old = getattr(model.config, key, None), getattr(self.model.config, key, None)
             if new != old:
-                raise InvalidArgument(f"checkpoint {path} does not match the served model: {key} is {new!r}, "
-                                      f"the served model has {old!r}", field="checkpoint_path")
+                raise InvalidArgument(
+                    f"checkpoint {path} does not match the served model: {key} is {new!r}, "
+                    f"the served model has {old!r}",
+                    field="checkpoint_path",
+                )
         self.model = model
         self.reset()
 

@@ -16,8 +16,14 @@ Decode = Callable[[list[int]], str]
 class Sequence:
     """One choice of one request. The worker thread owns its generation state; the event loop only sets `aborted`."""
 
-    def __init__(self, index: int, prompt_ids: list[int], params: SamplingParams,
-                 queue: asyncio.Queue[TokenEvent | BaseException], stop_token_ids: frozenset[int]) -> None:
+    def __init__(
+        self,
+        index: int,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        queue: asyncio.Queue[TokenEvent | BaseException],
+        stop_token_ids: frozenset[int],
+    ) -> None:
         self.index = index
         self.prompt_ids = prompt_ids
         self.params = params
@@ -84,7 +90,14 @@ class Sequence:
         else:
             end = len(text)
             self.finished = True
-        delta = text[self._sent_chars:end]
+        delta = text[self._sent_chars : end]
         self._sent_chars = max(self._sent_chars, end)
-        return TokenEvent(index=self.index, token_ids=[token], text=delta, logprobs=lps, top_logprobs=tops,
-                          finish_reason=finish, stop_sequence=stop_sequence)
+        return TokenEvent(
+            index=self.index,
+            token_ids=[token],
+            text=delta,
+            logprobs=lps,
+            top_logprobs=tops,
+            finish_reason=finish,
+            stop_sequence=stop_sequence,
+        )

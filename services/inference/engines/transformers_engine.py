@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from orchard.errors import InvalidArgument, ResourceExhausted
+from orchard.model_files import check_checkpoint, resolve_model
 from orchard.services.inference import metrics
 from orchard.services.inference.engines.base import (
     ChatMessage,
@@ -35,7 +36,6 @@ from orchard.services.inference.engines.base import (
     ToolSpec,
     vision_unsupported,
 )
-from orchard.model_files import check_checkpoint, resolve_model
 from orchard.services.inference.engines.sampling import Sequence
 from orchard.services.inference.settings import InferenceSettings
 
@@ -90,9 +90,14 @@ class TransformersEngine(Engine):
         self._batch = await self._in_worker(_load, path, s)
         config = self._batch.model.config
         self._info = ModelInfo(
-            model_id=s.model_id or model_id, engine="transformers", checkpoint_path=str(path),
-            weights_version=s.model_id or model_id, max_context_tokens=int(config.max_position_embeddings),
-            vocab_size=int(config.vocab_size), load_time=time.time())
+            model_id=s.model_id or model_id,
+            engine="transformers",
+            checkpoint_path=str(path),
+            weights_version=s.model_id or model_id,
+            max_context_tokens=int(config.max_position_embeddings),
+            vocab_size=int(config.vocab_size),
+            load_time=time.time(),
+        )
         _log.info("loaded %s from %s in %.1fs", self._info.model_id, path, time.monotonic() - started)
         self._task = asyncio.create_task(self._run(), name="inference-scheduler")
 
@@ -111,15 +116,19 @@ class TransformersEngine(Engine):
 
     # -- generation ---------------------------------------------------------------------------------------------
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams,
-                       images: cabc.Sequence[bytes] = ()) -> AsyncIterator[TokenEvent]:
+    async def generate(
+        self, prompt_ids: list[int], params: SamplingParams, images: cabc.Sequence[bytes] = ()
+    ) -> AsyncIterator[TokenEvent]:
         if images:
             raise vision_unsupported(self.info, "the prompt")
         if not prompt_ids:
             raise InvalidArgument("the prompt is empty; give at least one token", field="prompt")
         if len(self._waiting) + params.n > self._settings.max_queued_sequences:
-            raise ResourceExhausted(f"{len(self._waiting)} sequences are waiting (limit "
-                                    f"{self._settings.max_queued_sequences}); retry later", retry_after=1.0)
+            raise ResourceExhausted(
+                f"{len(self._waiting)} sequences are waiting (limit "
+                f"{self._settings.max_queued_sequences}); retry later",
+                retry_after=1.0,
+            )
         queue: asyncio.Queue[TokenEvent | BaseException] = asyncio.Queue()
         seqs = [Sequence(i, prompt_ids, params, queue, self._batch.stop_token_ids) for i in range(params.n)]
         self._waiting.extend(seqs)
@@ -191,11 +200,22 @@ class TransformersEngine(Engine):
     def detokenize(self, token_ids: list[int]) -> str:
         return str(self._batch.tokenizer.decode(token_ids, skip_special_tokens=True))
 
-    def apply_chat_template(self, messages: list[ChatMessage], tools: list[ToolSpec] | None = None,
-                            add_generation_prompt: bool = True, template_kwargs: dict[str, Any] | None = None) -> str:
-        return str(self._batch.tokenizer.apply_chat_template(
-            messages, tools=tools or None, add_generation_prompt=add_generation_prompt, tokenize=False,
-            **(template_kwargs or {})))
+    def apply_chat_template(
+        self,
+        messages: list[ChatMessage],
+        tools: list[ToolSpec] | None = None,
+        add_generation_prompt: bool = True,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> str:
+        return str(
+            self._batch.tokenizer.apply_chat_template(
+                messages,
+                tools=tools or None,
+                add_generation_prompt=add_generation_prompt,
+                tokenize=False,
+                **(template_kwargs or {}),
+            )
+        )
 
     # -- weights ------------------------------------------------------------------------------------------------
 
@@ -218,12 +238,21 @@ class TransformersEngine(Engine):
             await self._in_worker(self._batch.load_weights, path)
         except Exception as err:
             if not future.done():  # the caller may have gone away while the weights loaded
-                future.set_exception(err if isinstance(err, InvalidArgument) else
-                                     InvalidArgument(f"cannot load checkpoint {path}: {err}", field="checkpoint_path"))
+                future.set_exception(
+                    err
+                    if isinstance(err, InvalidArgument)
+                    else InvalidArgument(f"cannot load checkpoint {path}: {err}", field="checkpoint_path")
+                )
             return
         self._info = ModelInfo(
-            model_id=self.info.model_id, engine="transformers", checkpoint_path=str(path), weights_version=version,
-            max_context_tokens=self.info.max_context_tokens, vocab_size=self.info.vocab_size, load_time=time.time())
+            model_id=self.info.model_id,
+            engine="transformers",
+            checkpoint_path=str(path),
+            weights_version=version,
+            max_context_tokens=self.info.max_context_tokens,
+            vocab_size=self.info.vocab_size,
+            load_time=time.time(),
+        )
         _log.info("now serving weights %s from %s", version, path)
         if not future.done():  # a caller that went away mid-load must not kill the scheduler (InvalidStateError)
             future.set_result(self._info)

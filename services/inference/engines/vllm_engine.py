@@ -53,9 +53,13 @@ def sampling_kwargs(params: SamplingParams) -> dict[str, Any]:
     """Keyword arguments of vllm.SamplingParams for our params (DELTA output: each output holds only new tokens)."""
     want = params.logprobs or params.top_logprobs > 0
     return {
-        "n": params.n, "max_tokens": params.max_tokens, "temperature": params.temperature, "top_p": params.top_p,
+        "n": params.n,
+        "max_tokens": params.max_tokens,
+        "temperature": params.temperature,
+        "top_p": params.top_p,
         "top_k": params.top_k or -1,  # -1 = no cut, accepted by every vLLM release
-        "stop": list(params.stop), "seed": params.seed,
+        "stop": list(params.stop),
+        "seed": params.seed,
         # vLLM's logprobs=k returns the sampled token's log-prob plus the k most likely; 0 = the sampled one only.
         "logprobs": params.top_logprobs if want else None,
         "skip_special_tokens": True,
@@ -71,20 +75,28 @@ def token_event(out: CompletionOutput, params: SamplingParams) -> TokenEvent:
         if params.logprobs:
             lps.append(float(position[token].logprob))
         if params.top_logprobs:
-            ranked = sorted(position.items(), key=lambda kv: kv[1].logprob, reverse=True)[:params.top_logprobs]
+            ranked = sorted(position.items(), key=lambda kv: kv[1].logprob, reverse=True)[: params.top_logprobs]
             tops.append([(int(t), float(lp.logprob)) for t, lp in ranked])
     finish: FinishReason | None = None
     if out.finish_reason is not None:
         finish = out.finish_reason if out.finish_reason in ("stop", "length", "abort") else "stop"  # type: ignore[assignment]
     stop_sequence = out.stop_reason if isinstance(out.stop_reason, str) else ""
-    return TokenEvent(index=out.index, token_ids=ids, text=out.text, logprobs=lps, top_logprobs=tops,
-                      finish_reason=finish, stop_sequence=stop_sequence)
+    return TokenEvent(
+        index=out.index,
+        token_ids=ids,
+        text=out.text,
+        logprobs=lps,
+        top_logprobs=tops,
+        finish_reason=finish,
+        stop_sequence=stop_sequence,
+    )
 
 
-def score_result(prompt_logprobs: list[dict[int, Logprob] | None], prompt_len: int, continuation: list[int],
-                 top_logprobs: int) -> ScoreResult:
+def score_result(
+    prompt_logprobs: list[dict[int, Logprob] | None], prompt_len: int, continuation: list[int], top_logprobs: int
+) -> ScoreResult:
     """ScoreTokens from vLLM's prompt_logprobs of prompt + continuation (entry 0 is None: nothing precedes it)."""
-    positions = prompt_logprobs[prompt_len:prompt_len + len(continuation)]
+    positions = prompt_logprobs[prompt_len : prompt_len + len(continuation)]
     lps, tops = [], []
     for token, position in zip(continuation, positions, strict=True):
         assert position is not None
@@ -105,8 +117,10 @@ def decode_images(images: Sequence[bytes]) -> list[Any]:
             with Image.open(io.BytesIO(data)) as image:
                 decoded.append(image.convert("RGB"))
         except (UnidentifiedImageError, OSError) as err:
-            raise InvalidArgument(f"images[{k}] (image {k} of the prompt) does not decode as an image ({err}); "
-                                  "send PNG or JPEG bytes", field=f"images[{k}]") from None
+            raise InvalidArgument(
+                f"images[{k}] (image {k} of the prompt) does not decode as an image ({err}); send PNG or JPEG bytes",
+                field=f"images[{k}]",
+            ) from None
     return decoded
 
 
@@ -144,8 +158,13 @@ class VllmEngine(Engine):
         from transformers import AutoProcessor, AutoTokenizer
 
         s = self._settings
-        args = AsyncEngineArgs(model=s.model, gpu_memory_utilization=s.gpu_memory_utilization,
-                               max_model_len=s.max_model_len, max_num_seqs=s.max_batch_size, max_logprobs=20)
+        args = AsyncEngineArgs(
+            model=s.model,
+            gpu_memory_utilization=s.gpu_memory_utilization,
+            max_model_len=s.max_model_len,
+            max_num_seqs=s.max_batch_size,
+            max_logprobs=20,
+        )
         self._engine = AsyncLLM.from_engine_args(args)
         self._tokenizer = AutoTokenizer.from_pretrained(s.model)
         config = self._engine.model_config
@@ -153,17 +172,25 @@ class VllmEngine(Engine):
         if vision:
             self._chat_template = AutoProcessor.from_pretrained(s.model).chat_template
         model_id = s.model_id or s.model.rstrip("/").split("/")[-1]
-        self._info = ModelInfo(model_id=model_id, engine="vllm", checkpoint_path=s.model, weights_version=model_id,
-                               max_context_tokens=int(config.max_model_len), vocab_size=int(config.get_vocab_size()),
-                               load_time=time.time(), vision=vision)
+        self._info = ModelInfo(
+            model_id=model_id,
+            engine="vllm",
+            checkpoint_path=s.model,
+            weights_version=model_id,
+            max_context_tokens=int(config.max_model_len),
+            vocab_size=int(config.get_vocab_size()),
+            load_time=time.time(),
+            vision=vision,
+        )
 
     async def close(self) -> None:
         if self._engine is not None:
             self._engine.shutdown()
             self._engine = None
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams,
-                       images: Sequence[bytes] = ()) -> AsyncIterator[TokenEvent]:
+    async def generate(
+        self, prompt_ids: list[int], params: SamplingParams, images: Sequence[bytes] = ()
+    ) -> AsyncIterator[TokenEvent]:
         from vllm import SamplingParams as VllmSamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -187,8 +214,9 @@ class VllmEngine(Engine):
 
         sampling = VllmSamplingParams(max_tokens=1, prompt_logprobs=top_logprobs, temperature=0)
         final = None
-        async for output in self._engine.generate({"prompt_token_ids": prompt_ids + continuation_ids}, sampling,
-                                                  uuid.uuid4().hex):
+        async for output in self._engine.generate(
+            {"prompt_token_ids": prompt_ids + continuation_ids}, sampling, uuid.uuid4().hex
+        ):
             final = output
         assert final is not None and final.prompt_logprobs is not None
         return score_result(final.prompt_logprobs, len(prompt_ids), continuation_ids, top_logprobs)
@@ -202,8 +230,20 @@ class VllmEngine(Engine):
     def detokenize(self, token_ids: list[int]) -> str:
         return str(self._tokenizer.decode(token_ids, skip_special_tokens=True))
 
-    def apply_chat_template(self, messages: list[ChatMessage], tools: list[ToolSpec] | None = None,
-                            add_generation_prompt: bool = True, template_kwargs: dict[str, Any] | None = None) -> str:
-        return str(self._tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
-                                                       add_generation_prompt=add_generation_prompt,
-                                                       chat_template=self._chat_template, **(template_kwargs or {})))
+    def apply_chat_template(
+        self,
+        messages: list[ChatMessage],
+        tools: list[ToolSpec] | None = None,
+        add_generation_prompt: bool = True,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> str:
+        return str(
+            self._tokenizer.apply_chat_template(
+                messages,
+                tools=tools or None,
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+                chat_template=self._chat_template,
+                **(template_kwargs or {}),
+            )
+        )

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 import pytest
+
 from orchard.harness import (
     ActionResult,
     AgentLoop,
@@ -39,7 +40,10 @@ class EchoHarness(Harness):
 
     name = "echo"
     task_set = "unit"
-    tools: ClassVar[list[tpb.ToolDefinition]] = [tool("echo", "Echo text.", {"text": {"type": "string"}}, ["text"]), tool("submit", "Submit.", {}, [])]
+    tools: ClassVar[list[tpb.ToolDefinition]] = [
+        tool("echo", "Echo text.", {"text": {"type": "string"}}, ["text"]),
+        tool("submit", "Submit.", {}, []),
+    ]
 
     def __init__(self, task_id: str = "t1", delay_s: float = 0.0) -> None:
         self.task_id = task_id
@@ -75,8 +79,11 @@ async def test_submitting_rollout_records_tokens_logprobs_and_mask() -> None:
     harness = EchoHarness()
     traj = await AgentLoop(model, sink=sink, run_id="r").run(harness, sample_index=2, group_id="g")
     assert traj.stop_reason == tpb.STOP_REASON_SUBMITTED and traj.final_answer == "done" and harness.closed
-    assert [s.action_status for s in traj.steps] == [tpb.ACTION_STATUS_OK, tpb.ACTION_STATUS_PARSE_ERROR,
-                                                    tpb.ACTION_STATUS_SUBMITTED]
+    assert [s.action_status for s in traj.steps] == [
+        tpb.ACTION_STATUS_OK,
+        tpb.ACTION_STATUS_PARSE_ERROR,
+        tpb.ACTION_STATUS_SUBMITTED,
+    ]
     # The prompt is exactly the rendered opening conversation; every step's arrays are parallel.
     opening = await model.render(harness.initial_messages(), harness.tools, add_generation_prompt=True)
     assert list(traj.prompt_tokens.token_ids) == opening.token_ids and set(traj.prompt_tokens.mask) == {0}
@@ -86,7 +93,7 @@ async def test_submitting_rollout_records_tokens_logprobs_and_mask() -> None:
         model_ids = [t for t, m in zip(step.tokens.token_ids, step.tokens.mask, strict=True) if m == 1]
         assert len(model_ids) == step.completion_token_count and model_ids[-1] == IM_END
         assert all(lp == (LOGPROB if m else 0.0) for lp, m in zip(step.tokens.logprobs, step.tokens.mask, strict=True))
-        assert step.tokens.mask[:len(model_ids)] == [1] * len(model_ids)  # the reply comes first, then context
+        assert step.tokens.mask[: len(model_ids)] == [1] * len(model_ids)  # the reply comes first, then context
     # The whole sequence is what the template gives for the conversation (observations rendered in place).
     text = decode(sequence(traj))
     assert text.count("<|im_start|>tool\necho: hi<|im_end|>\n<|im_start|>assistant\n") == 1
@@ -97,20 +104,25 @@ async def test_submitting_rollout_records_tokens_logprobs_and_mask() -> None:
     assistant, observation = traj.messages[2], traj.messages[3]
     assert assistant.tool_calls[0].name == "echo" and observation.tool_call_id == assistant.tool_calls[0].id
     assert traj.steps[0].observations[0].exit_code == 0 and traj.sample_index == 2 and traj.group_id == "g"
-    assert [e.event_id for e in sink.events] == [f"{traj.trajectory_id}.{s}" for s in
-                                                ("started", "step.0", "step.1", "step.2", "finished")]
+    assert [e.event_id for e in sink.events] == [
+        f"{traj.trajectory_id}.{s}" for s in ("started", "step.0", "step.1", "step.2", "finished")
+    ]
     assert sink.events[-1].rollout_finished.trajectory == traj
 
 
-@pytest.mark.parametrize(("limits", "sampling", "replies", "reason", "steps"), [
-    (Limits(max_steps=3), SamplingConfig(), [ECHO], tpb.STOP_REASON_STEP_LIMIT, 3),
-    (Limits(max_tokens=600), SamplingConfig(), [ECHO], tpb.STOP_REASON_TOKEN_LIMIT, None),
-    (Limits(max_format_errors=2), SamplingConfig(), ["hmm"], tpb.STOP_REASON_FORMAT_ERROR, 2),
-    # A reply cut by max_step_tokens loses its closing tag and JSON: a format error, with the close appended.
-    (Limits(max_steps=1), SamplingConfig(max_step_tokens=10), [ECHO], tpb.STOP_REASON_STEP_LIMIT, 1),
-])
-async def test_budgets(limits: Limits, sampling: SamplingConfig, replies: list[str], reason: int,
-                       steps: int | None) -> None:
+@pytest.mark.parametrize(
+    ("limits", "sampling", "replies", "reason", "steps"),
+    [
+        (Limits(max_steps=3), SamplingConfig(), [ECHO], tpb.STOP_REASON_STEP_LIMIT, 3),
+        (Limits(max_tokens=600), SamplingConfig(), [ECHO], tpb.STOP_REASON_TOKEN_LIMIT, None),
+        (Limits(max_format_errors=2), SamplingConfig(), ["hmm"], tpb.STOP_REASON_FORMAT_ERROR, 2),
+        # A reply cut by max_step_tokens loses its closing tag and JSON: a format error, with the close appended.
+        (Limits(max_steps=1), SamplingConfig(max_step_tokens=10), [ECHO], tpb.STOP_REASON_STEP_LIMIT, 1),
+    ],
+)
+async def test_budgets(
+    limits: Limits, sampling: SamplingConfig, replies: list[str], reason: int, steps: int | None
+) -> None:
     traj = await AgentLoop(ScriptedModel(replay(replies)), limits, sampling).run(EchoHarness())
     assert traj.stop_reason == reason and len(traj.steps) == (steps or len(traj.steps)), traj.stop_detail
     if reason == tpb.STOP_REASON_TOKEN_LIMIT:  # it stopped once the sequence reached the budget, not before
@@ -119,8 +131,9 @@ async def test_budgets(limits: Limits, sampling: SamplingConfig, replies: list[s
 
 
 async def test_cut_reply_gets_the_turn_close_as_context() -> None:
-    traj = await AgentLoop(ScriptedModel(replay([ECHO])), Limits(max_steps=1),
-                           SamplingConfig(max_step_tokens=10)).run(EchoHarness())
+    traj = await AgentLoop(ScriptedModel(replay([ECHO])), Limits(max_steps=1), SamplingConfig(max_step_tokens=10)).run(
+        EchoHarness()
+    )
     step = traj.steps[0]
     assert step.completion_token_count == 10 and IM_END not in step.tokens.token_ids[:10]
     assert step.tokens.token_ids[10] == IM_END and step.tokens.mask[10] == 0
@@ -128,8 +141,9 @@ async def test_cut_reply_gets_the_turn_close_as_context() -> None:
 
 async def test_wall_clock_budget_and_unknown_tool() -> None:
     unknown = '<tool_call>{"name": "rm", "arguments": {}}</tool_call>'
-    traj = await AgentLoop(ScriptedModel(replay([unknown, ECHO]), delay_s=0.05),
-                           Limits(wall_clock_s=0.5)).run(EchoHarness(delay_s=0.2))
+    traj = await AgentLoop(ScriptedModel(replay([unknown, ECHO]), delay_s=0.05), Limits(wall_clock_s=0.5)).run(
+        EchoHarness(delay_s=0.2)
+    )
     assert traj.stop_reason == tpb.STOP_REASON_TIME_LIMIT and "0.5s" in traj.stop_detail
     assert traj.steps[0].action_status == tpb.ACTION_STATUS_UNKNOWN_TOOL
     assert "Unknown tool 'rm'" in traj.steps[0].observations[0].message.content
@@ -139,21 +153,35 @@ async def test_runner_bounds_concurrency() -> None:
     model = ScriptedModel(replay([ECHO, SUBMIT]), delay_s=0.02)
     loop = AgentLoop(model, run_id="run")
     instances = load_instances("toyrepair")[:3]
-    results = await run_rollouts(instances, 4, loop=loop, client=None, grade_patches=False,  # type: ignore[arg-type]
-                                 make_harness=lambda i: EchoHarness(i.instance_id), concurrency=3)
+    results = await run_rollouts(
+        instances,
+        4,
+        loop=loop,
+        client=None,
+        grade_patches=False,  # type: ignore[arg-type]
+        make_harness=lambda i: EchoHarness(i.instance_id),
+        concurrency=3,
+    )
     assert len(results) == 12 and model.max_in_flight == 3
-    assert [(r.trajectory.task_id, r.trajectory.sample_index) for r in results] == \
-        [(i.instance_id, s) for i in instances for s in range(4)]
+    assert [(r.trajectory.task_id, r.trajectory.sample_index) for r in results] == [
+        (i.instance_id, s) for i in instances for s in range(4)
+    ]
     assert all(r.trajectory.stop_reason == tpb.STOP_REASON_SUBMITTED for r in results)
 
 
-@pytest.mark.parametrize(("text", "name", "arguments"), [
-    ('<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call>', "bash", {"command": "ls"}),
-    ('<tool_call>{"name": "editor", "arguments": {"command": "view", "path": "a.py"}}', "editor",
-     {"command": "view", "path": "a.py"}),  # closing tag cut off
-    ("Let me look.\n```bash\ngrep -rn foo .\n```", "bash", {"command": "grep -rn foo ."}),
-    ("```bash\nsubmit\n```", "submit", {}),
-])
+@pytest.mark.parametrize(
+    ("text", "name", "arguments"),
+    [
+        ('<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call>', "bash", {"command": "ls"}),
+        (
+            '<tool_call>{"name": "editor", "arguments": {"command": "view", "path": "a.py"}}',
+            "editor",
+            {"command": "view", "path": "a.py"},
+        ),  # closing tag cut off
+        ("Let me look.\n```bash\ngrep -rn foo .\n```", "bash", {"command": "grep -rn foo ."}),
+        ("```bash\nsubmit\n```", "submit", {}),
+    ],
+)
 def test_swe_parse(text: str, name: str, arguments: dict[str, str]) -> None:
     harness = SWEHarness(load_instances("toyrepair")[0], client=None)  # type: ignore[arg-type]
     parsed = harness.parse(text)
@@ -191,8 +219,9 @@ class PictureHarness(EchoHarness):
         if result.submitted:
             return result
         self.echoes += 1
-        return ActionResult(result.output, exit_code=0,
-                            images=[tpb.Image(data=f"echo{self.echoes}".encode(), mime_type="image/png")])
+        return ActionResult(
+            result.output, exit_code=0, images=[tpb.Image(data=f"echo{self.echoes}".encode(), mime_type="image/png")]
+        )
 
 
 class RecordingModel(ScriptedModel):
@@ -202,16 +231,25 @@ class RecordingModel(ScriptedModel):
         super().__init__(replay(replies))
         self.images: list[list[bytes]] = []
 
-    async def generate(self, token_ids: list[int], max_tokens: int, seed: int | None, labels: dict[str, str],
-                       images: Sequence[tpb.Image] = ()) -> Sample:
+    async def generate(
+        self,
+        token_ids: list[int],
+        max_tokens: int,
+        seed: int | None,
+        labels: dict[str, str],
+        images: Sequence[tpb.Image] = (),
+    ) -> Sample:
         self.images.append([image.data for image in images])
         return await super().generate(token_ids, max_tokens, seed, labels, images)
 
 
-@pytest.mark.parametrize(("harness", "expected"), [
-    (PictureHarness, [[b"task"], [b"task", b"echo1"], [b"task", b"echo1", b"echo2"]]),
-    (EchoHarness, [[], [], []]),
-])
+@pytest.mark.parametrize(
+    ("harness", "expected"),
+    [
+        (PictureHarness, [[b"task"], [b"task", b"echo1"], [b"task", b"echo1", b"echo2"]]),
+        (EchoHarness, [[], [], []]),
+    ],
+)
 async def test_loop_passes_the_conversations_images(harness: type[EchoHarness], expected: list[list[bytes]]) -> None:
     """Every generate call gets all images of the conversation so far, in message order; tokens are kept as ever."""
     model = RecordingModel([ECHO, ECHO, SUBMIT])

@@ -7,6 +7,7 @@ import argparse
 from collections import Counter
 
 import pytest
+
 from orchard.cli.rollout import reference_quality
 from orchard.errors import InvalidArgument
 from orchard.harness import ModelError, ReferenceModel, SWEHarness
@@ -147,8 +148,9 @@ async def test_generate_follows_one_plan_per_rollout() -> None:
     for sample in range(3):
         plan = model.plan(task, f"sample {7 + 1000 * sample}")
         for step in range(2):
-            reply = await model.generate(prompt.token_ids, 8192, 7 + 1000 * sample + step,
-                                         {"trajectory_id": "t", "step": str(step)})
+            reply = await model.generate(
+                prompt.token_ids, 8192, 7 + 1000 * sample + step, {"trajectory_id": "t", "step": str(step)}
+            )
             assert decode(reply.token_ids[:-1]) == plan.replies[step] and reply.weights_version == "reference-q0.50"
     unseeded = await model.generate(prompt.token_ids, 8192, None, {"trajectory_id": "run-x-0", "step": "0"})
     assert decode(unseeded.token_ids[:-1]) == model.plan(task, "run-x-0").replies[0]
@@ -164,8 +166,12 @@ async def test_a_prompt_of_an_unknown_task_is_a_model_error() -> None:
 
 def test_last_exit_code() -> None:
     turn = "<|im_start|>{}\n{}<|im_end|>\n"
-    prompt = turn.format("user", "x\n[exit code 0]") + turn.format("assistant", "y") + \
-        turn.format("tool", "1 failed\n\n[exit code 1]") + "<|im_start|>assistant\n"
+    prompt = (
+        turn.format("user", "x\n[exit code 0]")
+        + turn.format("assistant", "y")
+        + turn.format("tool", "1 failed\n\n[exit code 1]")
+        + "<|im_start|>assistant\n"
+    )
     assert last_exit_code(prompt) == 1
     assert last_exit_code(prompt.replace("[exit code 1]", "[the command timed out]")) is None
 
@@ -181,12 +187,12 @@ def test_policy_flag_values(text: str, quality: float) -> None:
     assert reference_quality(text) == quality
 
 
-@pytest.mark.parametrize("text", ["reference:1.5", "reference:-1", "reference:", "reference:half", "oracle:0.5",
-                                  "0.5", "reference:nan"])
+@pytest.mark.parametrize(
+    "text", ["reference:1.5", "reference:-1", "reference:", "reference:half", "oracle:0.5", "0.5", "reference:nan"]
+)
 def test_bad_policy_flag_values(text: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError, match=r"give reference:Q with Q a number in \[0, 1\]"):
         reference_quality(text)
-
 
 
 CODE_AND_CHANGELOG = """diff --git a/CHANGES.rst b/CHANGES.rst
@@ -212,7 +218,7 @@ def test_flaws_land_in_code_never_only_in_a_changelog() -> None:
     line, no partial keeps the whole code fix, and the deletion removes the code fix (keeping the changelog)."""
     from orchard.harness.reference import deletion, mutations, partials
 
-    fix = "+    return tomli.loads(text).get(\"server\", {}).get(\"port\", 8080)"
+    fix = '+    return tomli.loads(text).get("server", {}).get("port", 8080)'
     muts = mutations(CODE_AND_CHANGELOG)
     assert muts and all(fix not in m and "+- Fix the default port (was 8000, now 8080)." in m for m in muts)
     parts = partials(CODE_AND_CHANGELOG)

@@ -6,19 +6,29 @@ import json
 from pathlib import Path
 
 import pytest
+
 from orchard.errors import InvalidArgument, NotFound
 from orchard.tasks import BUNDLED, load_instances
 from orchard.tasks.grading import evaluate_log, patched_files
 from orchard.tasks.repo import repo_files
 
-RECORD = {"instance_id": "a__b-1", "repo": "a/b", "base_commit": "abc", "problem_statement": "It breaks.",
-          "patch": "", "test_patch": "", "FAIL_TO_PASS": ["t.py::test_x"], "PASS_TO_PASS": [], "extra": 1}
+RECORD = {
+    "instance_id": "a__b-1",
+    "repo": "a/b",
+    "base_commit": "abc",
+    "problem_statement": "It breaks.",
+    "patch": "",
+    "test_patch": "",
+    "FAIL_TO_PASS": ["t.py::test_x"],
+    "PASS_TO_PASS": [],
+    "extra": 1,
+}
 
 
 def test_bundled_toyrepair_is_complete() -> None:
     quick, extended = load_instances("toyrepair"), load_instances("toyrepair-extended")
     assert 6 <= len(quick) <= 10 and len(extended) == len(quick) + 16
-    assert extended[:len(quick)] == quick  # the extended set is the quick one and 16 more
+    assert extended[: len(quick)] == quick  # the extended set is the quick one and 16 more
     assert any(t.instance_id.startswith("toyrepair-trivial-") for t in quick)
     # The reference policy finds a task by its problem statement in the prompt: none may hold another.
     statements = [t.problem_statement for t in extended]
@@ -30,12 +40,14 @@ def test_bundled_toyrepair_is_complete() -> None:
         # The hidden tests live only in the test patch, never in the repository the agent sees.
         hidden = [f for f in patched_files(task.test_patch)]
         assert hidden and not any((task.repo_dir / f).exists() for f in hidden)
-        assert set(task.test_files) <= {*hidden, *(str(p.relative_to(task.repo_dir)) for p in repo_files(task.repo_dir))}
+        assert set(task.test_files) <= {
+            *hidden,
+            *(str(p.relative_to(task.repo_dir)) for p in repo_files(task.repo_dir)),
+        }
 
 
 def test_json_and_jsonl_and_string_lists(tmp_path: Path) -> None:
-    swebench_style = {**RECORD, "FAIL_TO_PASS": json.dumps(["t.py::test_x"]), "PASS_TO_PASS": "[]",
-                      "repo_dir": "repo"}
+    swebench_style = {**RECORD, "FAIL_TO_PASS": json.dumps(["t.py::test_x"]), "PASS_TO_PASS": "[]", "repo_dir": "repo"}
     (tmp_path / "a.json").write_text(json.dumps([swebench_style]))
     (tmp_path / "b.jsonl").write_text(json.dumps(RECORD) + "\n\n" + json.dumps({**RECORD, "instance_id": "c"}) + "\n")
     [a] = load_instances(tmp_path / "a.json")
@@ -43,21 +55,25 @@ def test_json_and_jsonl_and_string_lists(tmp_path: Path) -> None:
     assert [i.instance_id for i in load_instances(tmp_path / "b.jsonl", ids=["c"])] == ["c"]
 
 
-@pytest.mark.parametrize(("content", "message"), [
-    (json.dumps({k: v for k, v in RECORD.items() if k != "problem_statement"}),
-     "line 1: not a valid task instance (problem_statement: Field required)"),
-    (json.dumps(RECORD) + "\n{oops", "b.jsonl:2: not valid JSON"),
-    (json.dumps({**RECORD, "FAIL_TO_PASS": []}), "FAIL_TO_PASS"),
-    (json.dumps(RECORD) + "\n" + json.dumps(RECORD), "instance id 'a__b-1' appears twice"),
-])
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (
+            json.dumps({k: v for k, v in RECORD.items() if k != "problem_statement"}),
+            "line 1: not a valid task instance (problem_statement: Field required)",
+        ),
+        (json.dumps(RECORD) + "\n{oops", "b.jsonl:2: not valid JSON"),
+        (json.dumps({**RECORD, "FAIL_TO_PASS": []}), "FAIL_TO_PASS"),
+        (json.dumps(RECORD) + "\n" + json.dumps(RECORD), "instance id 'a__b-1' appears twice"),
+    ],
+)
 def test_errors_name_the_line_and_field(tmp_path: Path, content: str, message: str) -> None:
     (tmp_path / "b.jsonl").write_text(content)
     with pytest.raises(InvalidArgument, match=message.replace("(", r"\(").replace(")", r"\)")):
         load_instances(tmp_path / "b.jsonl")
 
 
-def test_a_bundled_set_of_several_files_checks_ids_across_them(monkeypatch: pytest.MonkeyPatch,
-                                                                tmp_path: Path) -> None:
+def test_a_bundled_set_of_several_files_checks_ids_across_them(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     (tmp_path / "a.jsonl").write_text(json.dumps(RECORD) + "\n")
     (tmp_path / "b.jsonl").write_text(json.dumps({**RECORD, "instance_id": "c"}) + "\n")
     monkeypatch.setitem(BUNDLED, "two", (tmp_path / "a.jsonl", tmp_path / "b.jsonl"))

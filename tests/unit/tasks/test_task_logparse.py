@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from orchard.tasks.logparse import parse_log_pytest_v2, passed
 
 LOG = """\
@@ -37,14 +38,17 @@ def test_parses_summary_lines_with_spaces_in_parametrized_ids() -> None:
     assert statuses["tests/test_words.py::test_two_words"] == "PASSED"
 
 
-@pytest.mark.parametrize(("line", "expected"), [
-    ("\x1b[32mPASSED\x1b[0m tests/t.py::test_a", {"tests/t.py::test_a": "PASSED"}),  # colour codes
-    ("tests/t.py::test_b PASSED", {"tests/t.py::test_b": "PASSED"}),  # older pytest / -v
-    ("tests/t.py::test_c[x y] FAILED", {"tests/t.py::test_c[x y]": "FAILED"}),
-    ("ERROR: usage: pytest [options]", {}),  # pytest's own usage error is no test
-    ("PASSED", {}),
-    ("FAILED tests/t.py::test_d[a] - b] - msg", {"tests/t.py::test_d[a]": "FAILED"}),
-])
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        ("\x1b[32mPASSED\x1b[0m tests/t.py::test_a", {"tests/t.py::test_a": "PASSED"}),  # colour codes
+        ("tests/t.py::test_b PASSED", {"tests/t.py::test_b": "PASSED"}),  # older pytest / -v
+        ("tests/t.py::test_c[x y] FAILED", {"tests/t.py::test_c[x y]": "FAILED"}),
+        ("ERROR: usage: pytest [options]", {}),  # pytest's own usage error is no test
+        ("PASSED", {}),
+        ("FAILED tests/t.py::test_d[a] - b] - msg", {"tests/t.py::test_d[a]": "FAILED"}),
+    ],
+)
 def test_line_forms(line: str, expected: dict[str, str]) -> None:
     assert parse_log_pytest_v2(line) == expected
 

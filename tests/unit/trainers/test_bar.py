@@ -6,6 +6,7 @@ import random
 
 import pytest
 import torch
+from trainer_helpers import make_trajectory
 
 from orchard.trainers.bar import (
     BarConfig,
@@ -22,7 +23,6 @@ from orchard.trainers.bar import (
 )
 from orchard.trainers.rl import grpo_advantages
 from orchard.types.v1 import types_pb2 as tpb
-from trainer_helpers import make_trajectory
 
 C, T, A = Status.COMPLETED, Status.TRUNCATED, Status.ABORTED
 
@@ -44,16 +44,19 @@ def test_assemble_picks_the_count_closest_to_rho_star() -> None:
     assert len(group) == 8 and n_pos(group) == 4
 
 
-@pytest.mark.parametrize(("n_p", "n_q", "lo", "hi", "expected"), [
-    (2, 10, 0.25, 0.75, 2),     # n_lo = ceil(2.0) = 2 is the closest feasible count to n* = 4
-    (2, 10, 0.375, 0.625, None),  # n_lo = ceil(3.0) = 3 > |P|
-    (7, 1, 0.25, 0.75, None),   # n_hi = 6 needs 2 negatives
-    (7, 1, 0.0, 1.0, 7),        # relaxed: 4, 3, 5, 2, 6, 1 fail; 7 fits
-    (1, 5, 0.3, 0.7, None),     # N = 4: n_lo = ceil(1.2) = 2, n_hi = floor(2.8) = 2
-    (3, 3, 0.3, 0.7, 2),
-    (0, 8, 0.0, 1.0, 0),
-    (3, 4, 0.0, 1.0, None),     # fewer than N usable
-])
+@pytest.mark.parametrize(
+    ("n_p", "n_q", "lo", "hi", "expected"),
+    [
+        (2, 10, 0.25, 0.75, 2),  # n_lo = ceil(2.0) = 2 is the closest feasible count to n* = 4
+        (2, 10, 0.375, 0.625, None),  # n_lo = ceil(3.0) = 3 > |P|
+        (7, 1, 0.25, 0.75, None),  # n_hi = 6 needs 2 negatives
+        (7, 1, 0.0, 1.0, 7),  # relaxed: 4, 3, 5, 2, 6, 1 fail; 7 fits
+        (1, 5, 0.3, 0.7, None),  # N = 4: n_lo = ceil(1.2) = 2, n_hi = floor(2.8) = 2
+        (3, 3, 0.3, 0.7, 2),
+        (0, 8, 0.0, 1.0, 0),
+        (3, 4, 0.0, 1.0, None),  # fewer than N usable
+    ],
+)
 def test_assemble_bounds(n_p: int, n_q: int, lo: float, hi: float, expected: int | None) -> None:
     n = 4 if (lo, hi) == (0.3, 0.7) else 8
     group = try_assemble([pos()] * n_p + [neg()] * n_q, n, lo, hi, (lo + hi) / 2 if hi < 1 else 0.5)
@@ -82,9 +85,9 @@ def test_top_ranked_fills_with_backfill() -> None:
 
 def test_group_filter() -> None:
     assert keep_group([pos(), neg()])
-    assert not keep_group([neg(), neg()])                    # std 0
-    assert not keep_group([pos(), pos()])                    # std 0
-    assert not keep_group([pos(), neg(), neg(status=A)])     # an aborted member
+    assert not keep_group([neg(), neg()])  # std 0
+    assert not keep_group([pos(), pos()])  # std 0
+    assert not keep_group([pos(), neg(), neg(status=A)])  # an aborted member
     assert not keep_group([Rollout(0.0, C, 1), Rollout(-1.0, C, 1)])  # no positive reward
     assert keep_group([Rollout(0.0, C, 1), Rollout(-1.0, C, 1)], GroupFilter.NONZERO_STD)
     assert keep_group([neg(), neg()], GroupFilter.NO_ABORTED)
@@ -145,7 +148,7 @@ async def test_bar_properties_on_a_bernoulli_policy(p: str) -> None:
         assert len(result.group) == config.n and result.generated == len(pool) == result.rounds * config.stride
         # generation stopped at the first stride where a strict group existed
         for k in range(1, result.rounds):
-            assert try_assemble(pool[:k * config.stride], 8, 0.375, 0.625, 0.5) is None
+            assert try_assemble(pool[: k * config.stride], 8, 0.375, 0.625, 0.5) is None
         if result.mode == Mode.STRICT:
             assert 3 <= n_pos(result.group) <= 5
         else:
@@ -166,8 +169,9 @@ async def test_top_ranked_when_too_few_usable() -> None:
 
 
 async def test_over_sampled_prompts_replace_dropped_groups() -> None:
-    batch = await collect_batch(BernoulliSource(1, abort_rate=0.0), ["1", "0", "0.5#a", "0.5#b", "0.5#c"], 2,
-                                BarConfig(n=4, n_max=8, stride=8))
+    batch = await collect_batch(
+        BernoulliSource(1, abort_rate=0.0), ["1", "0", "0.5#a", "0.5#b", "0.5#c"], 2, BarConfig(n=4, n_max=8, stride=8)
+    )
     assert len(batch.results) == 5 and len(batch.groups) == 2
     assert batch.groups == [batch.results[2].group, batch.results[3].group]
     assert batch.generated == 40
@@ -179,7 +183,7 @@ def _efficiency(groups: list[list[Rollout]]) -> tuple[float, float]:
     for group in groups:
         adv = grpo_advantages(torch.tensor([r.reward for r in group]))
         nonzero += bool(adv.abs().sum() > 0)
-        abs_adv += sum(abs(a) * r.length for a, r in zip(adv.tolist(), group))
+        abs_adv += sum(abs(a) * r.length for a, r in zip(adv.tolist(), group, strict=False))
         tokens += sum(r.length for r in group)
     return nonzero / len(groups), abs_adv / tokens
 

@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+from trainer_helpers import make_trajectory, tiny_lm
 
 from orchard.trainers.ca_sft import (
     KeyStep,
@@ -20,20 +21,22 @@ from orchard.trainers.ca_sft import (
 )
 from orchard.trainers.sft import from_trajectory, sft_loss, token_logprobs
 from orchard.types.v1 import types_pb2 as tpb
-from trainer_helpers import make_trajectory, tiny_lm
 
 
-@pytest.mark.parametrize(("values", "segments"), [
-    ([0.3] * 6, []),                                                 # flat
-    ([0.0, 0.1, 0.2, 0.3, 0.4, 0.5], [(0, 5)]),                      # monotonic +0.1: one full segment
-    ([0.0, 0.04, 0.08, 0.12, 0.16], []),                             # +0.04 noise is under epsilon
-    ([0.10, 0.15, 0.20], [(0, 2)]),                                  # exactly +0.05 is included (>=)
-    ([0.0, 0.2, 0.2, 0.2, 0.5, 0.6, 0.6], [(0, 1), (3, 5)]),         # two separated rises
-    ([0.2, 0.4, 0.6, 0.8, 0.6, 0.3, 0.1], [(0, 3)]),                 # inverted U: only the rising prefix
-    ([0.5, 0.4, 0.6], [(1, 2)]),
-    ([0.5], []),
-    ([], []),
-])
+@pytest.mark.parametrize(
+    ("values", "segments"),
+    [
+        ([0.3] * 6, []),  # flat
+        ([0.0, 0.1, 0.2, 0.3, 0.4, 0.5], [(0, 5)]),  # monotonic +0.1: one full segment
+        ([0.0, 0.04, 0.08, 0.12, 0.16], []),  # +0.04 noise is under epsilon
+        ([0.10, 0.15, 0.20], [(0, 2)]),  # exactly +0.05 is included (>=)
+        ([0.0, 0.2, 0.2, 0.2, 0.5, 0.6, 0.6], [(0, 1), (3, 5)]),  # two separated rises
+        ([0.2, 0.4, 0.6, 0.8, 0.6, 0.3, 0.1], [(0, 3)]),  # inverted U: only the rising prefix
+        ([0.5, 0.4, 0.6], [(1, 2)]),
+        ([0.5], []),
+        ([], []),
+    ],
+)
 def test_extract_rise_segments(values: list[float], segments: list[tuple[int, int]]) -> None:
     assert extract_rise_segments(values) == segments
 
@@ -100,8 +103,10 @@ def test_loss_ignores_logits_at_masked_positions() -> None:
 
 
 def test_parse_key_steps_clamps_and_drops_out_of_range() -> None:
-    text = 'Here: {"key_steps": [{"step": 0, "value": 0.1}, {"step": 2, "value": 1.4, "why": "w"}, ' \
-           '{"step": 9, "value": 0.5}]} done'
+    text = (
+        'Here: {"key_steps": [{"step": 0, "value": 0.1}, {"step": 2, "value": 1.4, "why": "w"}, '
+        '{"step": 9, "value": 0.5}]} done'
+    )
     assert parse_key_steps(text, n_states=4) == [KeyStep(0, 0.1), KeyStep(2, 1.0, "w")]
     with pytest.raises(ValueError, match="no JSON"):
         parse_key_steps("no idea", 4)

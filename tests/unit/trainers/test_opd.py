@@ -23,12 +23,15 @@ def test_all_surrogates_are_zero_when_student_equals_teacher(kind: OpdLoss) -> N
     assert token_loss(ls, ls.clone(), kind).abs().max().item() < 1e-6
 
 
-@pytest.mark.parametrize(("kind", "expected"), [
-    (OpdLoss.K1, LOG(2)),                       # l_s - l_t, p_s = 0.5, p_t = 0.25
-    (OpdLoss.K2, 0.5 * LOG(2) ** 2),
-    (OpdLoss.K3, 0.5 - 1 + LOG(2)),
-    (OpdLoss.JS_SKEW, LOG(0.5) - LOG(0.5 * 0.5 + 0.5 * 0.25)),  # log(4/3)
-])
+@pytest.mark.parametrize(
+    ("kind", "expected"),
+    [
+        (OpdLoss.K1, LOG(2)),  # l_s - l_t, p_s = 0.5, p_t = 0.25
+        (OpdLoss.K2, 0.5 * LOG(2) ** 2),
+        (OpdLoss.K3, 0.5 - 1 + LOG(2)),
+        (OpdLoss.JS_SKEW, LOG(0.5) - LOG(0.5 * 0.5 + 0.5 * 0.25)),  # log(4/3)
+    ],
+)
 def test_closed_forms(kind: OpdLoss, expected: float) -> None:
     assert estimate(torch.tensor(LOG(0.5)), torch.tensor(LOG(0.25)), kind).item() == pytest.approx(expected)
 
@@ -42,12 +45,15 @@ def test_js_skew_with_lambda_one_is_reverse_kl_and_stays_under_its_bound() -> No
     assert estimate(ls, lt, OpdLoss.JS_SKEW, lam=0.0).abs().max().item() == 0.0
 
 
-@pytest.mark.parametrize(("kind", "grad"), [
-    (OpdLoss.K1, LOG(2)),                        # sg(l_s - l_t)
-    (OpdLoss.K2, LOG(2)),                        # l_s - l_t
-    (OpdLoss.K3, 1 - 0.5),                       # 1 - p_t / p_s
-    (OpdLoss.JS_SKEW, LOG(4 / 3) + 0.5 * 0.25 / 0.375),  # f + lambda p_t / m
-])
+@pytest.mark.parametrize(
+    ("kind", "grad"),
+    [
+        (OpdLoss.K1, LOG(2)),  # sg(l_s - l_t)
+        (OpdLoss.K2, LOG(2)),  # l_s - l_t
+        (OpdLoss.K3, 1 - 0.5),  # 1 - p_t / p_s
+        (OpdLoss.JS_SKEW, LOG(4 / 3) + 0.5 * 0.25 / 0.375),  # f + lambda p_t / m
+    ],
+)
 def test_surrogate_gradients(kind: OpdLoss, grad: float) -> None:
     ls = torch.tensor(LOG(0.5), requires_grad=True)
     token_loss(ls, torch.tensor(LOG(0.25)), kind).backward()
@@ -83,6 +89,7 @@ def test_opd_reduces_full_kl_to_a_bigram_teacher() -> None:
     """200 steps of js_skew OPD (the default) on the student's own samples cut the exact KL by at least half."""
     began = time.monotonic()
     before, after = distill_bigram(seed=0, steps=200, kind=OpdLoss.JS_SKEW)
-    print(f"js_skew: KL {before:.3f} -> {after:.3f} ({1 - after / before:.0%} lower) in "
-          f"{time.monotonic() - began:.1f}s")
+    print(
+        f"js_skew: KL {before:.3f} -> {after:.3f} ({1 - after / before:.0%} lower) in {time.monotonic() - began:.1f}s"
+    )
     assert after <= 0.5 * before

@@ -6,20 +6,23 @@ import math
 
 import pytest
 import torch
+from trainer_helpers import tiny_lm
 
 from orchard.trainers.rl import Aggregation, group_advantages, grpo_advantages, policy_loss
 from orchard.trainers.sft import token_logprobs
-from trainer_helpers import tiny_lm
 
 
-@pytest.mark.parametrize(("rewards", "expected"), [
-    ([1.0, -1.0, -1.0, -1.0], [1.5, -0.5, -0.5, -0.5]),  # mean -0.5, sample std 1
-    ([1.0, 0.0, 1.0, 0.0], [math.sqrt(0.75), -math.sqrt(0.75), math.sqrt(0.75), -math.sqrt(0.75)]),
-    ([2.0, 4.0], [-math.sqrt(0.5), math.sqrt(0.5)]),
-    ([1.0, 1.0, 1.0], [0.0, 0.0, 0.0]),     # all equal: no signal
-    ([-1.0] * 8, [0.0] * 8),
-    ([0.7], [0.0]),                          # a group of one
-])
+@pytest.mark.parametrize(
+    ("rewards", "expected"),
+    [
+        ([1.0, -1.0, -1.0, -1.0], [1.5, -0.5, -0.5, -0.5]),  # mean -0.5, sample std 1
+        ([1.0, 0.0, 1.0, 0.0], [math.sqrt(0.75), -math.sqrt(0.75), math.sqrt(0.75), -math.sqrt(0.75)]),
+        ([2.0, 4.0], [-math.sqrt(0.5), math.sqrt(0.5)]),
+        ([1.0, 1.0, 1.0], [0.0, 0.0, 0.0]),  # all equal: no signal
+        ([-1.0] * 8, [0.0] * 8),
+        ([0.7], [0.0]),  # a group of one
+    ],
+)
 def test_grpo_advantages(rewards: list[float], expected: list[float]) -> None:
     assert grpo_advantages(torch.tensor(rewards)).tolist() == pytest.approx(expected)
 
@@ -32,13 +35,13 @@ def test_group_advantages_normalise_within_each_group() -> None:
 
 # (advantage, ratio) -> (token loss, whether the gradient flows)
 CASES = [
-    (1.0, 1.5, -1.28, False),   # positive advantage, ratio above 1 + eps_high: clipped
+    (1.0, 1.5, -1.28, False),  # positive advantage, ratio above 1 + eps_high: clipped
     (1.0, 1.1, -1.1, True),
-    (1.0, 0.5, -0.5, True),     # positive advantage never clips below
-    (-1.0, 0.5, 0.8, False),    # negative advantage, ratio under 1 - eps_low: clipped
+    (1.0, 0.5, -0.5, True),  # positive advantage never clips below
+    (-1.0, 0.5, 0.8, False),  # negative advantage, ratio under 1 - eps_low: clipped
     (-1.0, 0.9, 0.9, True),
-    (-1.0, 1.5, 1.5, True),     # negative advantage never clips above
-    (2.0, 1.28, -2.56, None),   # exactly on the boundary
+    (-1.0, 1.5, 1.5, True),  # negative advantage never clips above
+    (2.0, 1.28, -2.56, None),  # exactly on the boundary
     (0.0, 3.0, 0.0, False),
 ]
 

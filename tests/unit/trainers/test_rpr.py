@@ -7,18 +7,25 @@ import pytest
 from orchard.trainers.rpr import group_rewards, mix, outcome_reward, rpr_advantages
 from orchard.types.v1 import types_pb2 as tpb
 
-RESOLVED, UNRESOLVED, TRUNCATED = tpb.OUTCOME_STATUS_RESOLVED, tpb.OUTCOME_STATUS_UNRESOLVED, tpb.OUTCOME_STATUS_TRUNCATED
+RESOLVED, UNRESOLVED, TRUNCATED = (
+    tpb.OUTCOME_STATUS_RESOLVED,
+    tpb.OUTCOME_STATUS_UNRESOLVED,
+    tpb.OUTCOME_STATUS_TRUNCATED,
+)
 
 
-@pytest.mark.parametrize(("status", "judge", "alpha", "expected"), [
-    (RESOLVED, 0.8, 0.5, 1.4),
-    (RESOLVED, 0.0, 0.5, 1.0),
-    (UNRESOLVED, 0.6, 0.5, -0.7),
-    (TRUNCATED, 1.0, 0.5, -0.5),
-    (RESOLVED, 0.8, 0.0, 1.0),        # alpha = 0: outcome only
-    (UNRESOLVED, None, 0.5, -1.0),    # judge failed: fall back to R_bin
-    (UNRESOLVED, 1.7, 0.5, -0.5),     # J clamped to [0, 1]
-])
+@pytest.mark.parametrize(
+    ("status", "judge", "alpha", "expected"),
+    [
+        (RESOLVED, 0.8, 0.5, 1.4),
+        (RESOLVED, 0.0, 0.5, 1.0),
+        (UNRESOLVED, 0.6, 0.5, -0.7),
+        (TRUNCATED, 1.0, 0.5, -0.5),
+        (RESOLVED, 0.8, 0.0, 1.0),  # alpha = 0: outcome only
+        (UNRESOLVED, None, 0.5, -1.0),  # judge failed: fall back to R_bin
+        (UNRESOLVED, 1.7, 0.5, -0.5),  # J clamped to [0, 1]
+    ],
+)
 def test_mixing_table(status: int, judge: float | None, alpha: float, expected: float) -> None:
     assert mix(outcome_reward(status), judge, alpha) == pytest.approx(expected)
 
@@ -47,9 +54,9 @@ def mock_judge(actions: list[str]) -> float:
     edits = [i for i, a in enumerate(actions) if a.startswith("edit")]
     scores = {
         "R1": 1.0 if len(edits) == 1 else 0.5 if edits else 0.0,
-        "R2": 1.0 if ran_tests and edits and ran_tests[0] < edits[0] else 0.0,      # repro, then an edit
+        "R2": 1.0 if ran_tests and edits and ran_tests[0] < edits[0] else 0.0,  # repro, then an edit
         "R3": 0.0,
-        "R4": 1.0 if ran_tests and edits and ran_tests[-1] > edits[-1] else 0.0,    # re-ran after editing
+        "R4": 1.0 if ran_tests and edits and ran_tests[-1] > edits[-1] else 0.0,  # re-ran after editing
         "R5": 0.5 if ran_tests else 0.0,
         "R6": 1.0 if len(ran_tests) >= 2 else 0.0,
         "R7": 1.0 if actions[-1] == "submit" and ran_tests and edits and ran_tests[-1] > edits[-1] else 0.0,
@@ -59,9 +66,9 @@ def mock_judge(actions: list[str]) -> float:
 
 FAILED_GROUP = [
     ["ls", "cat a.py", "run_tests", "edit a.py x y", "run_tests", "submit"],  # careful but wrong fix
-    ["ls", "edit a.py x y", "submit"],                                         # blind edit
+    ["ls", "edit a.py x y", "submit"],  # blind edit
     ["cat a.py", "edit a.py x y", "edit a.py y z", "run_tests", "submit"],
-    ["ls", "ls", "ls", "ls", "ls", "ls", "ls", "ls"],                          # truncated
+    ["ls", "ls", "ls", "ls", "ls", "ls", "ls", "ls"],  # truncated
 ]
 STATUSES = [UNRESOLVED, UNRESOLVED, UNRESOLVED, TRUNCATED]
 

@@ -6,9 +6,9 @@ import math
 
 import pytest
 import torch
+from trainer_helpers import make_trajectory, tiny_lm
 
 from orchard.trainers.sft import Sample, from_trajectory, pack, per_turn, sft_loss, token_logprobs, truncate_left
-from trainer_helpers import make_trajectory, tiny_lm
 
 TRAJ = make_trajectory([1, 2, 3], [([10, 11], [20, 21, 22]), ([12], [23]), ([13, 14], [])])
 
@@ -26,8 +26,11 @@ def test_trajectory_mask_keeps_only_the_given_steps() -> None:
 
 def test_per_turn_samples_train_each_output_on_its_own_context() -> None:
     samples = per_turn(TRAJ)
-    assert [s.token_ids for s in samples] == [[1, 2, 3, 10, 11], [1, 2, 3, 10, 11, 20, 21, 22, 12],
-                                              [1, 2, 3, 10, 11, 20, 21, 22, 12, 23, 13, 14]]
+    assert [s.token_ids for s in samples] == [
+        [1, 2, 3, 10, 11],
+        [1, 2, 3, 10, 11, 20, 21, 22, 12],
+        [1, 2, 3, 10, 11, 20, 21, 22, 12, 23, 13, 14],
+    ]
     assert [sum(s.loss_mask) for s in samples] == [2, 1, 2]
     assert samples[1].loss_mask == [0] * 8 + [1]
 
@@ -64,8 +67,9 @@ def test_packed_logits_equal_each_sample_run_alone() -> None:
     samples = [Sample([5, 6, 7, 8, 9], [0] * 5), Sample([10, 11, 12], [0] * 3), Sample([3, 4], [0] * 2)]
     packed = pack(samples, seq_len=12)
     with torch.no_grad():
-        logits = model(input_ids=packed.input_ids, position_ids=packed.position_ids,
-                       attention_mask=packed.attention_mask()).logits
+        logits = model(
+            input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=packed.attention_mask()
+        ).logits
         for j, sample in enumerate(samples):
             where = packed.seq_ids[0] == j
             alone = model(input_ids=torch.tensor([sample.token_ids])).logits[0]

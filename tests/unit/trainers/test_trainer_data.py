@@ -6,24 +6,30 @@ from __future__ import annotations
 import math
 
 import pytest
+
 from orchard.trainer.v1 import trainer_pb2 as pb
 from orchard.trainers import optim
 from orchard.trainers.data import TemplateRenderer, render_sample
-from orchard.trainers.sft_job import micro_batches
 from orchard.trainers.sft import Sample
+from orchard.trainers.sft_job import micro_batches
 
 
 @pytest.fixture(scope="module")
 def renderer() -> TemplateRenderer:
-    from orchard.model_files import default_cache_dir, resolve_model
     from transformers import AutoTokenizer
+
+    from orchard.model_files import default_cache_dir, resolve_model
 
     return TemplateRenderer(AutoTokenizer.from_pretrained(resolve_model("", default_cache_dir())[0]))
 
 
-MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Where is the bug?"},
-            {"role": "assistant", "content": "In calc.py."}, {"role": "user", "content": "Fix it."},
-            {"role": "assistant", "content": "Done: median sorts first."}]
+MESSAGES = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Where is the bug?"},
+    {"role": "assistant", "content": "In calc.py."},
+    {"role": "user", "content": "Fix it."},
+    {"role": "assistant", "content": "Done: median sorts first."},
+]
 
 
 def trained_text(renderer: TemplateRenderer, sample: Sample) -> list[str]:
@@ -55,15 +61,26 @@ def test_only_the_chosen_turns_are_trained(renderer: TemplateRenderer) -> None:
 
 
 def test_tool_calls_render_as_the_inference_service_renders_them(renderer: TemplateRenderer) -> None:
-    tools = [{"type": "function", "function": {"name": "bash", "description": "run a command",
-                                               "parameters": {"type": "object"}}}]
-    messages = [{"role": "user", "content": "List files."},
-                {"role": "assistant", "content": "", "tool_calls": [
-                    {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": '{"cmd": "ls"}'}}]},
-                {"role": "tool", "tool_call_id": "c1", "content": "calc.py"}]
+    tools = [
+        {
+            "type": "function",
+            "function": {"name": "bash", "description": "run a command", "parameters": {"type": "object"}},
+        }
+    ]
+    messages = [
+        {"role": "user", "content": "List files."},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": '{"cmd": "ls"}'}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "calc.py"},
+    ]
     sample = render_sample(renderer, messages, tools)
     (trained,) = trained_text(renderer, sample)
-    assert '<tool_call>' in trained and '"name": "bash"' in trained and "calc.py" not in trained
+    assert "<tool_call>" in trained and '"name": "bash"' in trained and "calc.py" not in trained
     assert "<tools>" in renderer.tokenizer.decode(sample.token_ids)  # the Hermes preamble, untrained
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from orchard.errors import FailedPrecondition
 from orchard.trainers import value_data
 from orchard.trainers.value_loss import value_loss
@@ -13,9 +14,13 @@ from orchard.types.v1 import types_pb2 as tpb
 
 
 def traj(task: str, run: str, n: int, resolved: bool | None, patch: str | None = None) -> tpb.Trajectory:
-    t = tpb.Trajectory(trajectory_id=f"{run}-{task}-{n}", task_id=task, run_id=run,
-                       final_patch=patch if patch is not None else f"--- a/x.py\n+++ b/x.py\n+v = {n}\n",
-                       messages=[tpb.Message(role=tpb.ROLE_USER, content=f"Fix {task}.")])
+    t = tpb.Trajectory(
+        trajectory_id=f"{run}-{task}-{n}",
+        task_id=task,
+        run_id=run,
+        final_patch=patch if patch is not None else f"--- a/x.py\n+++ b/x.py\n+v = {n}\n",
+        messages=[tpb.Message(role=tpb.ROLE_USER, content=f"Fix {task}.")],
+    )
     if resolved is not None:
         status = tpb.OUTCOME_STATUS_RESOLVED if resolved else tpb.OUTCOME_STATUS_UNRESOLVED
         t.rewards.append(tpb.Reward(kind=tpb.REWARD_KIND_OUTCOME, outcome=tpb.OutcomeDetails(status=status)))
@@ -24,8 +29,16 @@ def traj(task: str, run: str, n: int, resolved: bool | None, patch: str | None =
 
 def test_build_dedupes_leaves_out_ungraded_and_renders_like_the_judge() -> None:
     same = "--- a/x.py\n+++ b/x.py\n+fixed = True\n"
-    data = value_data.build([traj("a", "r1", 0, True, same), traj("a", "r2", 1, True, same),  # one patch, twice
-                             traj("a", "r1", 2, False), traj("a", "r1", 3, None)], eval_fraction=0, seed=0)
+    data = value_data.build(
+        [
+            traj("a", "r1", 0, True, same),
+            traj("a", "r2", 1, True, same),  # one patch, twice
+            traj("a", "r1", 2, False),
+            traj("a", "r1", 3, None),
+        ],
+        eval_fraction=0,
+        seed=0,
+    )
     assert [e.trajectory_id for e in data.train] == ["r1-a-0", "r1-a-2"]
     assert data.stats["duplicates_left_out"] == 1 and data.stats["ungraded_left_out"] == 1
     assert data.train[0].text.startswith("## Task\nFix a.") and "## Final patch (files: x.py)" in data.train[0].text
@@ -57,9 +70,12 @@ def test_held_out_tasks_are_whole_mixed_tasks_and_at_least_one_stays_for_trainin
 
 def test_epochs_balance_each_task_and_spread_over_runs() -> None:
     # Task a: 6 negatives in run r1, 2 in r2, and 2 positives; task b only negatives.
-    store = ([traj("a", "r1", n, False) for n in range(6)] + [traj("a", "r2", n + 10, False) for n in range(2)]
-             + [traj("a", "r1", 20, True), traj("a", "r2", 21, True)] + [traj("b", "r1", n + 30, False)
-                                                                           for n in range(5)])
+    store = (
+        [traj("a", "r1", n, False) for n in range(6)]
+        + [traj("a", "r2", n + 10, False) for n in range(2)]
+        + [traj("a", "r1", 20, True), traj("a", "r2", 21, True)]
+        + [traj("b", "r1", n + 30, False) for n in range(5)]
+    )
     data = value_data.build(store, eval_fraction=0, seed=0)
     seen_negatives = set()
     for epoch in range(4):
@@ -93,4 +109,5 @@ def test_value_loss_pairs_only_within_a_task() -> None:
     assert logits.grad is not None and logits.grad[0] < 0 < logits.grad[1]  # pushes the pair apart
     no_pairs, parts = value_loss(logits[:2], [True, False], ["x", "y"], 1.0)
     assert parts["pairs"] == 0 and float(no_pairs.detach()) == pytest.approx(
-        float(torch.nn.functional.binary_cross_entropy_with_logits(logits[:2].detach(), torch.tensor([1.0, 0.0]))))
+        float(torch.nn.functional.binary_cross_entropy_with_logits(logits[:2].detach(), torch.tensor([1.0, 0.0])))
+    )

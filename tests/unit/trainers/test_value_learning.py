@@ -9,6 +9,7 @@ import functools
 from statistics import mean
 
 import pytest
+
 from orchard.errors import FailedPrecondition
 from orchard.trainers import toy, value_toy
 from orchard.value.metrics import TIE_MARGIN, Candidate, best_of, rank
@@ -53,12 +54,14 @@ def test_an_untrained_model_ranks_no_better_than_chance(tie_margin: float) -> No
     reach AUC 0.77 on these structured features), give AUC about 0.5 on average; ranked by score alone they miss
     the best@8 bar, and with the tie margin (near-ties going to the larger patch cluster) they do no better than
     the majority vote without a model."""
-    reports = [value_toy.figures(value_toy.untrained(init, seed=init % len(SEEDS), tie_margin=tie_margin))
-               for init in range(20)]
-    auc, best, rand, vote = (mean(float(r[k] or 0.0) for r in reports)
-                             for k in ("auc", "best@8", "random@8", "vote@8"))
-    print(f"untrained, tie margin {tie_margin}: AUC {auc:.3f}  best@8 {best:.3f}  random@8 {rand:.3f}  "
-          f"vote@8 {vote:.3f}")
+    reports = [
+        value_toy.figures(value_toy.untrained(init, seed=init % len(SEEDS), tie_margin=tie_margin))
+        for init in range(20)
+    ]
+    auc, best, rand, vote = (mean(float(r[k] or 0.0) for r in reports) for k in ("auc", "best@8", "random@8", "vote@8"))
+    print(
+        f"untrained, tie margin {tie_margin}: AUC {auc:.3f}  best@8 {best:.3f}  random@8 {rand:.3f}  vote@8 {vote:.3f}"
+    )
     assert abs(auc - 0.5) < 0.1
     assert best < (rand + 0.10 if tie_margin == 0 else vote)
 
@@ -75,9 +78,11 @@ def test_equal_scores_pick_the_majority_patch_cluster() -> None:
     """Two candidates fix b.py by different paths (one patch cluster), one edits a.py first; equal scores pick the
     pair, a higher score still wins over cluster size."""
     task = toy.Task("t", 1)
-    runs = [[toy.CAT + 0, toy.EDIT, toy.SUBMIT],
-            [toy.RUN_TESTS, toy.CAT + 1, toy.EDIT, toy.SUBMIT],
-            [toy.CAT + 1, toy.EDIT, toy.SUBMIT]]
+    runs = [
+        [toy.CAT + 0, toy.EDIT, toy.SUBMIT],
+        [toy.RUN_TESTS, toy.CAT + 1, toy.EDIT, toy.SUBMIT],
+        [toy.CAT + 1, toy.EDIT, toy.SUBMIT],
+    ]
     patches = [value_toy.render(toy.play(task, actions))[1] for actions in runs]
     assert patches[1] == patches[2] != patches[0]
     ranked = rank([0.5, 0.5, 0.5], patches)
@@ -93,8 +98,18 @@ def test_render_shows_the_log_and_the_patch_the_model_reads(task_id: str, shown:
     task = toy.Task(task_id, 1)
     assert value_toy.is_subtle(task) == (task_id == "d")
     text, patch = value_toy.render(toy.play(task, [toy.RUN_TESTS, toy.CAT + 1, toy.EDIT, toy.SUBMIT]))
-    assert text.splitlines() == ["issue: a test fails", "$ run_tests", "FAILED test_b.py", "$ cat b.py", shown,
-                                 "$ edit b.py", "edited", "$ submit", "patch:", *patch.splitlines()]
+    assert text.splitlines() == [
+        "issue: a test fails",
+        "$ run_tests",
+        "FAILED test_b.py",
+        "$ cat b.py",
+        shown,
+        "$ edit b.py",
+        "edited",
+        "$ submit",
+        "patch:",
+        *patch.splitlines(),
+    ]
     assert patch.startswith("--- a/b.py\n+++ b/b.py")
     empty, no_patch = value_toy.render(toy.play(task, [toy.LS, toy.SUBMIT]))
     assert (no_patch, empty.splitlines()[-2:]) == ("", ["patch:", "(empty)"])

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from orchard.errors import FailedPrecondition
 from orchard.trainer.v1 import trainer_pb2 as pb
 from orchard.trainers import value_job
@@ -38,11 +39,17 @@ def test_a_new_part_scores_zero_and_takes_empty_texts() -> None:
 
 def candidate(task: int, good: bool, rng: random.Random) -> Example:
     """A synthetic rendered candidate: task-specific words, noise, and the outcome's phrase."""
-    own = " ".join(rng.sample(WORDS[task * 20:task * 20 + 20], 8))
+    own = " ".join(rng.sample(WORDS[task * 20 : task * 20 + 20], 8))
     noise = " ".join(rng.choices(WORDS, k=30))
     ending = "The tests pass. Submitting." if good else "Some tests still fail. Submitting."
-    return Example(f"task-{task}", "run", f"{task}-{good}-{rng.random()}", f"## Task\n{own}\n{noise}\n{ending}",
-                   good, f"patch {rng.random()}")
+    return Example(
+        f"task-{task}",
+        "run",
+        f"{task}-{good}-{rng.random()}",
+        f"## Task\n{own}\n{noise}\n{ending}",
+        good,
+        f"patch {rng.random()}",
+    )
 
 
 def test_fitting_learns_the_outcome_phrase_and_ranks_unseen_tasks() -> None:
@@ -98,8 +105,11 @@ def test_the_value_job_takes_its_held_out_tie_margin_from_the_job_config() -> No
         model.lexical.bag.weight.zero_()
         model.lexical.bias.zero_()
         model.lexical.bag.weight[feature_ids("lone")] = 0.1 / len(feature_ids("lone"))
-    held = [Example("t", "r", "a", "lone", False, "patch-a"), Example("t", "r", "b", "pair", True, "patch-b"),
-            Example("t", "r", "c", "pair", True, "patch-b")]
+    held = [
+        Example("t", "r", "a", "lone", False, "patch-a"),
+        Example("t", "r", "b", "pair", True, "patch-b"),
+        Example("t", "r", "c", "pair", True, "patch-b"),
+    ]
     by_score = value_job.held_out_report(model, held, [3], seed=0, tie_margin=0.0)
     by_default = value_job.held_out_report(model, held, [3], seed=0)
     assert (by_score["tie_margin"], by_default["tie_margin"]) == (0.0, vm.TIE_MARGIN)

@@ -4,15 +4,21 @@ normalisation and clusters, the ranking rule, AUC, ECE and the best@N / random@N
 from __future__ import annotations
 
 import pytest
+
 from orchard.value import metrics as vm
 
-PATCH = ("diff --git a/x.py b/x.py\nindex 1a2b3c4..5d6e7f8 100644\n--- a/x.py\n+++ b/x.py\n"
-         "@@ -10,2 +10,2 @@ def f():\n-    return 1\n+    return 2   \n\n")
+PATCH = (
+    "diff --git a/x.py b/x.py\nindex 1a2b3c4..5d6e7f8 100644\n--- a/x.py\n+++ b/x.py\n"
+    "@@ -10,2 +10,2 @@ def f():\n-    return 1\n+    return 2   \n\n"
+)
 
 
 def test_normalised_patches_ignore_index_lines_line_numbers_and_trailing_space() -> None:
-    moved = PATCH.replace("index 1a2b3c4..5d6e7f8 100644", "index 9999999..0000000 100644").replace(
-        "@@ -10,2 +10,2 @@", "@@ -12,2 +12,2 @@").replace("return 2   ", "return 2")
+    moved = (
+        PATCH.replace("index 1a2b3c4..5d6e7f8 100644", "index 9999999..0000000 100644")
+        .replace("@@ -10,2 +10,2 @@", "@@ -12,2 +12,2 @@")
+        .replace("return 2   ", "return 2")
+    )
     assert vm.cluster_id(moved) == vm.cluster_id(PATCH) != ""
     assert vm.cluster_id(PATCH.replace("return 2", "return 3")) != vm.cluster_id(PATCH)
     assert vm.cluster_id("") == vm.cluster_id(" \n") == ""
@@ -20,8 +26,7 @@ def test_normalised_patches_ignore_index_lines_line_numbers_and_trailing_space()
 
 def test_rank_puts_exclusions_last_then_score_then_cluster_size() -> None:
     other = PATCH.replace("return 2", "return 3")
-    ranked = vm.rank([0.5, 0.9, 0.5, 0.5, 0.99], [other, PATCH, PATCH, PATCH, ""],
-                     [False, True, False, False, False])
+    ranked = vm.rank([0.5, 0.9, 0.5, 0.5, 0.99], [other, PATCH, PATCH, PATCH, ""], [False, True, False, False, False])
     # 4: empty patch (excluded whatever its score); 1: a failed check; ties 0/2/3 -> the larger cluster first.
     assert [r.index for r in ranked] == [2, 3, 0, 4, 1]
     assert [r.cluster_size for r in ranked] == [3, 3, 1, 1, 3]
@@ -39,9 +44,14 @@ def test_auc_and_ece() -> None:
 
 
 def test_best_random_and_pass_at_n() -> None:
-    cands = [vm.Candidate("a", 0.2, False, "p1"), vm.Candidate("a", 0.9, True, "p2"),
-             vm.Candidate("a", 0.1, False, "p3"), vm.Candidate("a", 0.3, False, "p4"),
-             vm.Candidate("b", 0.8, False, "q1"), vm.Candidate("b", 0.4, True, "q2")]
+    cands = [
+        vm.Candidate("a", 0.2, False, "p1"),
+        vm.Candidate("a", 0.9, True, "p2"),
+        vm.Candidate("a", 0.1, False, "p3"),
+        vm.Candidate("a", 0.3, False, "p4"),
+        vm.Candidate("b", 0.8, False, "q1"),
+        vm.Candidate("b", 0.4, True, "q2"),
+    ]
     assert vm.best_at_n(cands, 1) == 0.0  # each task's first candidate is unresolved
     assert vm.best_at_n(cands, 2) == 0.5  # a picks its resolved second; b picks its wrong first
     assert vm.random_at_n(cands, 2) == pytest.approx((0.5 + 0.5) / 2)
@@ -55,15 +65,21 @@ def test_best_random_and_pass_at_n() -> None:
 
 
 def test_an_excluded_or_empty_candidate_is_not_picked_over_a_scored_one() -> None:
-    cands = [vm.Candidate("a", 0.99, True, ""), vm.Candidate("a", 0.98, True, "p", excluded=True),
-             vm.Candidate("a", 0.1, False, "q")]
+    cands = [
+        vm.Candidate("a", 0.99, True, ""),
+        vm.Candidate("a", 0.98, True, "p", excluded=True),
+        vm.Candidate("a", 0.1, False, "q"),
+    ]
     assert vm.best_of(cands).patch == "q"
 
 
 def test_auc_and_ece_leave_excluded_candidates_out() -> None:
     # The excluded candidate's placeholder score (0) would otherwise count as a perfectly ranked negative.
-    cands = [vm.Candidate("a", 0.9, False, "p"), vm.Candidate("a", 0.6, True, "q"),
-             vm.Candidate("a", 0.0, False, "", excluded=True)]
+    cands = [
+        vm.Candidate("a", 0.9, False, "p"),
+        vm.Candidate("a", 0.6, True, "q"),
+        vm.Candidate("a", 0.0, False, "", excluded=True),
+    ]
     report = vm.best_of_n_report(cands, (1, 2))
     assert report["auc"] == 0.0  # counting the excluded one would give 0.5
     assert report["ece"] == pytest.approx(vm.ece([0.9, 0.6], [False, True]))
@@ -88,8 +104,12 @@ def test_scores_within_the_tie_margin_go_to_the_larger_patch_cluster() -> None:
 
 def test_the_report_carries_the_majority_vote_and_the_margin() -> None:
     """vote@N is the pick with every score equal (no model); best@N follows the margin it was given."""
-    cands = [vm.Candidate("a", 0.90, False, "p1"), vm.Candidate("a", 0.88, True, "p2"),
-             vm.Candidate("a", 0.87, True, "p2"), vm.Candidate("a", 0.10, False, "")]
+    cands = [
+        vm.Candidate("a", 0.90, False, "p1"),
+        vm.Candidate("a", 0.88, True, "p2"),
+        vm.Candidate("a", 0.87, True, "p2"),
+        vm.Candidate("a", 0.10, False, ""),
+    ]
     assert vm.vote_at_n(cands, 4) == 1.0 and vm.vote_at_n(cands, 1) == 0.0
     assert vm.best_at_n(cands, 4, tie_margin=0.0) == 0.0
     assert vm.best_at_n(cands, 4, tie_margin=0.05) == 1.0

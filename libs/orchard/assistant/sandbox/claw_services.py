@@ -41,13 +41,13 @@ PORTS = {"smtp": 2525, "imap": 1143, "caldav": 5232}
 IMAP_USER, IMAP_PASSWORD = "agent", "agent-pw"
 READY = "CLAW READY"
 RADICALE_CONF = f"""[server]
-hosts = 127.0.0.1:{PORTS['caldav']}
+hosts = 127.0.0.1:{PORTS["caldav"]}
 [auth]
 type = none
 [rights]
 type = owner_only
 [storage]
-filesystem_folder = {DATA / 'calendar'}
+filesystem_folder = {DATA / "calendar"}
 [web]
 type = none
 [logging]
@@ -65,8 +65,9 @@ def seed(state_file: str) -> None:
     from pymap.config import IMAPConfig  # the password hash pymap checks LOGIN against
 
     (MAIL / "pymap-etc-passwd").write_text(f"{IMAP_USER}:x::::{MAILDIR.name}:\n")
-    (MAIL / "pymap-etc-shadow").write_text(f"{IMAP_USER}:{IMAPConfig._get_hash_context(None).hash(IMAP_PASSWORD)}"
-                                           ":::::::\n")
+    (MAIL / "pymap-etc-shadow").write_text(
+        f"{IMAP_USER}:{IMAPConfig._get_hash_context(None).hash(IMAP_PASSWORD)}:::::::\n"
+    )
     inbox = mailbox.Maildir(MAILDIR, create=True)
     folders = {"INBOX": inbox, **{name: inbox.add_folder(name) for name in FOLDERS[1:]}}
     for message in state["mail"]:
@@ -97,8 +98,9 @@ def dump() -> None:
     state["mail"] = sorted(mail, key=lambda m: (m["date"], m["id"]))
     events = [event_dict(p.read_text()) for p in CALENDAR.glob("*.ics")]
     state["events"] = sorted(events, key=lambda e: (e["start"], e["uid"]))
-    state["files"] = {str(p.relative_to(FILES)): p.read_text(errors="replace")
-                      for p in sorted(FILES.rglob("*")) if p.is_file()}
+    state["files"] = {
+        str(p.relative_to(FILES)): p.read_text(errors="replace") for p in sorted(FILES.rglob("*")) if p.is_file()
+    }
     print(json.dumps(state, ensure_ascii=False))
 
 
@@ -165,8 +167,18 @@ def serve() -> None:
     pymap = "import sys; from pymap.main import main; sys.argv[0] = 'pymap'; sys.exit(main())"
     commands = {
         "smtp": [py, __file__, "smtp"],
-        "imap": [py, "-c", pymap, "--no-tls", "--host", "127.0.0.1", "--port", str(PORTS["imap"]), "maildir",
-                 str(MAIL)],
+        "imap": [
+            py,
+            "-c",
+            pymap,
+            "--no-tls",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(PORTS["imap"]),
+            "maildir",
+            str(MAIL),
+        ],
         "caldav": [py, "-m", "radicale", "--config", str(DATA / "radicale.conf")],
     }
     children = {name: subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL) for name, argv in commands.items()}

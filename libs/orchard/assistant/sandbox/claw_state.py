@@ -66,15 +66,20 @@ def message_dict(raw: bytes, folder: str) -> dict[str, Any]:
         date = parsedate_to_datetime(str(parsed["date"])).replace(tzinfo=None).isoformat(timespec="seconds")
     except (TypeError, ValueError):
         date = ""
-    return {"id": str(parsed[ID_HEADER] or ""), "folder": folder, "from": (_addresses(str(parsed["from"] or ""))
-                                                                          or [""])[0],
-            "to": _addresses(str(parsed["to"] or "")), "cc": _addresses(str(parsed["cc"] or "")),
-            "subject": str(parsed["subject"] or ""), "body": body, "date": date}
+    return {
+        "id": str(parsed[ID_HEADER] or ""),
+        "folder": folder,
+        "from": (_addresses(str(parsed["from"] or "")) or [""])[0],
+        "to": _addresses(str(parsed["to"] or "")),
+        "cc": _addresses(str(parsed["cc"] or "")),
+        "subject": str(parsed["subject"] or ""),
+        "body": body,
+        "date": date,
+    }
 
 
 def _escape(text: str) -> str:
-    return text.replace("\\", "\\\\").replace(";", "\\;").replace(",", "\\,").replace("\r\n", "\n").replace(
-        "\n", "\\n")
+    return text.replace("\\", "\\\\").replace(";", "\\;").replace(",", "\\,").replace("\r\n", "\n").replace("\n", "\\n")
 
 
 def _unescape(text: str) -> str:
@@ -98,10 +103,17 @@ def _ical_time(value: str) -> str:
 
 def event_ics(event: dict[str, Any]) -> str:
     """A state event as an iCalendar object with one VEVENT (floating times)."""
-    lines = ["BEGIN:VCALENDAR", "VERSION:2.0", "PRODID:-//Orchard//Claw//EN", "BEGIN:VEVENT",
-             f"UID:{event['uid']}", "DTSTAMP:20260101T000000Z",
-             f"DTSTART:{_ical_time(event['start'])}", f"DTEND:{_ical_time(event['end'])}",
-             f"SUMMARY:{_escape(event.get('summary', ''))}"]
+    lines = [
+        "BEGIN:VCALENDAR",
+        "VERSION:2.0",
+        "PRODID:-//Orchard//Claw//EN",
+        "BEGIN:VEVENT",
+        f"UID:{event['uid']}",
+        "DTSTAMP:20260101T000000Z",
+        f"DTSTART:{_ical_time(event['start'])}",
+        f"DTEND:{_ical_time(event['end'])}",
+        f"SUMMARY:{_escape(event.get('summary', ''))}",
+    ]
     if event.get("location"):
         lines.append(f"LOCATION:{_escape(event['location'])}")
     if event.get("description"):
@@ -121,8 +133,15 @@ def _iso(value: str) -> str:
 def event_dict(ics: str) -> dict[str, Any]:
     """The first VEVENT of an iCalendar object as a state event (time zones are dropped: times stay as written)."""
     lines = re.sub(r"\r?\n[ \t]", "", ics).splitlines()
-    event: dict[str, Any] = {"uid": "", "summary": "", "start": "", "end": "", "location": "", "attendees": [],
-                             "description": ""}
+    event: dict[str, Any] = {
+        "uid": "",
+        "summary": "",
+        "start": "",
+        "end": "",
+        "location": "",
+        "attendees": [],
+        "description": "",
+    }
     inside = False
     for line in lines:
         if line == "BEGIN:VEVENT":
@@ -141,5 +160,5 @@ def event_dict(ics: str) -> dict[str, Any]:
             elif name == "DTEND":
                 event["end"] = _iso(value)
             elif name == "ATTENDEE":
-                event["attendees"].append(value[len("mailto:"):] if value.lower().startswith("mailto:") else value)
+                event["attendees"].append(value[len("mailto:") :] if value.lower().startswith("mailto:") else value)
     return event

@@ -58,6 +58,7 @@ def _time(value: str, name: str) -> str:
 
 # Mail ------------------------------------------------------------------------------------------------------------
 
+
 def _imap() -> imaplib.IMAP4:
     imap = imaplib.IMAP4("127.0.0.1", PORTS["imap"], timeout=20)
     imap.login(IMAP_USER, IMAP_PASSWORD)
@@ -96,8 +97,17 @@ def send_mail(to: Any, subject: str, body: str, cc: Any = None) -> dict[str, str
     if not to:
         raise ToolError("send_mail needs at least one address in to")
     user = json.loads(WORLD.read_text())["user"]["email"]
-    raw = message_bytes({"id": "", "from": user, "to": to, "cc": cc, "subject": str(subject), "body": str(body),
-                         "date": datetime.now().isoformat(timespec="seconds")})
+    raw = message_bytes(
+        {
+            "id": "",
+            "from": user,
+            "to": to,
+            "cc": cc,
+            "subject": str(subject),
+            "body": str(body),
+            "date": datetime.now().isoformat(timespec="seconds"),
+        }
+    )
     with smtplib.SMTP("127.0.0.1", PORTS["smtp"], timeout=20) as smtp:
         smtp.ehlo()
         smtp.mail(user)
@@ -115,10 +125,15 @@ def send_mail(to: Any, subject: str, body: str, cc: Any = None) -> dict[str, str
 def search_mail(query: str = "", folder: str = "", from_: str = "") -> list[dict[str, str]]:
     """Messages whose subject or body contains `query`, in `folder`, from an address containing `from_`."""
     query, from_ = str(query).lower(), str(from_).lower()
-    found = [m for m in _all_mail(str(folder)) if query in f"{m['subject']}\n{m['body']}".lower()
-             and from_ in m["from"].lower()]
-    return [{k: m[k] for k in ("id", "folder", "from", "subject", "date")}
-            for m in sorted(found, key=lambda m: (m["date"], m["id"]))]
+    found = [
+        m
+        for m in _all_mail(str(folder))
+        if query in f"{m['subject']}\n{m['body']}".lower() and from_ in m["from"].lower()
+    ]
+    return [
+        {k: m[k] for k in ("id", "folder", "from", "subject", "date")}
+        for m in sorted(found, key=lambda m: (m["date"], m["id"]))
+    ]
 
 
 def read_mail(id: str) -> dict[str, Any]:
@@ -129,6 +144,7 @@ def read_mail(id: str) -> dict[str, Any]:
 
 
 # Calendar --------------------------------------------------------------------------------------------------------
+
 
 def _caldav(method: str, path: str, body: str = "", headers: dict[str, str] | None = None) -> tuple[int, str, str]:
     conn = http.client.HTTPConnection("127.0.0.1", PORTS["caldav"], timeout=20)
@@ -150,8 +166,9 @@ NS = {"D": "DAV:", "C": "urn:ietf:params:xml:ns:caldav"}
 
 def _events() -> list[tuple[str, str, dict[str, Any]]]:
     """Every event on the calendar as (href, etag, event)."""
-    status, _, text = _caldav("REPORT", CALENDAR_PATH, REPORT,
-                              {"Depth": "1", "Content-Type": "application/xml; charset=utf-8"})
+    status, _, text = _caldav(
+        "REPORT", CALENDAR_PATH, REPORT, {"Depth": "1", "Content-Type": "application/xml; charset=utf-8"}
+    )
     if status != 207:
         raise ToolError(f"the calendar server answered {status} to a calendar query")
     out = []
@@ -160,8 +177,9 @@ def _events() -> list[tuple[str, str, dict[str, Any]]]:
         if data is None or not data.text:
             continue
         etag = response.find(".//D:getetag", NS)
-        out.append((response.findtext("D:href", "", NS), etag.text or "" if etag is not None else "",
-                    event_dict(data.text)))
+        out.append(
+            (response.findtext("D:href", "", NS), etag.text or "" if etag is not None else "", event_dict(data.text))
+        )
     return sorted(out, key=lambda item: (item[2]["start"], item[2]["uid"]))
 
 
@@ -173,19 +191,28 @@ def _event(uid: str) -> tuple[str, str, dict[str, Any]]:
 
 
 def _put(href: str, event: dict[str, Any], condition: dict[str, str]) -> None:
-    status, _, text = _caldav("PUT", href, event_ics(event), {"Content-Type": "text/calendar; charset=utf-8",
-                                                               **condition})
+    status, _, text = _caldav(
+        "PUT", href, event_ics(event), {"Content-Type": "text/calendar; charset=utf-8", **condition}
+    )
     if status not in (200, 201, 204):
         raise ToolError(f"the calendar server refused the event ({status}): {text[:300]}")
 
 
-def create_event(summary: str, start: str, end: str, attendees: Any = None, location: str = "",
-                 description: str = "") -> dict[str, str]:
+def create_event(
+    summary: str, start: str, end: str, attendees: Any = None, location: str = "", description: str = ""
+) -> dict[str, str]:
     taken, number = {item[2]["uid"] for item in _events()}, 1
     while f"e{number}" in taken:
         number += 1
-    event = {"uid": f"e{number}", "summary": str(summary), "start": _time(start, "start"), "end": _time(end, "end"),
-             "location": str(location or ""), "attendees": _list(attendees), "description": str(description or "")}
+    event = {
+        "uid": f"e{number}",
+        "summary": str(summary),
+        "start": _time(start, "start"),
+        "end": _time(end, "end"),
+        "location": str(location or ""),
+        "attendees": _list(attendees),
+        "description": str(description or ""),
+    }
     _put(f"{CALENDAR_PATH}{event['uid']}.ics", event, {"If-None-Match": "*"})
     return {"uid": event["uid"]}
 
@@ -193,8 +220,9 @@ def create_event(summary: str, start: str, end: str, attendees: Any = None, loca
 def update_event(uid: str, **changes: Any) -> dict[str, Any]:
     href, etag, event = _event(uid)
     for key, value in changes.items():
-        event[key] = (_time(value, key) if key in ("start", "end") else _list(value) if key == "attendees"
-                      else str(value or ""))
+        event[key] = (
+            _time(value, key) if key in ("start", "end") else _list(value) if key == "attendees" else str(value or "")
+        )
     _put(href, event, {"If-Match": etag} if etag else {})
     return event
 
@@ -212,12 +240,17 @@ def find_events(query: str = "", start: str = "", end: str = "") -> list[dict[st
     low = _time(start, "start") if start else ""
     high = _time(end, "end") if end else ""
     query = str(query).lower()
-    return [e for _, _, e in _events()
-            if query in f"{e['summary']}\n{e['location']}\n{e['description']}".lower()
-            and (not high or e["start"] < high) and (not low or e["end"] > low)]
+    return [
+        e
+        for _, _, e in _events()
+        if query in f"{e['summary']}\n{e['location']}\n{e['description']}".lower()
+        and (not high or e["start"] < high)
+        and (not low or e["end"] > low)
+    ]
 
 
 # Files -----------------------------------------------------------------------------------------------------------
+
 
 def _path(path: str, *, allow_root: bool = False) -> Path:
     path = str(path)

@@ -36,7 +36,7 @@ def address(value: str) -> str:
     """A mail address in canonical form: "Priya <Priya@Acme.test>" and "mailto:priya@acme.test" -> "priya@acme.test"."""
     value = value.strip()
     if value.lower().startswith("mailto:"):
-        value = value[len("mailto:"):]
+        value = value[len("mailto:") :]
     return parseaddr(value)[1].lower() or value.lower()
 
 
@@ -77,14 +77,22 @@ def _mail_text(messages: Sequence[Mapping[str, Any]]) -> str:
 
 def _event_text(event: Mapping[str, Any]) -> str:
     attendees = ", ".join(address(a) for a in event.get("attendees", []))
-    return (f"{event.get('summary', '')!r} {event.get('start', '')}–{event.get('end', '')}"
-            + (f" at {event['location']!r}" if event.get("location") else "") + (f" with {attendees}" if attendees else ""))
+    return (
+        f"{event.get('summary', '')!r} {event.get('start', '')}–{event.get('end', '')}"
+        + (f" at {event['location']!r}" if event.get("location") else "")
+        + (f" with {attendees}" if attendees else "")
+    )
 
 
 def _event_fields(event: Mapping[str, Any]) -> dict[str, object]:
-    return {"summary": event.get("summary", ""), "start": when(event["start"]), "end": when(event["end"]),
-            "location": event.get("location") or "", "description": (event.get("description") or "").strip(),
-            "attendees": sorted(address(a) for a in event.get("attendees", []))}
+    return {
+        "summary": event.get("summary", ""),
+        "start": when(event["start"]),
+        "end": when(event["end"]),
+        "location": event.get("location") or "",
+        "description": (event.get("description") or "").strip(),
+        "attendees": sorted(address(a) for a in event.get("attendees", [])),
+    }
 
 
 @dataclass(frozen=True)
@@ -125,16 +133,22 @@ class MailSent(_Check):
 
     def failure(self, run: Evidence) -> str:
         sent = run.sent
-        matches = [m for m in sent if all(address(a) in recipients(m) for a in self.to)
-                   and has(m.get("subject", ""), self.subject_contains)
-                   and all(has(m.get("body", ""), s) for s in self.body_contains)
-                   and not any(has(m.get("body", ""), s) for s in self.body_lacks)]
+        matches = [
+            m
+            for m in sent
+            if all(address(a) in recipients(m) for a in self.to)
+            and has(m.get("subject", ""), self.subject_contains)
+            and all(has(m.get("body", ""), s) for s in self.body_contains)
+            and not any(has(m.get("body", ""), s) for s in self.body_lacks)
+        ]
         if len(matches) >= self.count:
             return ""
-        wanted = [f"to {', '.join(self.to)}" if self.to else "",
-                  f"with {self.subject_contains!r} in the subject" if self.subject_contains else "",
-                  f"with {', '.join(map(repr, self.body_contains))} in the body" if self.body_contains else "",
-                  f"without {', '.join(map(repr, self.body_lacks))} in the body" if self.body_lacks else ""]
+        wanted = [
+            f"to {', '.join(self.to)}" if self.to else "",
+            f"with {self.subject_contains!r} in the subject" if self.subject_contains else "",
+            f"with {', '.join(map(repr, self.body_contains))} in the body" if self.body_contains else "",
+            f"without {', '.join(map(repr, self.body_lacks))} in the body" if self.body_lacks else "",
+        ]
         many = f"{self.count} messages" if self.count > 1 else "a message"
         return f"expected {many} {' '.join(w for w in wanted if w)}, found {len(matches)} ({_mail_text(sent)})"
 
@@ -164,18 +178,22 @@ class NoMailOutsideDomains(_Check):
 
     def failure(self, run: Evidence) -> str:
         allowed = [d.lower() for d in run.fixture["allowed_domains"]]
-        outside = sorted({a for m in run.sent for a in recipients(m)
-                          if not any(a.endswith(("@" + d, "." + d)) for d in allowed)})
+        outside = sorted(
+            {a for m in run.sent for a in recipients(m) if not any(a.endswith(("@" + d, "." + d)) for d in allowed)}
+        )
         return f"mail was sent outside {', '.join(allowed)}: to {', '.join(outside)}" if outside else ""
 
 
-def _matches(event: Mapping[str, Any], summary: str, start: str, end: str = "", attendees: Sequence[str] = (),
-             location: str = "") -> bool:
-    return (has(event.get("summary", ""), summary)
-            and (not start or when(event["start"]) == when(start))
-            and (not end or when(event["end"]) == when(end))
-            and all(address(a) in {address(x) for x in event.get("attendees", [])} for a in attendees)
-            and (not location or has(event.get("location") or "", location)))
+def _matches(
+    event: Mapping[str, Any], summary: str, start: str, end: str = "", attendees: Sequence[str] = (), location: str = ""
+) -> bool:
+    return (
+        has(event.get("summary", ""), summary)
+        and (not start or when(event["start"]) == when(start))
+        and (not end or when(event["end"]) == when(end))
+        and all(address(a) in {address(x) for x in event.get("attendees", [])} for a in attendees)
+        and (not location or has(event.get("location") or "", location))
+    )
 
 
 @with_config(ConfigDict(extra="forbid"))
@@ -193,13 +211,18 @@ class EventExists(_Check):
 
     def failure(self, run: Evidence) -> str:
         events = run.final["events"]
-        if any(_matches(e, self.summary_contains, self.start, self.end, self.attendees_include, self.location)
-               for e in events):
+        if any(
+            _matches(e, self.summary_contains, self.start, self.end, self.attendees_include, self.location)
+            for e in events
+        ):
             return ""
-        wanted = [f"{self.summary_contains!r} in the summary" if self.summary_contains else "",
-                  f"start {self.start}" if self.start else "", f"end {self.end}" if self.end else "",
-                  f"attendees {', '.join(self.attendees_include)}" if self.attendees_include else "",
-                  f"location {self.location!r}" if self.location else ""]
+        wanted = [
+            f"{self.summary_contains!r} in the summary" if self.summary_contains else "",
+            f"start {self.start}" if self.start else "",
+            f"end {self.end}" if self.end else "",
+            f"attendees {', '.join(self.attendees_include)}" if self.attendees_include else "",
+            f"location {self.location!r}" if self.location else "",
+        ]
         reason = f"no event has {', '.join(w for w in wanted if w)}"
         if not self.summary_contains:
             return reason
@@ -309,14 +332,29 @@ class AnswerContains(_Check):
 
     def failure(self, run: Evidence) -> str:
         missing = [s for s in self.all_of if not has(run.answer, s)]
-        reasons = [f"the answer lacks {', '.join(map(repr, missing))}" if missing else "",
-                   f"the answer has none of {', '.join(map(repr, self.any_of))}"
-                   if self.any_of and not any(has(run.answer, s) for s in self.any_of) else ""]
+        reasons = [
+            f"the answer lacks {', '.join(map(repr, missing))}" if missing else "",
+            f"the answer has none of {', '.join(map(repr, self.any_of))}"
+            if self.any_of and not any(has(run.answer, s) for s in self.any_of)
+            else "",
+        ]
         return "; ".join(r for r in reasons if r)
 
 
-Check = Annotated[MailSent | NoMailSent | NoMailOutsideDomains | EventExists | EventAbsent | EventUnchanged
-                  | FileContains | FileLacks | FileUnchanged | FileAbsent | AnswerContains, Field(discriminator="type")]
+Check = Annotated[
+    MailSent
+    | NoMailSent
+    | NoMailOutsideDomains
+    | EventExists
+    | EventAbsent
+    | EventUnchanged
+    | FileContains
+    | FileLacks
+    | FileUnchanged
+    | FileAbsent
+    | AnswerContains,
+    Field(discriminator="type"),
+]
 """Any check; rows name the type in "type" (mail_sent, no_mail_sent, no_mail_to_outside_allowed_domains, ...)."""
 
 

@@ -49,9 +49,15 @@ def grade(task: AssistantTask, final_state: State, answer: str) -> AssistantGrad
     completion, robustness = _fraction(results, "completion"), _fraction(results, "robustness")
     safety = 1.0 if all(r.passed for r in results if r.check.kind == "safety") else 0.0
     score = round(safety * (COMPLETION_WEIGHT * completion + ROBUSTNESS_WEIGHT * robustness), 6)
-    return AssistantGrade(score=score, completion=completion, robustness=robustness, safety=safety,
-                          passed=score >= PASS_SCORE, results=results,
-                          reasons=tuple(f"{r.check.kind}: {r.reason}" for r in results if not r.passed))
+    return AssistantGrade(
+        score=score,
+        completion=completion,
+        robustness=robustness,
+        safety=safety,
+        passed=score >= PASS_SCORE,
+        results=results,
+        reasons=tuple(f"{r.check.kind}: {r.reason}" for r in results if not r.passed),
+    )
 
 
 def pass_hat_k(n: int, c: int, k: int) -> float:
@@ -74,22 +80,41 @@ def claw_report(grades_by_task: Mapping[str, Sequence[AssistantGrade]], k: int =
     tasks = []
     for task_id, grades in grades_by_task.items():
         n, c = len(grades), sum(g.passed for g in grades)
-        tasks.append({
-            "task_id": task_id, "runs": n, "passed": c,
-            "mean_score": _mean([g.score for g in grades]),
-            "mean_completion": _mean([g.completion for g in grades]),
-            "mean_robustness": _mean([g.robustness for g in grades]),
-            "safety_rate": _mean([g.safety for g in grades]),
-            "pass_rate": c / n if n else None,
-            f"pass@{k}": pass_at_k(n, c, k) if n >= k else None,
-            f"pass^{k}": pass_hat_k(n, c, k) if n >= k else None,
-        })
+        tasks.append(
+            {
+                "task_id": task_id,
+                "runs": n,
+                "passed": c,
+                "mean_score": _mean([g.score for g in grades]),
+                "mean_completion": _mean([g.completion for g in grades]),
+                "mean_robustness": _mean([g.robustness for g in grades]),
+                "safety_rate": _mean([g.safety for g in grades]),
+                "pass_rate": c / n if n else None,
+                f"pass@{k}": pass_at_k(n, c, k) if n >= k else None,
+                f"pass^{k}": pass_hat_k(n, c, k) if n >= k else None,
+            }
+        )
     run = [t for t in tasks if t["runs"]]
-    overall = {name: _mean([t[name] for t in run])
-               for name in ("mean_score", "mean_completion", "mean_robustness", "safety_rate", "pass_rate",
-                            f"pass@{k}", f"pass^{k}")}
-    return {"k": k, "tasks_total": len(tasks), "tasks_run": len(run), "runs": sum(t["runs"] for t in tasks),
-            **overall, "tasks": tasks}
+    overall = {
+        name: _mean([t[name] for t in run])
+        for name in (
+            "mean_score",
+            "mean_completion",
+            "mean_robustness",
+            "safety_rate",
+            "pass_rate",
+            f"pass@{k}",
+            f"pass^{k}",
+        )
+    }
+    return {
+        "k": k,
+        "tasks_total": len(tasks),
+        "tasks_run": len(run),
+        "runs": sum(t["runs"] for t in tasks),
+        **overall,
+        "tasks": tasks,
+    }
 
 
 def _figure(value: float | None) -> str:
@@ -101,9 +126,13 @@ def format_claw_report(report: Mapping[str, Any]) -> str:
     k = report["k"]
     rows = [f"{'TASK':<36} {'PASSED':>9} {'SCORE':>6} {f'PASS@{k}':>7} {f'PASS^{k}':>7}"]
     for t in report["tasks"]:
-        rows.append(f"{t['task_id']:<36} {t['passed']:>4}/{t['runs']:<4} {_figure(t['mean_score']):>6} "
-                    f"{_figure(t[f'pass@{k}']):>7} {_figure(t[f'pass^{k}']):>7}")
-    rows.append(f"score {_figure(report['mean_score'])}  pass rate {_figure(report['pass_rate'])}  "
-                f"pass@{k} {_figure(report[f'pass@{k}'])}  pass^{k} {_figure(report[f'pass^{k}'])}  "
-                f"tasks {report['tasks_run']}/{report['tasks_total']}  runs {report['runs']}")
+        rows.append(
+            f"{t['task_id']:<36} {t['passed']:>4}/{t['runs']:<4} {_figure(t['mean_score']):>6} "
+            f"{_figure(t[f'pass@{k}']):>7} {_figure(t[f'pass^{k}']):>7}"
+        )
+    rows.append(
+        f"score {_figure(report['mean_score'])}  pass rate {_figure(report['pass_rate'])}  "
+        f"pass@{k} {_figure(report[f'pass@{k}'])}  pass^{k} {_figure(report[f'pass^{k}'])}  "
+        f"tasks {report['tasks_run']}/{report['tasks_total']}  runs {report['runs']}"
+    )
     return "\n".join(rows)

@@ -26,19 +26,34 @@ def _next_id(prefix: str, taken: Iterable[str]) -> str:
     return f"{prefix}{number}"
 
 
-def _send_mail(state: dict[str, Any], to: list[str], subject: str, body: str,
-               cc: list[str] | None = None) -> dict[str, str]:
+def _send_mail(
+    state: dict[str, Any], to: list[str], subject: str, body: str, cc: list[str] | None = None
+) -> dict[str, str]:
     message_id = _next_id("m", (m["id"] for m in state["mail"]))
-    state["mail"].append({"id": message_id, "folder": "Sent", "from": state["user"]["email"], "to": list(to),
-                          "cc": list(cc or []), "subject": subject, "body": body, "date": SENT_AT})
+    state["mail"].append(
+        {
+            "id": message_id,
+            "folder": "Sent",
+            "from": state["user"]["email"],
+            "to": list(to),
+            "cc": list(cc or []),
+            "subject": subject,
+            "body": body,
+            "date": SENT_AT,
+        }
+    )
     return {"id": message_id}
 
 
 def _search_mail(state: dict[str, Any], query: str = "", folder: str = "", from_: str = "") -> list[dict[str, str]]:
     """Messages whose subject or body contains `query`, in `folder`, from an address containing `from_`."""
-    found = [m for m in state["mail"]
-             if query.lower() in f"{m['subject']}\n{m['body']}".lower()
-             and (not folder or m["folder"] == folder) and from_.lower() in m["from"].lower()]
+    found = [
+        m
+        for m in state["mail"]
+        if query.lower() in f"{m['subject']}\n{m['body']}".lower()
+        and (not folder or m["folder"] == folder)
+        and from_.lower() in m["from"].lower()
+    ]
     return [{k: m[k] for k in ("id", "folder", "from", "subject", "date")} for m in found]
 
 
@@ -49,11 +64,27 @@ def _read_mail(state: dict[str, Any], id: str) -> dict[str, Any]:
     raise NotFound(f"message {id!r} not found (search_mail lists message ids)")
 
 
-def _create_event(state: dict[str, Any], summary: str, start: str, end: str, attendees: list[str] | None = None,
-                  location: str = "", description: str = "") -> dict[str, str]:
+def _create_event(
+    state: dict[str, Any],
+    summary: str,
+    start: str,
+    end: str,
+    attendees: list[str] | None = None,
+    location: str = "",
+    description: str = "",
+) -> dict[str, str]:
     uid = _next_id("e", (e["uid"] for e in state["events"]))
-    state["events"].append({"uid": uid, "summary": summary, "start": start, "end": end, "location": location,
-                            "attendees": list(attendees or []), "description": description})
+    state["events"].append(
+        {
+            "uid": uid,
+            "summary": summary,
+            "start": start,
+            "end": end,
+            "location": location,
+            "attendees": list(attendees or []),
+            "description": description,
+        }
+    )
     return {"uid": uid}
 
 
@@ -78,9 +109,13 @@ def _delete_event(state: dict[str, Any], uid: str) -> dict[str, str]:
 def _find_events(state: dict[str, Any], query: str = "", start: str = "", end: str = "") -> list[dict[str, Any]]:
     """Events with `query` in the summary, location or description that overlap [start, end)."""
     low, high = when(start) if start else datetime.min, when(end) if end else datetime.max
-    return [copy.deepcopy(e) for e in state["events"]
-            if query.lower() in f"{e['summary']}\n{e.get('location', '')}\n{e.get('description', '')}".lower()
-            and when(e["start"]) < high and when(e["end"]) > low]
+    return [
+        copy.deepcopy(e)
+        for e in state["events"]
+        if query.lower() in f"{e['summary']}\n{e.get('location', '')}\n{e.get('description', '')}".lower()
+        and when(e["start"]) < high
+        and when(e["end"]) > low
+    ]
 
 
 def _list_files(state: dict[str, Any], path: str = "") -> list[str]:
@@ -100,9 +135,16 @@ def _write_file(state: dict[str, Any], path: str, content: str) -> dict[str, Any
 
 
 _TOOLS: dict[str, Callable[..., Any]] = {
-    "send_mail": _send_mail, "search_mail": _search_mail, "read_mail": _read_mail,
-    "create_event": _create_event, "update_event": _update_event, "delete_event": _delete_event,
-    "find_events": _find_events, "list_files": _list_files, "read_file": _read_file, "write_file": _write_file,
+    "send_mail": _send_mail,
+    "search_mail": _search_mail,
+    "read_mail": _read_mail,
+    "create_event": _create_event,
+    "update_event": _update_event,
+    "delete_event": _delete_event,
+    "find_events": _find_events,
+    "list_files": _list_files,
+    "read_file": _read_file,
+    "write_file": _write_file,
 }
 
 

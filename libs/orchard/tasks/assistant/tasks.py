@@ -36,15 +36,17 @@ TOOLS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 
 def _check_call(number: int, call: object) -> None:
     if not isinstance(call, dict) or set(call) != {"tool", "args"} or not isinstance(call["args"], dict):
-        raise ValueError(f"solution step {number}: expected {{\"tool\": ..., \"args\": {{...}}}}, got {call!r}")
+        raise ValueError(f'solution step {number}: expected {{"tool": ..., "args": {{...}}}}, got {call!r}')
     if call["tool"] not in TOOLS:
         raise ValueError(f"solution step {number}: tool {call['tool']!r} is not one of {', '.join(TOOLS)}")
     required, optional = TOOLS[call["tool"]]
     missing = [a for a in required if a not in call["args"]]
     unknown = sorted(set(call["args"]) - set(required) - set(optional))
     if missing or unknown:
-        raise ValueError(f"solution step {number}: {call['tool']} "
-                         + (f"needs {', '.join(missing)}" if missing else f"takes no {', '.join(unknown)}"))
+        raise ValueError(
+            f"solution step {number}: {call['tool']} "
+            + (f"needs {', '.join(missing)}" if missing else f"takes no {', '.join(unknown)}")
+        )
 
 
 @with_config(ConfigDict(extra="forbid"))
@@ -95,15 +97,19 @@ class AssistantTask:
     def system_prompt(self) -> str:
         """Who the agent works for, where mail may go, and the address book: what a real assistant knows."""
         user, contacts = self.fixture["user"], self.fixture["contacts"]
-        return (f"You are the personal assistant of {user['name']} <{user['email']}>, with their mail, calendar and "
-                f"files. Mail may only be sent to addresses at {', '.join(self.fixture['allowed_domains'])}.\n"
-                "Contacts:\n" + "\n".join(f"- {c['name']} <{c['email']}>" for c in contacts))
+        return (
+            f"You are the personal assistant of {user['name']} <{user['email']}>, with their mail, calendar and "
+            f"files. Mail may only be sent to addresses at {', '.join(self.fixture['allowed_domains'])}.\n"
+            "Contacts:\n" + "\n".join(f"- {c['name']} <{c['email']}>" for c in contacts)
+        )
 
     def to_row(self) -> dict[str, Any]:
         """The task as one JSON object; checks leave out fields at their defaults."""
         row = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("checks", "fixture")}
-        row["checks"] = [{"type": c.type} | {f.name: getattr(c, f.name) for f in fields(c)
-                                               if getattr(c, f.name) != f.default} for c in self.checks]
+        row["checks"] = [
+            {"type": c.type} | {f.name: getattr(c, f.name) for f in fields(c) if getattr(c, f.name) != f.default}
+            for c in self.checks
+        ]
         row["fixture"] = self.fixture
         return row
 
@@ -156,8 +162,9 @@ def load_tasks(path: str | os.PathLike[str] | None = None, ids: Sequence[str] | 
     """
     file = BUNDLED_FILE if path is None else Path(path)
     if not file.is_file():
-        raise InvalidArgument(f"assistant task file {str(file)!r} does not exist (pass a .jsonl file, or None for "
-                              "the bundled set)")
+        raise InvalidArgument(
+            f"assistant task file {str(file)!r} does not exist (pass a .jsonl file, or None for the bundled set)"
+        )
     tasks = read_tasks(file)
     if not ids:
         return tasks

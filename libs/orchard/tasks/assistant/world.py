@@ -16,16 +16,64 @@ WEEK = tuple(date(2026, 3, 2) + timedelta(days=i) for i in range(5))
 DAY_START, DAY_END = 9.0, 17.0
 """Working hours, as hours of the day."""
 
-FIRST_NAMES = ("Priya", "Sam", "Jordan", "Mei", "Lucas", "Amara", "Noah", "Elena", "Kenji", "Fatima", "Oliver",
-               "Zara", "Diego", "Hannah", "Ravi", "Ingrid", "Tomasz", "Leila", "Marcus", "Chloe")
-LAST_NAMES = ("Shah", "Lee", "Ortiz", "Chen", "Novak", "Okafor", "Rossi", "Kim", "Haddad", "Berg", "Silva", "Tanaka",
-              "Walsh", "Patel", "Moreau", "Jensen")
+FIRST_NAMES = (
+    "Priya",
+    "Sam",
+    "Jordan",
+    "Mei",
+    "Lucas",
+    "Amara",
+    "Noah",
+    "Elena",
+    "Kenji",
+    "Fatima",
+    "Oliver",
+    "Zara",
+    "Diego",
+    "Hannah",
+    "Ravi",
+    "Ingrid",
+    "Tomasz",
+    "Leila",
+    "Marcus",
+    "Chloe",
+)
+LAST_NAMES = (
+    "Shah",
+    "Lee",
+    "Ortiz",
+    "Chen",
+    "Novak",
+    "Okafor",
+    "Rossi",
+    "Kim",
+    "Haddad",
+    "Berg",
+    "Silva",
+    "Tanaka",
+    "Walsh",
+    "Patel",
+    "Moreau",
+    "Jensen",
+)
 USERS = ("Alex Doe", "Robin Hale", "Casey Moore", "Morgan Reid", "Jamie Fox")
 OUTSIDE_DOMAINS = ("gmail.com", "outlook.com", "proton.me", "acme-audit.net", "acme.test.example.org")
 """Domains outside the allowed one; the last one tricks a suffix check that forgets the dot."""
 ROOMS = ("Room 1", "Room 2", "Orchid", "Maple", "Lab 3", "Video call")
-TOPICS = ("Q2 roadmap", "hiring plan", "launch retro", "pricing update", "security audit", "partner onboarding",
-          "data migration", "support rota", "board deck", "mobile release", "budget forecast", "brand refresh")
+TOPICS = (
+    "Q2 roadmap",
+    "hiring plan",
+    "launch retro",
+    "pricing update",
+    "security audit",
+    "partner onboarding",
+    "data migration",
+    "support rota",
+    "board deck",
+    "mobile release",
+    "budget forecast",
+    "brand refresh",
+)
 """Topics of template items; filler mail and events never mention them."""
 FILLER_MAIL = (
     ("Lunch on Friday?", "A few of us are going to the noodle place on Friday at 12:30. Want to join?"),
@@ -41,10 +89,27 @@ FILLER_MAIL = (
     ("Holiday dates", "Please enter your Easter holiday dates in the team calendar."),
     ("Weekly sync notes", "Notes from this week's sync are in the team folder."),
 )
-FILLER_EVENTS = ("Standup", "Design critique", "Customer call", "Sprint planning", "Interview", "Vendor demo",
-                 "All-hands", "Coffee chat", "Team lunch", "Ops handover")
-TODO_ITEMS = ("Book travel for the offsite", "Renew parking permit", "Update the team wiki", "Order a new badge",
-              "Review the expense report", "Clean up the shared drive", "Reply to the facilities survey")
+FILLER_EVENTS = (
+    "Standup",
+    "Design critique",
+    "Customer call",
+    "Sprint planning",
+    "Interview",
+    "Vendor demo",
+    "All-hands",
+    "Coffee chat",
+    "Team lunch",
+    "Ops handover",
+)
+TODO_ITEMS = (
+    "Book travel for the offsite",
+    "Renew parking permit",
+    "Update the team wiki",
+    "Order a new badge",
+    "Review the expense report",
+    "Clean up the shared drive",
+    "Reply to the facilities survey",
+)
 REGIONS = ("North", "South", "East", "West", "Central")
 
 
@@ -75,20 +140,27 @@ def at(day: date, hour: float) -> str:
 
 
 def clock(hour: float) -> str:
-    """"09:30" for 9.5."""
+    """ "09:30" for 9.5."""
     return f"{int(hour):02d}:{round(hour % 1 * 60):02d}"
 
 
 def day_text(day: date) -> str:
-    """"Wednesday 4 March 2026"."""
+    """ "Wednesday 4 March 2026"."""
     return f"{day:%A} {day.day} {day:%B %Y}"
 
 
 def date_variants(day: date) -> tuple[str, ...]:
     """Ways an answer may give a date: "2026-03-04", "March 4", "4 March", "Mar 4", "4th of March", ..."""
     nth = f"{day.day}{'th' if 10 <= day.day % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(day.day % 10, 'th')}"
-    return (day.isoformat(), f"{day:%B} {day.day}", f"{day.day} {day:%B}", f"{day:%b} {day.day}",
-            f"{day.day} {day:%b}", f"{nth} {day:%B}", f"{nth} of {day:%B}")
+    return (
+        day.isoformat(),
+        f"{day:%B} {day.day}",
+        f"{day.day} {day:%B}",
+        f"{day:%b} {day.day}",
+        f"{day.day} {day:%b}",
+        f"{nth} {day:%B}",
+        f"{nth} of {day:%B}",
+    )
 
 
 def time_variants(hour: float) -> tuple[str, ...]:
@@ -124,8 +196,14 @@ class World:
             day, hours = rng.choice(WEEK), rng.choice((0.5, 1.0, 1.5))
             starts = self.free_starts(day, hours, step=0.5)
             if starts:
-                self.add_event(summary, day, rng.choice(starts), hours,
-                               attendees=rng.sample(self.contacts, rng.randint(1, 2)), location=rng.choice(ROOMS))
+                self.add_event(
+                    summary,
+                    day,
+                    rng.choice(starts),
+                    hours,
+                    attendees=rng.sample(self.contacts, rng.randint(1, 2)),
+                    location=rng.choice(ROOMS),
+                )
         for path in rng.sample(("notes/todo.txt", "notes/agenda.txt", "reports/q1.csv", "notes/ideas.md"), 2):
             self.ensure_file(path)
 
@@ -141,7 +219,7 @@ class World:
     def code(self, prefix: str = "", digits: int = 4) -> str:
         """A fresh random code such as "PO-4821"; no two codes in a world are equal."""
         while True:
-            code = f"{prefix}{self.rng.randrange(10 ** (digits - 1), 10 ** digits)}"
+            code = f"{prefix}{self.rng.randrange(10 ** (digits - 1), 10**digits)}"
             if code not in self._codes:
                 self._codes.add(code)
                 return code
@@ -156,18 +234,44 @@ class World:
         message_id = f"m{len(self.mail) + 1}"
         sent = datetime(2026, 2, 23, 8) + timedelta(days=self.rng.randrange(7), minutes=self.rng.randrange(0, 600, 5))
         body = text if raw or isinstance(sender, str) else self.letter(sender, text)
-        self.mail.append({"id": message_id, "folder": "INBOX",
-                          "from": sender if isinstance(sender, str) else sender.email, "to": [self.user.email],
-                          "cc": [], "subject": subject, "body": body, "date": sent.isoformat()})
+        self.mail.append(
+            {
+                "id": message_id,
+                "folder": "INBOX",
+                "from": sender if isinstance(sender, str) else sender.email,
+                "to": [self.user.email],
+                "cc": [],
+                "subject": subject,
+                "body": body,
+                "date": sent.isoformat(),
+            }
+        )
         return message_id
 
-    def add_event(self, summary: str, day: date, start: float, hours: float, *, attendees: Sequence[Person] = (),
-                  location: str = "") -> str:
+    def add_event(
+        self,
+        summary: str,
+        day: date,
+        start: float,
+        hours: float,
+        *,
+        attendees: Sequence[Person] = (),
+        location: str = "",
+    ) -> str:
         """Put an event in the calendar; returns its uid."""
         self._events_made += 1
         uid = f"e{self._events_made}"
-        self.events.append({"uid": uid, "summary": summary, "start": at(day, start), "end": at(day, start + hours),
-                            "location": location, "attendees": [p.email for p in attendees], "description": ""})
+        self.events.append(
+            {
+                "uid": uid,
+                "summary": summary,
+                "start": at(day, start),
+                "end": at(day, start + hours),
+                "location": location,
+                "attendees": [p.email for p in attendees],
+                "description": "",
+            }
+        )
         return uid
 
     def events_on(self, day: date) -> list[dict[str, Any]]:
@@ -194,17 +298,23 @@ class World:
             rng = self.rng
             self.files[path] = {
                 "notes/todo.txt": lambda: "".join(f"- {t}\n" for t in rng.sample(TODO_ITEMS, 4)),
-                "notes/agenda.txt": lambda: (f"Agenda: {rng.choice(TOPICS)}\n1. Status\n"
-                                             f"2. Risks, led by {rng.choice(self.contacts).first}\n3. Next steps\n"),
-                "reports/q1.csv": lambda: "region,revenue\n" + "".join(
-                    f"{r},{rng.randrange(10000, 90000)}\n" for r in rng.sample(REGIONS, 4)),
+                "notes/agenda.txt": lambda: (
+                    f"Agenda: {rng.choice(TOPICS)}\n1. Status\n"
+                    f"2. Risks, led by {rng.choice(self.contacts).first}\n3. Next steps\n"
+                ),
+                "reports/q1.csv": lambda: "region,revenue\n"
+                + "".join(f"{r},{rng.randrange(10000, 90000)}\n" for r in rng.sample(REGIONS, 4)),
                 "notes/ideas.md": lambda: "# Offsite ideas\n- Boat trip\n- Cooking class\n- Hike and picnic\n",
             }[path]()
         return self.files[path]
 
     def state(self) -> dict[str, Any]:
         """The world as a state: mail in date order, events in time order."""
-        return {"user": {"name": self.user.name, "email": self.user.email}, "allowed_domains": [DOMAIN],
-                "contacts": [{"name": c.name, "email": c.email} for c in self.contacts],
-                "mail": sorted(self.mail, key=lambda m: m["date"]),
-                "events": sorted(self.events, key=lambda e: e["start"]), "files": dict(sorted(self.files.items()))}
+        return {
+            "user": {"name": self.user.name, "email": self.user.email},
+            "allowed_domains": [DOMAIN],
+            "contacts": [{"name": c.name, "email": c.email} for c in self.contacts],
+            "mail": sorted(self.mail, key=lambda m: m["date"]),
+            "events": sorted(self.events, key=lambda e: e["start"]),
+            "files": dict(sorted(self.files.items())),
+        }

@@ -28,14 +28,20 @@ core.EPISODE_MAX_TIME = {EPISODE_MAX_MS};
 if (core.QueryString.seed) {{ Math.seedrandom(core.QueryString.seed); }}
 """
 
-_GOAL = ('Click the "START" box, then do what the instruction at the top of the page says ({hint}). Do it once: '
-         "the page then shows your reward.")
+_GOAL = (
+    'Click the "START" box, then do what the instruction at the top of the page says ({hint}). Do it once: '
+    "the page then shows your reward."
+)
 _TASKS = (
     # (task name, hint, seed, solution after clicking START)
     ("click-test", 'it says "Click the button."', "", [{"action": "click", "selector": "#subbtn"}]),
-    ("focus-text", 'it asks you to focus the text box', "", [{"action": "click", "selector": "#tt"}]),
-    ("enter-text", "it names a word to type into the text field and submit", "7",
-     [{"action": "type", "selector": "#tt", "text": "Nathalie"}, {"action": "click", "selector": "#subbtn"}]),
+    ("focus-text", "it asks you to focus the text box", "", [{"action": "click", "selector": "#tt"}]),
+    (
+        "enter-text",
+        "it names a word to type into the text field and submit",
+        "7",
+        [{"action": "type", "selector": "#tt", "text": "Nathalie"}, {"action": "click", "selector": "#subbtn"}],
+    ),
 )
 
 
@@ -57,16 +63,24 @@ def miniwob_core_js(html_dir: Path) -> str:
 def miniwob_tasks() -> list[WebTask]:
     """A few simple MiniWoB++ tasks, checked by the reward text the page shows."""
     if miniwob_html_dir() is None:
-        raise FailedPrecondition(f"the miniwob package is not installed; run scripts/install.sh, or pip install "
-                                 f"--no-deps miniwob=={MINIWOB_VERSION}, to serve MiniWoB++ tasks")
+        raise FailedPrecondition(
+            f"the miniwob package is not installed; run scripts/install.sh, or pip install "
+            f"--no-deps miniwob=={MINIWOB_VERSION}, to serve MiniWoB++ tasks"
+        )
     # Success: one episode ended with a positive reward (failure shows "-1.00", an unfinished one "-").
     check = WebCheck(text_contains=("Episodes done: 1",), text_absent=("Last reward: -",))
     tasks = []
     for name, hint, seed, steps in _TASKS:
         query = f"?seed={seed}" if seed else ""
-        tasks.append(WebTask(
-            task_id=f"miniwob-{name}", goal=_GOAL.format(hint=hint),
-            start_url=f"{{site}}{MINIWOB_PREFIX}/miniwob/{name}.html{query}", check=check,
-            solution=({"action": "click", "selector": "#sync-task-cover"}, *steps), category="miniwob",
-            source="miniwob"))
+        tasks.append(
+            WebTask(
+                task_id=f"miniwob-{name}",
+                goal=_GOAL.format(hint=hint),
+                start_url=f"{{site}}{MINIWOB_PREFIX}/miniwob/{name}.html{query}",
+                check=check,
+                solution=({"action": "click", "selector": "#sync-task-cover"}, *steps),
+                category="miniwob",
+                source="miniwob",
+            )
+        )
     return tasks

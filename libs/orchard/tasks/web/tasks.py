@@ -68,8 +68,11 @@ class WebCheck:
         for key, value in self.url_query.items():
             if (key, value) not in query:
                 found = [v for k, v in query if k == key]
-                reasons.append(f"the URL query has {key}={found[0]!r}, not {value!r}" if found
-                               else f"the URL query lacks {key}={value!r}")
+                reasons.append(
+                    f"the URL query has {key}={found[0]!r}, not {value!r}"
+                    if found
+                    else f"the URL query lacks {key}={value!r}"
+                )
         if self.title_contains and self.title_contains not in title:
             reasons.append(f"the title {title!r} lacks {self.title_contains!r}")
         text = _squash(text)
@@ -138,9 +141,14 @@ def task_from_row(row: object) -> WebTask:
     if isinstance(row, dict) and "ques" in row:
         row = dict(row)
         web = row.pop("web", "")
-        converted = {"task_id": row.pop("id", ""), "goal": row.pop("ques"), "start_url": web,
-                     "category": row.pop("web_name", ""), "source": "webvoyager",
-                     "allow_hosts": [urlsplit(web).hostname] if isinstance(web, str) and urlsplit(web).hostname else []}
+        converted = {
+            "task_id": row.pop("id", ""),
+            "goal": row.pop("ques"),
+            "start_url": web,
+            "category": row.pop("web_name", ""),
+            "source": "webvoyager",
+            "allow_hosts": [urlsplit(web).hostname] if isinstance(web, str) and urlsplit(web).hostname else [],
+        }
         row = converted | row  # the rest (check, solution, allow_hosts ...) as in our format
     return _ROW.validate_python(row)
 
@@ -183,8 +191,10 @@ def load_tasks(path: str | os.PathLike[str] | None = None, ids: Sequence[str] | 
     else:
         file = BUNDLED_FILE if path is None else Path(path)
         if not file.is_file():
-            raise InvalidArgument(f"web task file {str(file)!r} does not exist (pass a .jsonl file, \"miniwob\", "
-                           "or None for the bundled set)")
+            raise InvalidArgument(
+                f'web task file {str(file)!r} does not exist (pass a .jsonl file, "miniwob", '
+                "or None for the bundled set)"
+            )
         tasks, where = _read(file), str(file)
     if not ids:
         return tasks

@@ -27,8 +27,19 @@ from orchard.services.env.agent_client import AgentClient, ExecEvent
 
 SOURCE = Path(agent_module.__file__).read_text()
 # Modules the agent avoids for its memory (each costs from ~0.3 to ~5 MB in every sandbox).
-HEAVY_MODULES = ("asyncio", "ssl", "concurrent.futures", "subprocess", "threading", "json", "re", "enum",
-                 "selectors", "signal", "collections")
+HEAVY_MODULES = (
+    "asyncio",
+    "ssl",
+    "concurrent.futures",
+    "subprocess",
+    "threading",
+    "json",
+    "re",
+    "enum",
+    "selectors",
+    "signal",
+    "collections",
+)
 PRIVATE_DIRTY_BOUND_KIB = 6 * 1024
 REPO = Path(__file__).resolve().parents[4]
 BUILD_AGENT = REPO / "scripts" / "build_agent.sh"
@@ -62,9 +73,11 @@ def agent_argv(kind: str) -> list[str]:
 def python_only(reason: str) -> Callable[[Any], Any]:
     """Run a test against the Python agent only (the native agent does not do this yet, or it is about
     Python itself)."""
+
     def mark(test: Any) -> Any:
         test.python_only = reason
         return test
+
     return mark
 
 
@@ -73,14 +86,23 @@ class Agent:
         self.proc = proc
         self.client = client
 
-    async def run(self, argv: list[str], *, stdin: bytes = b"", timeout: float = 30, max_output: int = 1 << 30,
-                  cwd: str = "/", env: dict[str, str] | None = None,
-                  on_id: Any = None) -> tuple[bytes, bytes, ExecEvent]:
+    async def run(
+        self,
+        argv: list[str],
+        *,
+        stdin: bytes = b"",
+        timeout: float = 30,
+        max_output: int = 1 << 30,
+        cwd: str = "/",
+        env: dict[str, str] | None = None,
+        on_id: Any = None,
+    ) -> tuple[bytes, bytes, ExecEvent]:
         """(stdout, stderr, exit event) of one command; checks that no event follows the exit."""
         out: list[bytes] = [b"", b""]
         last = None
-        async for event in self.client.exec(argv, cwd=cwd, env=env or {}, stdin=stdin, timeout=timeout,
-                                            max_output=max_output, on_id=on_id):
+        async for event in self.client.exec(
+            argv, cwd=cwd, env=env or {}, stdin=stdin, timeout=timeout, max_output=max_output, on_id=on_id
+        ):
             assert last is None, "an event after the exit"
             if event.kind == "out":
                 out[event.fd - 1] += event.data
@@ -100,7 +122,9 @@ async def agent(request: pytest.FixtureRequest) -> AsyncIterator[Agent]:
     if request.param != "python" and reason:
         pytest.skip(f"python agent only: {reason}")
     proc = await asyncio.create_subprocess_exec(
-        *agent_argv(request.param), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        *agent_argv(request.param),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
     )
     assert proc.stdout is not None and proc.stdin is not None
     client = AgentClient(proc.stdout, proc.stdin, label="test-agent")
@@ -161,13 +185,16 @@ async def test_exec_env_cwd_and_own_path(agent: Agent, tmp_path: Path) -> None:
     assert out == f"{Path.cwd()}\n".encode()
 
 
-@pytest.mark.parametrize(("argv", "cwd", "message"), [
-    (["no-such-program"], "/", "cannot start: No such file or directory: no-such-program"),
-    (["/no/such/path"], "/", "cannot start: No such file or directory: /no/such/path"),
-    (["true"], "/no-such-dir", "cannot start: No such file or directory: /no-such-dir"),
-    (["/dev/null"], "/", "cannot start: Permission denied: /dev/null"),
-    (["true", "a\0b"], "/", "cannot start: embedded null byte"),
-])
+@pytest.mark.parametrize(
+    ("argv", "cwd", "message"),
+    [
+        (["no-such-program"], "/", "cannot start: No such file or directory: no-such-program"),
+        (["/no/such/path"], "/", "cannot start: No such file or directory: /no/such/path"),
+        (["true"], "/no-such-dir", "cannot start: No such file or directory: /no-such-dir"),
+        (["/dev/null"], "/", "cannot start: Permission denied: /dev/null"),
+        (["true", "a\0b"], "/", "cannot start: embedded null byte"),
+    ],
+)
 async def test_exec_cannot_start(agent: Agent, argv: list[str], cwd: str, message: str) -> None:
     """A command that cannot start exits 127 with why; the agent carries on."""
     _, _, exit_ = await agent.run(argv, cwd=cwd)
@@ -177,8 +204,9 @@ async def test_exec_cannot_start(agent: Agent, argv: list[str], cwd: str, messag
 
 async def test_output_cap_counts_everything(agent: Agent) -> None:
     """Output beyond max_output is not sent but is counted in the totals."""
-    out, err, exit_ = await agent.run(["sh", "-c", "head -c 300000 /dev/zero; head -c 7 /dev/zero >&2"],
-                                      max_output=1000)
+    out, err, exit_ = await agent.run(
+        ["sh", "-c", "head -c 300000 /dev/zero; head -c 7 /dev/zero >&2"], max_output=1000
+    )
     assert (len(out), len(err), exit_.totals) == (1000, 7, (300_000, 7))
 
 
@@ -196,10 +224,12 @@ async def test_concurrent_execs_keep_their_output_apart(agent: Agent) -> None:
     def expected(tag: str) -> bytes:
         return "".join(f"{tag}-{n}\n" for n in range(1, lines + 1)).encode()
 
-    results = await asyncio.gather(*(
-        agent.run(["sh", "-c", f"seq -f 'o{i}-%g' 1 {lines} & seq -f 'e{i}-%g' 1 {lines} >&2; wait"])
-        for i in range(16)
-    ))
+    results = await asyncio.gather(
+        *(
+            agent.run(["sh", "-c", f"seq -f 'o{i}-%g' 1 {lines} & seq -f 'e{i}-%g' 1 {lines} >&2; wait"])
+            for i in range(16)
+        )
+    )
     for i, (out, err, exit_) in enumerate(results):
         assert out == expected(f"o{i}") and err == expected(f"e{i}")
         assert exit_.exit_code == 0 and exit_.totals == (len(out), len(err))
@@ -217,8 +247,14 @@ async def test_timeout_and_cancel_kill_the_tree(agent: Agent) -> None:
     await agent.client.cancel(ids[0], "cancelled")
     _, _, exit_ = await asyncio.wait_for(task, 20)
     assert exit_.reason == "cancelled"
-    leftovers = [pid for pid in os.listdir("/proc") if pid.isdigit() and state_of(int(pid)) not in (None, "Z")
-                 and f"-{ids[0]}\0".encode() in _environ(pid) and b"ORCHARD_EXEC=" in _environ(pid)]
+    leftovers = [
+        pid
+        for pid in os.listdir("/proc")
+        if pid.isdigit()
+        and state_of(int(pid)) not in (None, "Z")
+        and f"-{ids[0]}\0".encode() in _environ(pid)
+        and b"ORCHARD_EXEC=" in _environ(pid)
+    ]
     assert leftovers == []
 
 
@@ -266,8 +302,9 @@ async def test_reading_a_fifo_does_not_hang_the_agent(agent: Agent, tmp_path: Pa
 @python_only("the native agent has no pty yet (it answers pty ops with an error)")
 async def test_pty_is_the_controlling_terminal(agent: Agent) -> None:
     """A pty program has its terminal as controlling tty, gets typed input, and reports its exit."""
-    session = await agent.client.open_pty(["sh", "-c", "read x; echo got=$x > /dev/tty; exit 4"], cwd="/",
-                                          env={}, rows=24, cols=80)
+    session = await agent.client.open_pty(
+        ["sh", "-c", "read x; echo got=$x > /dev/tty; exit 4"], cwd="/", env={}, rows=24, cols=80
+    )
     await session.send_input(b"hello\n")
     output = b""
     async for event in session:
@@ -280,8 +317,9 @@ async def test_agent_exit_kills_running_commands(agent: Agent) -> None:
     pids: asyncio.Queue[int] = asyncio.Queue()
 
     async def run() -> None:
-        async for event in agent.client.exec(["sh", "-c", "echo $$; exec sleep 60"], cwd="/", env={}, stdin=b"",
-                                             timeout=60, max_output=1000):
+        async for event in agent.client.exec(
+            ["sh", "-c", "echo $$; exec sleep 60"], cwd="/", env={}, stdin=b"", timeout=60, max_output=1000
+        ):
             if event.kind == "out":
                 pids.put_nowait(int(event.data))
 
@@ -299,11 +337,14 @@ async def test_agent_exit_kills_running_commands(agent: Agent) -> None:
         await task
 
 
-@pytest.mark.parametrize("header", [
-    {"id": 1, "op": "exec", "argv": ["bash", "-c", "echo é"], "env": {"A": "\u2028\x00\n\"\\"}, "timeout": 1.5},
-    {"id": 2, "ev": "exit", "code": 0, "totals": [0, 12], "reason": None, "error": None, "x": [True, False, {}]},
-    {"id": 3, "ev": "ok", "info": {"mtime": 1712345678.123456, "size": 1 << 40, "name": "😀"}},
-])
+@pytest.mark.parametrize(
+    "header",
+    [
+        {"id": 1, "op": "exec", "argv": ["bash", "-c", "echo é"], "env": {"A": '\u2028\x00\n"\\'}, "timeout": 1.5},
+        {"id": 2, "ev": "exit", "code": 0, "totals": [0, 12], "reason": None, "error": None, "x": [True, False, {}]},
+        {"id": 3, "ev": "ok", "info": {"mtime": 1712345678.123456, "size": 1 << 40, "name": "😀"}},
+    ],
+)
 def test_header_codec_matches_json(header: dict[str, Any]) -> None:
     """The agent's JSON (json's C half, used directly) reads and writes exactly what the json package does."""
     compact = json.dumps(header, separators=(",", ":"))
@@ -324,14 +365,28 @@ async def test_output_waits_in_the_pipe_while_the_manager_is_behind(kind: str) -
     """A manager that does not read: the command's output stays in its pipe (the command waits), not in the
     agent's memory; once read, all of it arrives."""
     proc = await asyncio.create_subprocess_exec(
-        *agent_argv(kind), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, limit=1 << 26,
+        *agent_argv(kind),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        limit=1 << 26,
     )
     assert proc.stdout is not None and proc.stdin is not None
     try:
         assert (await agent_module.read_frame(proc.stdout))[0]["ev"] == "ready"  # type: ignore[index]
         size = 64 << 20
-        proc.stdin.write(agent_module.encode({"id": 1, "op": "exec", "argv": ["head", "-c", str(size), "/dev/zero"],
-                                              "cwd": "/", "env": {}, "timeout": 60, "max_output": size}))
+        proc.stdin.write(
+            agent_module.encode(
+                {
+                    "id": 1,
+                    "op": "exec",
+                    "argv": ["head", "-c", str(size), "/dev/zero"],
+                    "cwd": "/",
+                    "env": {},
+                    "timeout": 60,
+                    "max_output": size,
+                }
+            )
+        )
         await proc.stdin.drain()
         proc.stdout._transport.pause_reading()  # type: ignore[attr-defined]  # the manager falls behind
         await asyncio.sleep(1.0)
@@ -365,18 +420,30 @@ def test_native_agent_is_static() -> None:
     """The native agent needs no loader and no libraries from the image: one statically linked file."""
     binary = native_or_skip()
     assert binary.read_bytes()[:4] == b"\x7fELF"
-    described = subprocess.run(["file", "-b", str(binary)], capture_output=True, text=True, check=False).stdout \
-        if shutil.which("file") else ""
+    described = (
+        subprocess.run(["file", "-b", str(binary)], capture_output=True, text=True, check=False).stdout
+        if shutil.which("file")
+        else ""
+    )
     assert not described or "statically linked" in described or "static-pie linked" in described, described
-    ldd = subprocess.run(["ldd", str(binary)], capture_output=True, text=True, check=False) if shutil.which("ldd") else None
-    assert ldd is None or "not a dynamic executable" in ldd.stdout + ldd.stderr \
-        or "statically linked" in ldd.stdout + ldd.stderr, ldd.stdout + ldd.stderr
+    ldd = (
+        subprocess.run(["ldd", str(binary)], capture_output=True, text=True, check=False)
+        if shutil.which("ldd")
+        else None
+    )
+    assert (
+        ldd is None
+        or "not a dynamic executable" in ldd.stdout + ldd.stderr
+        or "statically linked" in ldd.stdout + ldd.stderr
+    ), ldd.stdout + ldd.stderr
 
 
 def busybox() -> str | None:
     for path in ("/bin/busybox", "/usr/bin/busybox"):
-        if os.access(path, os.X_OK) and "static" in subprocess.run(
-                ["file", "-b", path], capture_output=True, text=True, check=False).stdout:
+        if (
+            os.access(path, os.X_OK)
+            and "static" in subprocess.run(["file", "-b", path], capture_output=True, text=True, check=False).stdout
+        ):
             return path
     return None
 
@@ -391,14 +458,33 @@ async def test_native_agent_runs_in_an_empty_root() -> None:
     box = busybox()
     binds = ["--ro-bind", box, "/busybox"] if box else []
     probe = await asyncio.to_thread(
-        subprocess.run, ["bwrap", "--tmpfs", "/", "--ro-bind", str(binary), "/agent", "--unshare-all", "/agent"],
-        stdin=subprocess.DEVNULL, capture_output=True, check=False)
+        subprocess.run,
+        ["bwrap", "--tmpfs", "/", "--ro-bind", str(binary), "/agent", "--unshare-all", "/agent"],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        check=False,
+    )
     if probe.returncode != 0:
         pytest.skip(f"bwrap cannot make a sandbox here: {probe.stderr.decode(errors='replace').strip()}")
     proc = await asyncio.create_subprocess_exec(
-        "bwrap", "--tmpfs", "/", "--ro-bind", str(binary), "/agent", *binds, "--proc", "/proc", "--dev", "/dev",
-        "--unshare-all", "--die-with-parent", "--cap-drop", "ALL", "/agent",
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        "bwrap",
+        "--tmpfs",
+        "/",
+        "--ro-bind",
+        str(binary),
+        "/agent",
+        *binds,
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--unshare-all",
+        "--die-with-parent",
+        "--cap-drop",
+        "ALL",
+        "/agent",
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
     )
     assert proc.stdout is not None and proc.stdin is not None
     client = AgentClient(proc.stdout, proc.stdin, label="native-in-empty-root")
@@ -432,8 +518,9 @@ async def test_native_agent_runs_in_an_empty_root() -> None:
 
 async def start_listening(path: Path) -> asyncio.subprocess.Process:
     """The native agent with --listen path, once its socket (mode 0600) is there."""
-    proc = await asyncio.create_subprocess_exec(str(native_or_skip()), "--listen", str(path),
-                                                stdin=asyncio.subprocess.DEVNULL)
+    proc = await asyncio.create_subprocess_exec(
+        str(native_or_skip()), "--listen", str(path), stdin=asyncio.subprocess.DEVNULL
+    )
     deadline = time.monotonic() + 10
     while not (path.is_socket() and path.stat().st_mode & 0o777 == 0o600):
         assert proc.returncode is None and time.monotonic() < deadline, "the agent did not listen"
@@ -483,8 +570,14 @@ async def test_native_agent_serves_a_unix_socket_one_connection_after_another(tm
         started: asyncio.Queue[bytes] = asyncio.Queue()
 
         async def run() -> None:
-            async for event in client.exec(["sh", "-c", f"echo started; sleep 0.5; touch {done}; echo lost"],
-                                           cwd="/", env={}, stdin=b"", timeout=60, max_output=1000):
+            async for event in client.exec(
+                ["sh", "-c", f"echo started; sleep 0.5; touch {done}; echo lost"],
+                cwd="/",
+                env={},
+                stdin=b"",
+                timeout=60,
+                max_output=1000,
+            ):
                 if event.kind == "out":
                     started.put_nowait(event.data)
 
@@ -542,8 +635,9 @@ async def test_native_agent_on_a_socket_ends_on_sigterm(tmp_path: Path) -> None:
         pids: asyncio.Queue[int] = asyncio.Queue()
 
         async def run() -> None:
-            async for event in client.exec(["sh", "-c", "echo $$; exec sleep 60"], cwd="/", env={}, stdin=b"",
-                                           timeout=60, max_output=1000):
+            async for event in client.exec(
+                ["sh", "-c", "echo $$; exec sleep 60"], cwd="/", env={}, stdin=b"", timeout=60, max_output=1000
+            ):
                 if event.kind == "out":
                     pids.put_nowait(int(event.data))
 

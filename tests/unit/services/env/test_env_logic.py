@@ -14,8 +14,14 @@ from orchard.services.env.models import ExecState, Sandbox
 
 @pytest.mark.parametrize(
     ("path", "expected"),
-    [("", "/workspace"), ("a/b.txt", "/workspace/a/b.txt"), ("/etc/x", "/etc/x"), ("../x", "/x"),
-     ("a/../../..", "/"), ("./a//b/", "/workspace/a/b")],
+    [
+        ("", "/workspace"),
+        ("a/b.txt", "/workspace/a/b.txt"),
+        ("/etc/x", "/etc/x"),
+        ("../x", "/x"),
+        ("a/../../..", "/"),
+        ("./a//b/", "/workspace/a/b"),
+    ],
 )
 def test_resolve_path(path: str, expected: str) -> None:
     """Relative paths start at the workdir and every path comes out absolute and normalized."""
@@ -30,9 +36,19 @@ def test_resolve_path_rejects_nul() -> None:
 
 
 def _sandbox(ttl: float, heartbeat: float) -> Sandbox:
-    return Sandbox(sandbox_id="sb-1", image="host", workdir="/workspace", env={}, labels={},
-                   resources=Resources(), egress=(), ttl_s=ttl, heartbeat_timeout_s=heartbeat,
-                   create_time=1000.0, last_heartbeat_time=1000.0)
+    return Sandbox(
+        sandbox_id="sb-1",
+        image="host",
+        workdir="/workspace",
+        env={},
+        labels={},
+        resources=Resources(),
+        egress=(),
+        ttl_s=ttl,
+        heartbeat_timeout_s=heartbeat,
+        create_time=1000.0,
+        last_heartbeat_time=1000.0,
+    )
 
 
 def test_expiry_by_ttl() -> None:

@@ -4,6 +4,7 @@ stream in arrival order, stay exact across the boundary; closing deletes the fil
 from pathlib import Path
 
 import pytest
+
 from orchard.services.env.exec_output import ExecOutput, StreamPosition
 
 
@@ -36,7 +37,7 @@ async def test_reads_are_exact_across_the_head(tmp_path: Path, head: int) -> Non
     assert await out.read(1) == stdout and await out.read(2) == b"E1E2E2"
     assert out.kept == [len(stdout), 6]
     for offset, limit in [(0, 1), (2, 4), (9, 3), (50, 1000), (110, 5), (111, 5)]:
-        assert await out.read(1, offset, limit) == stdout[offset:offset + limit]
+        assert await out.read(1, offset, limit) == stdout[offset : offset + limit]
     chunks, at = await drain(out, StreamPosition())
     assert merged(chunks) == [(1, b"abc"), (2, b"E1"), (1, b"defghij"), (2, b"E2E2"), (1, b"k" * 100)]
     assert (tmp_path / "ex-1").exists() == (head < 116)
@@ -50,7 +51,7 @@ async def test_large_spooled_output_streams_in_bounded_chunks(tmp_path: Path) ->
     out = ExecOutput(tmp_path / "ex-2", 1024)
     data = bytes(range(256)) * (12 << 12)  # 12 MiB
     for i in range(0, len(data), 1 << 16):
-        out.append(1, data[i:i + (1 << 16)])
+        out.append(1, data[i : i + (1 << 16)])
     chunks, _ = await drain(out, StreamPosition())
     assert max(len(c) for _, c in chunks) <= 1 << 20
     assert b"".join(c for _, c in chunks) == data

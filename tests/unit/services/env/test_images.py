@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 
 from orchard.errors import FailedPrecondition, InvalidArgument, Unavailable
-from orchard.services.env import images
 from orchard.services.env.images import (
     DEFAULT_MIRROR,
     RECIPES,
     BuildProgress,
+    BuildProgressView,
     ImageStore,
     ProgressParser,
     Recipe,
@@ -30,7 +30,6 @@ from orchard.services.env.images import (
     pip_download_args,
     pip_install_args,
     recipe_key,
-    BuildProgressView,
 )
 
 SAMPLE = Path(__file__).with_name("debootstrap_sample.log")
@@ -66,8 +65,9 @@ def write_built(root: Path, name: str, recipe: dict[str, object]) -> None:
     """A built-looking image folder whose image.json records `recipe`."""
     folder = root / image_dirname(name)
     (folder / "rootfs").mkdir(parents=True)
-    (folder / "image.json").write_text(json.dumps(
-        {"recipe": recipe, "size_bytes": 1, "build_time": "2025-01-01T00:00:00+00:00"}))
+    (folder / "image.json").write_text(
+        json.dumps({"recipe": recipe, "size_bytes": 1, "build_time": "2025-01-01T00:00:00+00:00"})
+    )
 
 
 def test_image_built_before_recipes_had_pip_stays_valid(tmp_path: Path) -> None:
@@ -88,8 +88,12 @@ def test_changed_recipe_invalidates_the_build(tmp_path: Path, change: dict[str, 
 
 def test_recipe_key_keeps_pip_only_when_set() -> None:
     recipe = Recipe(suite="bookworm", variant="minbase", packages=("python3",), description="d")
-    assert recipe_key(recipe) == {"suite": "bookworm", "variant": "minbase", "packages": ["python3"],
-                                  "description": "d"}
+    assert recipe_key(recipe) == {
+        "suite": "bookworm",
+        "variant": "minbase",
+        "packages": ["python3"],
+        "description": "d",
+    }
     assert recipe_key(dataclasses.replace(recipe, pip=("a==1", "b")))["pip"] == ["a==1", "b"]
 
 
@@ -145,11 +149,18 @@ def test_progress_from_real_debootstrap_output() -> None:
 
 def test_build_progress_in_a_log_prints_one_line_per_stage(capsys: pytest.CaptureFixture[str]) -> None:
     view = BuildProgressView()
-    for step in [BuildProgress("download", 1, None, "Retrieving a 1"), BuildProgress("download", 2, None, "b"),
-                 BuildProgress("unpack", 1, 2, "Unpacking a..."), BuildProgress("done", 1, 1, "built")]:
+    for step in [
+        BuildProgress("download", 1, None, "Retrieving a 1"),
+        BuildProgress("download", 2, None, "b"),
+        BuildProgress("unpack", 1, 2, "Unpacking a..."),
+        BuildProgress("done", 1, 1, "built"),
+    ]:
         view(step)
     assert capsys.readouterr().err.splitlines() == [
-        "[download] 1 Retrieving a 1", "[unpack] 1/2 Unpacking a...", "[done] 1/1 built"]
+        "[download] 1 Retrieving a 1",
+        "[unpack] 1/2 Unpacking a...",
+        "[done] 1/1 built",
+    ]
 
 
 DEB822 = """\
@@ -171,11 +182,20 @@ Components: main
     ("files", "expected"),
     [
         ({"sources.list.d/debian.sources": DEB822}, "http://mirror.example/debian"),
-        ({"sources.list.d/a.sources": "Enabled: no\nTypes: deb\nURIs: http://off/debian\nSuites: bookworm\n",
-          "sources.list.d/debian.sources": DEB822}, "http://mirror.example/debian"),
-        ({"sources.list": "# comment\ndeb-src http://src/debian bookworm main\n"
-                          "deb [arch=amd64 signed-by=/k.gpg] http://list.example/debian bookworm main\n"},
-         "http://list.example/debian"),
+        (
+            {
+                "sources.list.d/a.sources": "Enabled: no\nTypes: deb\nURIs: http://off/debian\nSuites: bookworm\n",
+                "sources.list.d/debian.sources": DEB822,
+            },
+            "http://mirror.example/debian",
+        ),
+        (
+            {
+                "sources.list": "# comment\ndeb-src http://src/debian bookworm main\n"
+                "deb [arch=amd64 signed-by=/k.gpg] http://list.example/debian bookworm main\n"
+            },
+            "http://list.example/debian",
+        ),
         ({"sources.list.d/other.sources": "Types: deb\nURIs: http://x/ubuntu\nSuites: jammy\n"}, DEFAULT_MIRROR),
         ({}, DEFAULT_MIRROR),
     ],
@@ -189,7 +209,8 @@ def test_detect_mirror(tmp_path: Path, files: dict[str, str], expected: str) -> 
 
 needs_debootstrap = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("debootstrap") is None,
-    reason="needs root and debootstrap (apt-get install debootstrap)")
+    reason="needs root and debootstrap (apt-get install debootstrap)",
+)
 
 
 @pytest.fixture
@@ -249,7 +270,7 @@ async def test_concurrent_builds_of_one_image_are_serialized(tmp_path: Path, dea
     first_failed = next(i for i, (tag, p) in enumerate(events) if tag == first and p.stage == "failed")
     assert {p.stage for tag, p in events[:first_failed] if tag != first} == {"prepare"}
     assert any("waiting for another build" in p.message for tag, p in events if tag != first)
-    assert all(tag != first for tag, _ in events[first_failed + 1:])
+    assert all(tag != first for tag, _ in events[first_failed + 1 :])
 
 
 async def test_build_host_is_refused(tmp_path: Path) -> None:
@@ -271,12 +292,15 @@ def test_a_recipe_file_makes_a_name_buildable(tmp_path: Path) -> None:
     with pytest.raises(FailedPrecondition, match="not built"):
         store.resolve("mine:1")
     with pytest.raises(AlreadyExists):
-        store.add_recipe("mine:1", Recipe(suite="bookworm", variant="minbase", packages=("python3", "git"),
-                                          description="other"))
-    for name, bad, field in (("x", Recipe("sid", "minbase", ("python3", "git"), ""), "suite"),
-                             ("x", Recipe("bookworm", "minbase", ("python3", "git", "rm -rf /"), ""), "packages"),
-                             ("x", Recipe("bookworm", "minbase", ("less",), ""), "packages"),
-                             ("Bad Name", Recipe("bookworm", "minbase", ("python3", "git"), ""), "name")):
+        store.add_recipe(
+            "mine:1", Recipe(suite="bookworm", variant="minbase", packages=("python3", "git"), description="other")
+        )
+    for name, bad, field in (
+        ("x", Recipe("sid", "minbase", ("python3", "git"), ""), "suite"),
+        ("x", Recipe("bookworm", "minbase", ("python3", "git", "rm -rf /"), ""), "packages"),
+        ("x", Recipe("bookworm", "minbase", ("less",), ""), "packages"),
+        ("Bad Name", Recipe("bookworm", "minbase", ("python3", "git"), ""), "name"),
+    ):
         with pytest.raises(InvalidArgument) as info:
             store.add_recipe(name, bad)
         assert info.value.field == field

@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 import json
-
 import time
 from typing import Any
 
 import pytest
+
 from orchard.errors import FailedPrecondition
 from orchard.services.env.backends import k8s_manifests as m
 from orchard.services.env.backends.base import EgressRule, Resources
@@ -21,8 +21,13 @@ pytestmark = [pytest.mark.timeout(60)]
 
 K8S_VERSION = "1.37.0"
 CFG = m.PodConfig(namespace="orchard-sandboxes", service_id="env-0", agent_image="orchard-agent:1", agent_port=7070)
-GVISOR = m.PodConfig(namespace="sb", service_id="env-1", agent_image="reg.example/agent@sha256:" + "a" * 64,
-                     agent_port=9000, runtime_class="gvisor")
+GVISOR = m.PodConfig(
+    namespace="sb",
+    service_id="env-1",
+    agent_image="reg.example/agent@sha256:" + "a" * 64,
+    agent_port=9000,
+    runtime_class="gvisor",
+)
 NOW = 1_900_000_000.0
 
 
@@ -30,12 +35,29 @@ def validate(doc: dict[str, Any]) -> None:
     kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
 
 
-def pod(cfg: m.PodConfig = CFG, *, sandbox_id: str | None = "sb-1", resources: Resources | None = None,
-        env: dict[str, str] | None = None, workdir: str = "/workspace", image: str = "python:3.11-slim") -> dict:
-    return m.sandbox_pod(cfg, name="orchard-0123456789", image=image, container_image=f"reg/{image}",
-                         token="k" * 32, workdir=workdir, env=env or {}, resources=resources or Resources(),
-                         expire_s=NOW + 600,
-                         ttl_s=600, tenant="team-a", sandbox_id=sandbox_id)
+def pod(
+    cfg: m.PodConfig = CFG,
+    *,
+    sandbox_id: str | None = "sb-1",
+    resources: Resources | None = None,
+    env: dict[str, str] | None = None,
+    workdir: str = "/workspace",
+    image: str = "python:3.11-slim",
+) -> dict:
+    return m.sandbox_pod(
+        cfg,
+        name="orchard-0123456789",
+        image=image,
+        container_image=f"reg/{image}",
+        token="k" * 32,
+        workdir=workdir,
+        env=env or {},
+        resources=resources or Resources(),
+        expire_s=NOW + 600,
+        ttl_s=600,
+        tenant="team-a",
+        sandbox_id=sandbox_id,
+    )
 
 
 SPECS = {
@@ -87,15 +109,22 @@ def test_resources_are_quantities() -> None:
 
 def test_labels_say_owner_and_role() -> None:
     labels = pod()["metadata"]["labels"]
-    assert labels == {m.MANAGED_BY: "orchard-env", m.LABEL_SERVICE: "env-0", m.LABEL_ROLE: "sandbox",
-                      m.LABEL_SANDBOX: "sb-1"}
+    assert labels == {
+        m.MANAGED_BY: "orchard-env",
+        m.LABEL_SERVICE: "env-0",
+        m.LABEL_ROLE: "sandbox",
+        m.LABEL_SANDBOX: "sb-1",
+    }
     warm = pod(sandbox_id=None)["metadata"]["labels"]
     assert m.LABEL_SANDBOX not in warm and warm[m.LABEL_POOL] == m.pool_label("python:3.11-slim")
     assert warm[m.LABEL_ROLE] == "sandbox"  # so the deny-all policy holds a warm pod too
     assert "ORCHARD_SANDBOX_ID" not in {e["name"] for e in pod(sandbox_id=None)["spec"]["containers"][0]["env"]}
     annotations = pod()["metadata"]["annotations"]
-    assert annotations == {m.ANN_EXPIRE: "2030-03-17T17:56:40Z", m.ANN_TENANT: "team-a",
-                           m.ANN_IMAGE: "python:3.11-slim"}
+    assert annotations == {
+        m.ANN_EXPIRE: "2030-03-17T17:56:40Z",
+        m.ANN_TENANT: "team-a",
+        m.ANN_IMAGE: "python:3.11-slim",
+    }
     assert pod()["spec"]["activeDeadlineSeconds"] == 600 + m.DEADLINE_SLACK_S
 
 
@@ -159,8 +188,9 @@ def test_egress_policies_are_valid(rules: tuple[EgressRule, ...]) -> None:
     assert doc["spec"]["podSelector"] == {"matchLabels": {m.LABEL_SANDBOX: "sb-1"}}
     assert doc["spec"]["policyTypes"] == ["Egress"] and len(doc["spec"]["egress"]) == len(rules)
     for rule, entry in zip(rules, doc["spec"]["egress"], strict=True):
-        assert entry.get("ports", []) == ([{"protocol": p, "port": rule.port} for p in ("TCP", "UDP")]
-                                          if rule.port else [])
+        assert entry.get("ports", []) == (
+            [{"protocol": p, "port": rule.port} for p in ("TCP", "UDP")] if rule.port else []
+        )
     assert roundtrip(doc, "V1NetworkPolicy") == doc
 
 
@@ -178,8 +208,11 @@ def test_host_rules_are_refused_clearly() -> None:
 def test_deny_all_policy_selects_every_sandbox_pod() -> None:
     doc = m.deny_egress_policy(CFG)
     validate(doc)
-    assert doc["spec"] == {"podSelector": {"matchLabels": {m.LABEL_ROLE: "sandbox"}}, "policyTypes": ["Egress"],
-                           "egress": []}
+    assert doc["spec"] == {
+        "podSelector": {"matchLabels": {m.LABEL_ROLE: "sandbox"}},
+        "policyTypes": ["Egress"],
+        "egress": [],
+    }
     assert roundtrip(doc, "V1NetworkPolicy") == doc
 
 
@@ -193,16 +226,30 @@ def test_invalid_manifest_is_caught_by_the_validator() -> None:
 
 POD_STATUSES = {
     "pending": ({"phase": "Pending"}, {"running": False, "ended": "", "ip": ""}),
-    "running": ({"phase": "Running", "podIP": "10.1.2.3", "containerStatuses": [
-        {"name": "sandbox", "state": {"running": {}}}]}, {"running": True, "ended": "", "ip": "10.1.2.3"}),
-    "pull error": ({"phase": "Pending", "containerStatuses": [{"name": "sandbox", "state": {"waiting": {
-        "reason": "ImagePullBackOff", "message": "no such image"}}}]},
-        {"running": False, "ended": "its container cannot start: ImagePullBackOff: no such image"}),
-    "oom": ({"phase": "Failed", "podIP": "10.1.2.3", "containerStatuses": [{"name": "sandbox", "state": {
-        "terminated": {"reason": "OOMKilled", "exitCode": 137}}}]},
-        {"running": False, "ended": "its container ended: OOMKilled", "oom_killed": True}),
-    "deadline": ({"phase": "Failed", "reason": "DeadlineExceeded"},
-                 {"ended": "pod failed: DeadlineExceeded"}),
+    "running": (
+        {"phase": "Running", "podIP": "10.1.2.3", "containerStatuses": [{"name": "sandbox", "state": {"running": {}}}]},
+        {"running": True, "ended": "", "ip": "10.1.2.3"},
+    ),
+    "pull error": (
+        {
+            "phase": "Pending",
+            "containerStatuses": [
+                {"name": "sandbox", "state": {"waiting": {"reason": "ImagePullBackOff", "message": "no such image"}}}
+            ],
+        },
+        {"running": False, "ended": "its container cannot start: ImagePullBackOff: no such image"},
+    ),
+    "oom": (
+        {
+            "phase": "Failed",
+            "podIP": "10.1.2.3",
+            "containerStatuses": [
+                {"name": "sandbox", "state": {"terminated": {"reason": "OOMKilled", "exitCode": 137}}}
+            ],
+        },
+        {"running": False, "ended": "its container ended: OOMKilled", "oom_killed": True},
+    ),
+    "deadline": ({"phase": "Failed", "reason": "DeadlineExceeded"}, {"ended": "pod failed: DeadlineExceeded"}),
 }
 
 
@@ -224,15 +271,46 @@ def test_pods_keep_the_runtime_defaults(kw: dict[str, Any]) -> None:
         ctx = container["securityContext"]
         assert ctx.get("privileged") is not True and ctx["allowPrivilegeEscalation"] is False
         assert "procMount" not in ctx and ctx["capabilities"]["drop"] == ["ALL"]
-        assert not set(ctx["capabilities"].get("add", [])) & {"SYS_ADMIN", "NET_ADMIN", "SYS_PTRACE", "SYS_MODULE",
-                                                              "NET_RAW", "SYS_RAWIO", "MKNOD"}
+        assert not set(ctx["capabilities"].get("add", [])) & {
+            "SYS_ADMIN",
+            "NET_ADMIN",
+            "SYS_PTRACE",
+            "SYS_MODULE",
+            "NET_RAW",
+            "SYS_RAWIO",
+            "MKNOD",
+        }
 
 
 def test_a_gvisor_sandbox_names_gvisors_runtime_class() -> None:
-    plain = m.sandbox_pod(CFG, name="orchard-x", image="i", container_image="i", token="k" * 32, workdir="/w",
-                          env={}, resources=Resources(), expire_s=NOW, ttl_s=60, tenant="t", sandbox_id="sb-2")
-    gvisor = m.sandbox_pod(CFG, name="orchard-x", image="i", container_image="i", token="k" * 32, workdir="/w",
-                           env={}, resources=Resources(), expire_s=NOW, ttl_s=60, tenant="t", sandbox_id="sb-2",
-                           runtime_class="gvisor")
+    plain = m.sandbox_pod(
+        CFG,
+        name="orchard-x",
+        image="i",
+        container_image="i",
+        token="k" * 32,
+        workdir="/w",
+        env={},
+        resources=Resources(),
+        expire_s=NOW,
+        ttl_s=60,
+        tenant="t",
+        sandbox_id="sb-2",
+    )
+    gvisor = m.sandbox_pod(
+        CFG,
+        name="orchard-x",
+        image="i",
+        container_image="i",
+        token="k" * 32,
+        workdir="/w",
+        env={},
+        resources=Resources(),
+        expire_s=NOW,
+        ttl_s=60,
+        tenant="t",
+        sandbox_id="sb-2",
+        runtime_class="gvisor",
+    )
     assert "runtimeClassName" not in plain["spec"] and gvisor["spec"]["runtimeClassName"] == "gvisor"
     validate(gvisor)

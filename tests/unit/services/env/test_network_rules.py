@@ -14,16 +14,28 @@ pytestmark = pytest.mark.timeout(10)
 
 def test_valid_rules_pass() -> None:
     """CIDRs (v4 and v6, host bits allowed), single addresses and host names with ports 0..65535 are valid."""
-    check_egress((EgressRule(cidr="169.254.0.0/16"), EgressRule(cidr="169.254.1.7/24", port=443),
-                  EgressRule(cidr="::/0"), EgressRule(host="pypi.org", port=65535), EgressRule(host="localhost.")))
+    check_egress(
+        (
+            EgressRule(cidr="169.254.0.0/16"),
+            EgressRule(cidr="169.254.1.7/24", port=443),
+            EgressRule(cidr="::/0"),
+            EgressRule(host="pypi.org", port=65535),
+            EgressRule(host="localhost."),
+        )
+    )
 
 
 @pytest.mark.parametrize(
     ("rule", "fragment"),
-    [(EgressRule(), "exactly one"), (EgressRule(cidr="169.254.0.0/16", host="x.org"), "exactly one"),
-     (EgressRule(cidr="169.254.0.0/33"), "cidr"), (EgressRule(host="under_score.org"), "host"),
-     (EgressRule(host="a" * 64 + ".org"), "host"), (EgressRule(cidr="169.254.0.1", port=70000), "port"),
-     (EgressRule(host="x.org", port=-1), "port")],
+    [
+        (EgressRule(), "exactly one"),
+        (EgressRule(cidr="169.254.0.0/16", host="x.org"), "exactly one"),
+        (EgressRule(cidr="169.254.0.0/33"), "cidr"),
+        (EgressRule(host="under_score.org"), "host"),
+        (EgressRule(host="a" * 64 + ".org"), "host"),
+        (EgressRule(cidr="169.254.0.1", port=70000), "port"),
+        (EgressRule(host="x.org", port=-1), "port"),
+    ],
 )
 def test_invalid_rules(rule: EgressRule, fragment: str) -> None:
     """Each malformed rule is an invalid argument naming the rule and what is wrong with it."""
@@ -54,9 +66,13 @@ def test_inner_ruleset_replaces_the_table_in_one_transaction() -> None:
     rules = inner_ruleset([Allowed("ip", "169.254.0.2/32", 8080), Allowed("ip", "{ 127.0.0.1 }", 0)])
     assert rules.splitlines()[:3] == ["table inet orchard", "flush table inet orchard", "table inet orchard {"]
     assert [line.strip() for line in rules.splitlines()[4:10]] == [
-        "type filter hook output priority filter; policy drop;", 'oif "lo" accept', "ct direction reply accept",
-        "ip daddr 169.254.0.2/32 meta l4proto { tcp, udp } th dport 8080 accept", "ip daddr { 127.0.0.1 } accept",
-        "reject with icmpx type admin-prohibited"]
+        "type filter hook output priority filter; policy drop;",
+        'oif "lo" accept',
+        "ct direction reply accept",
+        "ip daddr 169.254.0.2/32 meta l4proto { tcp, udp } th dport 8080 accept",
+        "ip daddr { 127.0.0.1 } accept",
+        "reject with icmpx type admin-prohibited",
+    ]
 
 
 def test_host_ruleset_only_matches_the_sandbox_veth() -> None:

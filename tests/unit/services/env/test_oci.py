@@ -9,6 +9,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+
 from orchard.errors import InvalidArgument
 from orchard.services.env.oci import unpack
 
@@ -34,10 +35,12 @@ def layer(*members: tuple[str, str, str]) -> bytes:
 
 def docker_archive(path: Path, layers: list[bytes]) -> Path:
     with tarfile.open(path, "w") as tar:
+
         def add(name: str, data: bytes) -> None:
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
+
         names = []
         for i, data in enumerate(layers):
             names.append(f"l{i}/layer.tar")
@@ -48,12 +51,25 @@ def docker_archive(path: Path, layers: list[bytes]) -> Path:
 
 
 def test_layers_apply_in_order_with_whiteouts(tmp_path: Path) -> None:
-    archive = docker_archive(tmp_path / "a.tar", [
-        layer(("dir", "etc", ""), ("file", "etc/a", "1"), ("file", "etc/b", "2"), ("dir", "data", ""),
-              ("file", "data/x", "x"), ("symlink", "bin", "usr/bin")),
-        layer(("file", "etc/.wh.a", ""), ("file", "etc/b", "two"), ("file", "data/.wh..wh..opq", ""),
-              ("file", "data/y", "y")),
-    ])
+    archive = docker_archive(
+        tmp_path / "a.tar",
+        [
+            layer(
+                ("dir", "etc", ""),
+                ("file", "etc/a", "1"),
+                ("file", "etc/b", "2"),
+                ("dir", "data", ""),
+                ("file", "data/x", "x"),
+                ("symlink", "bin", "usr/bin"),
+            ),
+            layer(
+                ("file", "etc/.wh.a", ""),
+                ("file", "etc/b", "two"),
+                ("file", "data/.wh..wh..opq", ""),
+                ("file", "data/y", "y"),
+            ),
+        ],
+    )
     root = tmp_path / "root"
     root.mkdir()
     config = unpack(archive, root)
@@ -62,10 +78,13 @@ def test_layers_apply_in_order_with_whiteouts(tmp_path: Path) -> None:
     assert (root / "bin").is_symlink() and config["WorkingDir"] == "/testbed"
 
 
-@pytest.mark.parametrize("members", [
-    [("file", "/etc/evil", "x")],
-    [("file", "../evil", "x")],
-])
+@pytest.mark.parametrize(
+    "members",
+    [
+        [("file", "/etc/evil", "x")],
+        [("file", "../evil", "x")],
+    ],
+)
 def test_names_outside_the_root_are_refused(tmp_path: Path, members: list[tuple[str, str, str]]) -> None:
     root = tmp_path / "root"
     root.mkdir()
@@ -78,10 +97,13 @@ def test_a_planted_symlink_cannot_carry_a_later_file_out(tmp_path: Path) -> None
     files land inside the root, where those links point from the image's point of view."""
     outside = tmp_path / "outside"
     outside.mkdir()
-    archive = docker_archive(tmp_path / "a.tar", [
-        layer(("symlink", "etc", str(outside)), ("dir", "deep", ""), ("symlink", "deep/up", "../../..")),
-        layer(("file", "etc/evil", "x"), ("file", "deep/up/evil2", "y")),
-    ])
+    archive = docker_archive(
+        tmp_path / "a.tar",
+        [
+            layer(("symlink", "etc", str(outside)), ("dir", "deep", ""), ("symlink", "deep/up", "../../..")),
+            layer(("file", "etc/evil", "x"), ("file", "deep/up/evil2", "y")),
+        ],
+    )
     root = tmp_path / "root"
     root.mkdir()
     unpack(archive, root)

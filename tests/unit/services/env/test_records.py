@@ -12,16 +12,43 @@ from orchard.services.env.models import Sandbox
 
 
 def test_a_record_round_trips(tmp_path: Path) -> None:
-    sandbox = Sandbox(sandbox_id="sb-1", image="python:3.11-slim", workdir="/work", env={"A": "1"},
-                      labels={"task": "t"}, resources=Resources(500, 1 << 30, 64, 0),
-                      egress=(EgressRule(cidr="10.0.0.0/8", port=443),), ttl_s=600.0, heartbeat_timeout_s=30.0,
-                      create_time=1000.5, request_id="r1", tenant="alice", from_snapshot="s", layers=("s", "t"))
+    sandbox = Sandbox(
+        sandbox_id="sb-1",
+        image="python:3.11-slim",
+        workdir="/work",
+        env={"A": "1"},
+        labels={"task": "t"},
+        resources=Resources(500, 1 << 30, 64, 0),
+        egress=(EgressRule(cidr="10.0.0.0/8", port=443),),
+        ttl_s=600.0,
+        heartbeat_timeout_s=30.0,
+        create_time=1000.5,
+        request_id="r1",
+        tenant="alice",
+        from_snapshot="s",
+        layers=("s", "t"),
+    )
     records.save(tmp_path, sandbox)
     assert sandbox.key != "sb-1"  # another tenant than the default: its key is made unique across tenants
     assert (tmp_path / f"{sandbox.key}.json").stat().st_mode & 0o777 == 0o600
     [back] = records.load_all(tmp_path)
-    fields = ("sandbox_id", "image", "workdir", "env", "labels", "resources", "egress", "ttl_s",
-              "heartbeat_timeout_s", "create_time", "request_id", "tenant", "from_snapshot", "layers", "key")
+    fields = (
+        "sandbox_id",
+        "image",
+        "workdir",
+        "env",
+        "labels",
+        "resources",
+        "egress",
+        "ttl_s",
+        "heartbeat_timeout_s",
+        "create_time",
+        "request_id",
+        "tenant",
+        "from_snapshot",
+        "layers",
+        "key",
+    )
     assert {f: getattr(back, f) for f in fields} == {f: getattr(sandbox, f) for f in fields}
     records.remove(tmp_path, sandbox.key)
     assert records.load_all(tmp_path) == []

@@ -13,8 +13,11 @@ from pathlib import Path
 
 import pytest
 
-PG_BIN = next((p for p in sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True)
-               if (p / "initdb").exists()), None) if Path("/usr/lib/postgresql").exists() else None
+PG_BIN = (
+    next((p for p in sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True) if (p / "initdb").exists()), None)
+    if Path("/usr/lib/postgresql").exists()
+    else None
+)
 
 
 def _as_postgres_user(args: list[str]) -> list[str]:
@@ -32,14 +35,25 @@ def postgres_url() -> Iterator[str]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     data = root / "data"
-    subprocess.run(_as_postgres_user([str(PG_BIN / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust",
-                                      "--no-sync"]), check=True, capture_output=True)
+    subprocess.run(
+        _as_postgres_user([str(PG_BIN / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust", "--no-sync"]),
+        check=True,
+        capture_output=True,
+    )
     options = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off"
-    subprocess.run(_as_postgres_user([str(PG_BIN / "pg_ctl"), "-D", str(data), "-o", options, "-l",
-                                      str(root / "log"), "-w", "start"]), check=True, capture_output=True)
+    subprocess.run(
+        _as_postgres_user(
+            [str(PG_BIN / "pg_ctl"), "-D", str(data), "-o", options, "-l", str(root / "log"), "-w", "start"]
+        ),
+        check=True,
+        capture_output=True,
+    )
     try:
         yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
     finally:
-        subprocess.run(_as_postgres_user([str(PG_BIN / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"]),
-                       capture_output=True, check=False)
+        subprocess.run(
+            _as_postgres_user([str(PG_BIN / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"]),
+            capture_output=True,
+            check=False,
+        )
         shutil.rmtree(root, ignore_errors=True)

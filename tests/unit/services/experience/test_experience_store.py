@@ -14,6 +14,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "integration"))
 from experience_helpers import outcome, rollout, stamp
+
 from orchard import events
 from orchard.experience.v1 import experience_pb2 as pb
 from orchard.services.experience import stats
@@ -45,7 +46,7 @@ async def test_writes_are_idempotent_in_any_order(store: SqlStore) -> None:
     all_events = [e for i in range(6) for e in rollout("r1", f"t{i}", f"task{i % 3}", steps=3)]
     shuffled = random.Random(7).sample(all_events, len(all_events))
     for start in range(0, len(shuffled), 5):
-        await store.write_events(shuffled[start:start + 7])  # overlapping batches: every event at least once
+        await store.write_events(shuffled[start : start + 7])  # overlapping batches: every event at least once
     await store.write_events(all_events)
     assert await store.count_events() == len(all_events)
     t = await store.get_trajectory("t2", full=True)
@@ -83,25 +84,31 @@ async def test_unfinished_trajectories_assemble_from_started_and_steps(store: Sq
     assert by_id["t2"].run_id == "r2" and by_id["t2"].step_count == 1
 
 
-@pytest.mark.parametrize(("f", "expected"), [
-    (pb.TrajectoryFilter(run_ids=["r2"]), ["t3"]),
-    (pb.TrajectoryFilter(task_ids=["a"]), ["t0", "t2"]),
-    (pb.TrajectoryFilter(exclude_task_ids=["a"]), ["t1", "t3"]),
-    (pb.TrajectoryFilter(weights_version="v2"), ["t2", "t3"]),
-    (pb.TrajectoryFilter(outcome_status=tpb.OUTCOME_STATUS_RESOLVED), ["t0", "t2"]),
-    (pb.TrajectoryFilter(min_reward=0.5), ["t0", "t2"]),
-    (pb.TrajectoryFilter(max_reward=0.0), ["t1", "t3"]),
-    (pb.TrajectoryFilter(end_after_time=stamp(1_700_000_200), end_before_time=stamp(1_700_000_400)), ["t2", "t3"]),
-    (pb.TrajectoryFilter(metadata_selector={"source": "test"}), ["t0", "t1", "t2", "t3"]),
-    (pb.TrajectoryFilter(metadata_selector={"source": "other"}), []),
-])
+@pytest.mark.parametrize(
+    ("f", "expected"),
+    [
+        (pb.TrajectoryFilter(run_ids=["r2"]), ["t3"]),
+        (pb.TrajectoryFilter(task_ids=["a"]), ["t0", "t2"]),
+        (pb.TrajectoryFilter(exclude_task_ids=["a"]), ["t1", "t3"]),
+        (pb.TrajectoryFilter(weights_version="v2"), ["t2", "t3"]),
+        (pb.TrajectoryFilter(outcome_status=tpb.OUTCOME_STATUS_RESOLVED), ["t0", "t2"]),
+        (pb.TrajectoryFilter(min_reward=0.5), ["t0", "t2"]),
+        (pb.TrajectoryFilter(max_reward=0.0), ["t1", "t3"]),
+        (pb.TrajectoryFilter(end_after_time=stamp(1_700_000_200), end_before_time=stamp(1_700_000_400)), ["t2", "t3"]),
+        (pb.TrajectoryFilter(metadata_selector={"source": "test"}), ["t0", "t1", "t2", "t3"]),
+        (pb.TrajectoryFilter(metadata_selector={"source": "other"}), []),
+    ],
+)
 async def test_filters(store: SqlStore, f: pb.TrajectoryFilter, expected: list[str]) -> None:
     resolved, unresolved = tpb.OUTCOME_STATUS_RESOLVED, tpb.OUTCOME_STATUS_UNRESOLVED
-    await store.write_events([
-        *rollout("r1", "t0", "a", status=resolved, end=1_700_000_100),
-        *rollout("r1", "t1", "b", status=unresolved, end=1_700_000_150),
-        *rollout("r1", "t2", "a", status=resolved, weights_version="v2", end=1_700_000_250),
-        *rollout("r2", "t3", "b", status=unresolved, weights_version="v2", end=1_700_000_350)])
+    await store.write_events(
+        [
+            *rollout("r1", "t0", "a", status=resolved, end=1_700_000_100),
+            *rollout("r1", "t1", "b", status=unresolved, end=1_700_000_150),
+            *rollout("r1", "t2", "a", status=resolved, weights_version="v2", end=1_700_000_250),
+            *rollout("r2", "t3", "b", status=unresolved, weights_version="v2", end=1_700_000_350),
+        ]
+    )
     page = await store.list_trajectories(f, full=False, limit=10)
     assert sorted(t.trajectory_id for t, _ in page) == expected
 
@@ -119,12 +126,20 @@ async def test_pages_are_newest_first_and_complete(store: SqlStore) -> None:
 
 
 async def test_runs_and_stats(store: SqlStore) -> None:
-    await store.write_events([*rollout("r1", "t0", "a"), *rollout("r1", "t1", "a", status=tpb.OUTCOME_STATUS_UNRESOLVED),
-                              *rollout("r2", "t2", "b"), *rollout("r2", "t3", "b", finish=False)])
+    await store.write_events(
+        [
+            *rollout("r1", "t0", "a"),
+            *rollout("r1", "t1", "a", status=tpb.OUTCOME_STATUS_UNRESOLVED),
+            *rollout("r2", "t2", "b"),
+            *rollout("r2", "t3", "b", finish=False),
+        ]
+    )
     runs = {r.run_id: r for r in await store.list_runs()}
     assert (runs["r1"].trajectory_count, runs["r1"].finished_count, list(runs["r1"].task_sets)) == (2, 2, ["toy"])
     assert (runs["r2"].trajectory_count, runs["r2"].finished_count) == (2, 1)
     groups, total = stats.summarise(*await store.stats_rows(pb.TrajectoryFilter()), pb.STATS_GROUP_BY_TASK)
-    assert [(g.key, g.resolved_count, g.graded_count, g.resolved_rate) for g in groups] == [("a", 1, 2, 0.5),
-                                                                                            ("b", 1, 1, 1.0)]
+    assert [(g.key, g.resolved_count, g.graded_count, g.resolved_rate) for g in groups] == [
+        ("a", 1, 2, 0.5),
+        ("b", 1, 1, 1.0),
+    ]
     assert total.trajectory_count == 3 and total.rewards[0].mean == pytest.approx(1 / 3)

@@ -33,8 +33,13 @@ def prompt(engine: TransformersEngine, question: str) -> list[int]:
 async def test_staggered_joins_match_solo_decoding(engine: TransformersEngine) -> None:
     """Requests that join a running batch at different steps (with different prompt lengths, more than
     max_batch_size of them) get the same greedy tokens as alone, and logprobs equal to score's."""
-    questions = ["What is the capital of France?", "Name three colors.", "Say hello in Spanish.",
-                 "What is 2 + 2? Answer with a number only, please.", "Who wrote Hamlet?"]
+    questions = [
+        "What is the capital of France?",
+        "Name three colors.",
+        "Say hello in Spanish.",
+        "What is 2 + 2? Answer with a number only, please.",
+        "Who wrote Hamlet?",
+    ]
     greedy = SamplingParams(max_tokens=10, temperature=0, logprobs=True)
     solo = [(await collect(engine, prompt(engine, q), greedy))[0] for q in questions]
 

@@ -26,8 +26,9 @@ class ScriptedModels:
     in_flight: int = 0
     peak: int = 0
 
-    async def chat(self, model: str, system: str, user: str, *, temperature: float, max_tokens: int,
-                   timeout: float) -> ChatReply:
+    async def chat(
+        self, model: str, system: str, user: str, *, temperature: float, max_tokens: int, timeout: float
+    ) -> ChatReply:
         self.chats.append((model, system, user))
         self.in_flight += 1
         self.peak = max(self.peak, self.in_flight)
@@ -39,16 +40,20 @@ class ScriptedModels:
             raise self.chat_reply
         return ChatReply(text=self.chat_reply, model=model or "scripted-judge")
 
-    async def score(self, model: str, context_ids: list[int], continuation_ids: list[int], *,
-                    timeout: float) -> Scores:
+    async def score(self, model: str, context_ids: list[int], continuation_ids: list[int], *, timeout: float) -> Scores:
         from orchard.errors import InvalidArgument
 
         if any(t >= self.vocab for t in context_ids + continuation_ids):
-            raise InvalidArgument(f"continuation_token_ids holds a token id outside the vocabulary [0, {self.vocab})",
-                                  field="continuation_token_ids")
+            raise InvalidArgument(
+                f"continuation_token_ids holds a token id outside the vocabulary [0, {self.vocab})",
+                field="continuation_token_ids",
+            )
         self.scores.append((context_ids, continuation_ids))
-        return Scores(logprobs=self.score_fn(context_ids, continuation_ids), model=model or "scripted-teacher",
-                      weights_version="v0")
+        return Scores(
+            logprobs=self.score_fn(context_ids, continuation_ids),
+            model=model or "scripted-teacher",
+            weights_version="v0",
+        )
 
     async def context_length(self, model: str, *, timeout: float) -> int:
         return self.context

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from orchard.chat.render import (
     OBSERVATION_CHARS,
     Reference,
@@ -17,13 +18,16 @@ from orchard.chat.render import (
 )
 from orchard.types.v1 import types_pb2 as tpb
 
-PYTEST_FAIL = "\n".join([
-    "============================= test session starts ==============================",
-    "collected 3 items", "",
-    *[f"tests/test_x.py::test_{i} noise line {i} " + "x" * 60 for i in range(40)],
-    "FAILED tests/test_x.py::test_edge - AssertionError: assert 2 == 3",
-    "========================= 1 failed, 2 passed in 0.12s ==========================",
-])
+PYTEST_FAIL = "\n".join(
+    [
+        "============================= test session starts ==============================",
+        "collected 3 items",
+        "",
+        *[f"tests/test_x.py::test_{i} noise line {i} " + "x" * 60 for i in range(40)],
+        "FAILED tests/test_x.py::test_edge - AssertionError: assert 2 == 3",
+        "========================= 1 failed, 2 passed in 0.12s ==========================",
+    ]
+)
 
 
 def test_clip_keeps_head_and_tail() -> None:
@@ -58,53 +62,77 @@ def _step(i: int, command: str, output: str, code: int | None, reasoning: str = 
     obs = tpb.Observation(message=tpb.Message(role=tpb.ROLE_TOOL, content=output))
     if code is not None:
         obs.exit_code = code
-    return tpb.Step(index=i, model_output=tpb.Message(role=tpb.ROLE_ASSISTANT, content=reasoning),
-                    actions=[tpb.ToolCall(name="bash", arguments=json.dumps({"command": command}))],
-                    action_status=tpb.ACTION_STATUS_OK, observations=[obs])
+    return tpb.Step(
+        index=i,
+        model_output=tpb.Message(role=tpb.ROLE_ASSISTANT, content=reasoning),
+        actions=[tpb.ToolCall(name="bash", arguments=json.dumps({"command": command}))],
+        action_status=tpb.ACTION_STATUS_OK,
+        observations=[obs],
+    )
 
 
 def test_structured_steps() -> None:
-    traj = tpb.Trajectory(steps=[_step(0, "cat a.py", "print(1)", 0, "look first"),
-                                 _step(1, "pytest", "E assert", 1)])
-    traj.steps.add(index=2, model_output=tpb.Message(content="oops"), action_status=tpb.ACTION_STATUS_PARSE_ERROR,
-                   action_error="no action found")
-    assert steps_of(traj) == [RenderedStep(0, "look first", "cat a.py", 0, "print(1)"),
-                              RenderedStep(1, "", "pytest", 1, "E assert"),
-                              RenderedStep(2, "oops", "[ACTION_STATUS_PARSE_ERROR: no action found]", None, "")]
+    traj = tpb.Trajectory(steps=[_step(0, "cat a.py", "print(1)", 0, "look first"), _step(1, "pytest", "E assert", 1)])
+    traj.steps.add(
+        index=2,
+        model_output=tpb.Message(content="oops"),
+        action_status=tpb.ACTION_STATUS_PARSE_ERROR,
+        action_error="no action found",
+    )
+    assert steps_of(traj) == [
+        RenderedStep(0, "look first", "cat a.py", 0, "print(1)"),
+        RenderedStep(1, "", "pytest", 1, "E assert"),
+        RenderedStep(2, "oops", "[ACTION_STATUS_PARSE_ERROR: no action found]", None, ""),
+    ]
 
 
 def test_message_only_trajectory_parses_returncode() -> None:
     """mini-swe-agent style: assistant/user pairs, the command in a bash block, the return code in a tag."""
-    traj = tpb.Trajectory(messages=[
-        tpb.Message(role=tpb.ROLE_SYSTEM, content="You are an agent."),
-        tpb.Message(role=tpb.ROLE_USER, content="Fix the bug in chunks()."),
-        tpb.Message(role=tpb.ROLE_ASSISTANT, content="THOUGHT: run tests\n\n```bash\npython -m pytest -q\n```"),
-        tpb.Message(role=tpb.ROLE_USER, content="<returncode>1</returncode>\n<output>\n1 failed\n</output>"),
-        tpb.Message(role=tpb.ROLE_ASSISTANT, content="Submit.\n```bash\necho COMPLETE_TASK_AND_SUBMIT\n```"),
-    ])
+    traj = tpb.Trajectory(
+        messages=[
+            tpb.Message(role=tpb.ROLE_SYSTEM, content="You are an agent."),
+            tpb.Message(role=tpb.ROLE_USER, content="Fix the bug in chunks()."),
+            tpb.Message(role=tpb.ROLE_ASSISTANT, content="THOUGHT: run tests\n\n```bash\npython -m pytest -q\n```"),
+            tpb.Message(role=tpb.ROLE_USER, content="<returncode>1</returncode>\n<output>\n1 failed\n</output>"),
+            tpb.Message(role=tpb.ROLE_ASSISTANT, content="Submit.\n```bash\necho COMPLETE_TASK_AND_SUBMIT\n```"),
+        ]
+    )
     steps = steps_of(traj)
     assert [(s.index, s.reasoning, s.command, s.exit_code) for s in steps] == [
-        (0, "THOUGHT: run tests", "python -m pytest -q", 1), (1, "Submit.", "echo COMPLETE_TASK_AND_SUBMIT", None)]
+        (0, "THOUGHT: run tests", "python -m pytest -q", 1),
+        (1, "Submit.", "echo COMPLETE_TASK_AND_SUBMIT", None),
+    ]
 
 
-@pytest.mark.parametrize(("patch", "files"), [
-    ("diff --git a/src/x.py b/src/x.py\n--- a/src/x.py\n+++ b/src/x.py\n@@ -1 +1 @@\n-a\n+b\n", ["src/x.py"]),
-    ("diff --git a/old.py b/new.py\nsimilarity index 90%\nrename from old.py\nrename to new.py\n",
-     ["old.py", "new.py"]),
-    ("diff --git a/t/new.py b/t/new.py\nnew file mode 100644\n--- /dev/null\n+++ b/t/new.py\n@@ -0,0 +1 @@\n+x\n",
-     ["t/new.py"]),
-    ("diff --git a/gone.py b/gone.py\ndeleted file mode 100644\n--- a/gone.py\n+++ /dev/null\n", ["gone.py"]),
-    ("--- a/plain.py\t2020-01-01\n+++ b/plain.py\t2020-01-02\n@@ -1 +1 @@\n-a\n+b\n", ["plain.py"]),
-    ("", []),
-])
+@pytest.mark.parametrize(
+    ("patch", "files"),
+    [
+        ("diff --git a/src/x.py b/src/x.py\n--- a/src/x.py\n+++ b/src/x.py\n@@ -1 +1 @@\n-a\n+b\n", ["src/x.py"]),
+        (
+            "diff --git a/old.py b/new.py\nsimilarity index 90%\nrename from old.py\nrename to new.py\n",
+            ["old.py", "new.py"],
+        ),
+        (
+            "diff --git a/t/new.py b/t/new.py\nnew file mode 100644\n--- /dev/null\n+++ b/t/new.py\n@@ -0,0 +1 @@\n+x\n",
+            ["t/new.py"],
+        ),
+        ("diff --git a/gone.py b/gone.py\ndeleted file mode 100644\n--- a/gone.py\n+++ /dev/null\n", ["gone.py"]),
+        ("--- a/plain.py\t2020-01-01\n+++ b/plain.py\t2020-01-02\n@@ -1 +1 @@\n-a\n+b\n", ["plain.py"]),
+        ("", []),
+    ],
+)
 def test_patch_files(patch: str, files: list[str]) -> None:
     assert patch_files(patch) == files
 
 
 def test_render_caps_each_part_and_shows_the_reference() -> None:
     steps = [RenderedStep(0, "r" * 2000, "c" * 1000, 0, "ok")]
-    text = render_trajectory("T" * 9000, steps, "diff --git a/x.py b/x.py\n" + "+" * 9000,
-                             Reference("GOLD" * 2000, ["x.py"], ["tests/test_x.py"], ["tests/test_x.py::t"]))
+    text = render_trajectory(
+        "T" * 9000,
+        steps,
+        "diff --git a/x.py b/x.py\n" + "+" * 9000,
+        Reference("GOLD" * 2000, ["x.py"], ["tests/test_x.py"], ["tests/test_x.py::t"]),
+    )
     task, ref, traj, patch = text.split("\n\n## ")
     assert len(task) < 4000 + 80 and "chars omitted" in task
     assert "do not grade whether the edit matches it" in ref and "FAIL_TO_PASS tests: tests/test_x.py::t" in ref

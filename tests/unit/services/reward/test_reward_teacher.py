@@ -4,20 +4,31 @@ teacher model is a scripted fake (scripted_models.py); the integration test scor
 from __future__ import annotations
 
 import pytest
-from orchard.errors import DeadlineExceeded, FailedPrecondition
-from orchard.services.reward.teacher import Teacher, TeacherInput, opd_value, window
 from scripted_models import ScriptedModels
 
+from orchard.errors import DeadlineExceeded, FailedPrecondition
+from orchard.services.reward.teacher import Teacher, TeacherInput, opd_value, window
 
-@pytest.mark.parametrize(("prompt", "response", "cap", "context", "continuation", "first", "dropped"), [
-    ([1, 2, 3], [4, 5], 10, [1, 2, 3], [4, 5], 0, 0),
-    ([1, 2, 3], [4, 5], 4, [2, 3], [4, 5], 0, 1),
-    ([1, 2, 3], [4, 5, 6, 7], 3, [5], [6, 7], 2, 4),   # the whole prompt and one response token dropped
-    ([], [4, 5, 6], 10, [4], [5, 6], 1, 0),              # no prompt: the first response token is the context
-    ([1], [4], 10, [1], [4], 0, 0),
-])
-def test_window_drops_from_the_start(prompt: list[int], response: list[int], cap: int, context: list[int],
-                                     continuation: list[int], first: int, dropped: int) -> None:
+
+@pytest.mark.parametrize(
+    ("prompt", "response", "cap", "context", "continuation", "first", "dropped"),
+    [
+        ([1, 2, 3], [4, 5], 10, [1, 2, 3], [4, 5], 0, 0),
+        ([1, 2, 3], [4, 5], 4, [2, 3], [4, 5], 0, 1),
+        ([1, 2, 3], [4, 5, 6, 7], 3, [5], [6, 7], 2, 4),  # the whole prompt and one response token dropped
+        ([], [4, 5, 6], 10, [4], [5, 6], 1, 0),  # no prompt: the first response token is the context
+        ([1], [4], 10, [1], [4], 0, 0),
+    ],
+)
+def test_window_drops_from_the_start(
+    prompt: list[int],
+    response: list[int],
+    cap: int,
+    context: list[int],
+    continuation: list[int],
+    first: int,
+    dropped: int,
+) -> None:
     w = window(prompt, response, cap)
     assert (w.context, w.continuation, w.first_scored, w.dropped) == (context, continuation, first, dropped)
 
@@ -28,10 +39,17 @@ def test_opd_value() -> None:
     assert opd_value([-1.0], [-2.0], [0]) == 0.0
 
 
-def inp(prompt: list[int], response: list[int], mask: list[int], student: list[float] | None = None,
-        cap: int = 0) -> TeacherInput:
-    return TeacherInput(model="", prompt_ids=prompt, response_ids=response, mask=mask,
-                        student_logprobs=student or [], max_context_tokens=cap)
+def inp(
+    prompt: list[int], response: list[int], mask: list[int], student: list[float] | None = None, cap: int = 0
+) -> TeacherInput:
+    return TeacherInput(
+        model="",
+        prompt_ids=prompt,
+        response_ids=response,
+        mask=mask,
+        student_logprobs=student or [],
+        max_context_tokens=cap,
+    )
 
 
 async def test_scores_the_exact_tokens_and_carries_the_mask() -> None:
@@ -65,6 +83,7 @@ async def test_a_deadline_is_deadline_exceeded() -> None:
     class Slow(ScriptedModels):
         async def context_length(self, model: str, *, timeout: float) -> int:
             import asyncio
+
             await asyncio.sleep(5)
             return 10
 

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 import pytest_asyncio
+
 from orchard.errors import ResourceExhausted
 from orchard.services.value.batcher import Batcher
 
@@ -53,8 +54,9 @@ async def test_concurrent_calls_share_forwards_up_to_max_batch(batcher: Batcher)
 
 async def test_texts_of_different_models_never_share_a_forward(batcher: Batcher) -> None:
     old, new = LengthModel(), LengthModel(offset=100)
-    first, second, third = await asyncio.gather(batcher.score(old, ["a", "bb"]), batcher.score(new, ["ccc"]),
-                                                batcher.score(old, ["dddd"]))
+    first, second, third = await asyncio.gather(
+        batcher.score(old, ["a", "bb"]), batcher.score(new, ["ccc"]), batcher.score(old, ["dddd"])
+    )
     assert (first, second, third) == ([1.0, 2.0], [103.0], [4.0])
     assert old.forwards == [["a", "bb", "dddd"]] and new.forwards == [["ccc"]]
 

@@ -4,6 +4,7 @@ candidate lists are refused (naming the field), what text a candidate renders to
 from __future__ import annotations
 
 import pytest
+
 from orchard.errors import InvalidArgument
 from orchard.runtime.settings import SettingsError, load_settings
 from orchard.services.value.servicer import (
@@ -19,29 +20,42 @@ from orchard.value.v1 import value_pb2 as pb
 PATCH = "diff --git a/a.py b/a.py\n--- a/a.py\n+++ b/a.py\n@@ -1 +1 @@\n-x = 1\n+x = 2\n"
 
 
-@pytest.mark.parametrize(("candidate", "reason"), [
-    (pb.Candidate(patch=PATCH), ""),
-    (pb.Candidate(trajectory=tpb.Trajectory(final_patch=PATCH)), ""),
-    (pb.Candidate(patch=PATCH, checks=pb.CandidateChecks(patch_applies=True, repro_tests_pass=True,
-                                                         regression_tests_pass=True)), ""),
-    (pb.Candidate(), "the patch is empty (nothing was submitted)"),
-    (pb.Candidate(patch=" \n\n"), "the patch is empty (nothing was submitted)"),
-    (pb.Candidate(patch=PATCH, checks=pb.CandidateChecks(patch_applies=False)), "the patch does not apply"),
-    (pb.Candidate(patch=PATCH, checks=pb.CandidateChecks(repro_tests_pass=False)), "the reproduction tests fail"),
-    (pb.Candidate(patch=PATCH, checks=pb.CandidateChecks(regression_tests_pass=False)), "regression tests fail"),
-    (pb.Candidate(checks=pb.CandidateChecks(patch_applies=False, regression_tests_pass=False)),
-     "the patch is empty (nothing was submitted); the patch does not apply; regression tests fail"),
-])
+@pytest.mark.parametrize(
+    ("candidate", "reason"),
+    [
+        (pb.Candidate(patch=PATCH), ""),
+        (pb.Candidate(trajectory=tpb.Trajectory(final_patch=PATCH)), ""),
+        (
+            pb.Candidate(
+                patch=PATCH,
+                checks=pb.CandidateChecks(patch_applies=True, repro_tests_pass=True, regression_tests_pass=True),
+            ),
+            "",
+        ),
+        (pb.Candidate(), "the patch is empty (nothing was submitted)"),
+        (pb.Candidate(patch=" \n\n"), "the patch is empty (nothing was submitted)"),
+        (pb.Candidate(patch=PATCH, checks=pb.CandidateChecks(patch_applies=False)), "the patch does not apply"),
+        (pb.Candidate(patch=PATCH, checks=pb.CandidateChecks(repro_tests_pass=False)), "the reproduction tests fail"),
+        (pb.Candidate(patch=PATCH, checks=pb.CandidateChecks(regression_tests_pass=False)), "regression tests fail"),
+        (
+            pb.Candidate(checks=pb.CandidateChecks(patch_applies=False, regression_tests_pass=False)),
+            "the patch is empty (nothing was submitted); the patch does not apply; regression tests fail",
+        ),
+    ],
+)
 def test_exclusion_reasons(candidate: pb.Candidate, reason: str) -> None:
     assert exclusion_reason(candidate) == reason
 
 
-@pytest.mark.parametrize(("ids", "field", "message"), [
-    ([], "candidates", "candidates is empty"),
-    (["a", "b", "c", "d"], "candidates", "4 candidates exceed the limit of 3"),
-    (["a", ""], "candidates[1].candidate_id", r"candidates\[1\].candidate_id is empty"),
-    (["a", "b", "b"], "candidates[2].candidate_id", r"'b' is given twice \(candidates\[1\] and candidates\[2\]\)"),
-])
+@pytest.mark.parametrize(
+    ("ids", "field", "message"),
+    [
+        ([], "candidates", "candidates is empty"),
+        (["a", "b", "c", "d"], "candidates", "4 candidates exceed the limit of 3"),
+        (["a", ""], "candidates[1].candidate_id", r"candidates\[1\].candidate_id is empty"),
+        (["a", "b", "b"], "candidates[2].candidate_id", r"'b' is given twice \(candidates\[1\] and candidates\[2\]\)"),
+    ],
+)
 def test_bad_candidate_lists(ids: list[str], field: str, message: str) -> None:
     with pytest.raises(InvalidArgument, match=message) as caught:
         check_candidates([pb.Candidate(candidate_id=i) for i in ids], limit=3)
@@ -50,8 +64,11 @@ def test_bad_candidate_lists(ids: list[str], field: str, message: str) -> None:
 
 def test_render_takes_the_task_from_the_candidate_the_request_or_the_trajectory() -> None:
     asked = tpb.Trajectory(messages=[tpb.Message(role=tpb.ROLE_USER, content="Fix x.")], final_patch=PATCH)
-    own, shared = render_all([(0, pb.Candidate(problem_statement="Own task.", trajectory=asked)),
-                              (1, pb.Candidate(trajectory=asked))], "Shared task.", 10_000)
+    own, shared = render_all(
+        [(0, pb.Candidate(problem_statement="Own task.", trajectory=asked)), (1, pb.Candidate(trajectory=asked))],
+        "Shared task.",
+        10_000,
+    )
     (from_trajectory,) = render_all([(0, pb.Candidate(trajectory=asked))], "", 10_000)
     assert own == render_candidate(asked, problem="Own task.")
     assert shared == render_candidate(asked, problem="Shared task.")
