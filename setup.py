@@ -3,8 +3,12 @@ orchard.trainers -> trainers) so a module's import path tells where it lives."""
 
 from setuptools import find_packages, setup
 
-ROOTS = {"orchard": "libs/orchard", "orchard.services": "services", "orchard.trainers": "trainers",
-         "aks_modal": "libs/aks_modal"}
+ROOTS = {
+    "orchard": "libs/orchard",
+    "orchard.services": "services",
+    "orchard.trainers": "trainers",
+    "aks_modal": "libs/aks_modal",
+}
 
 packages = []
 for name, folder in ROOTS.items():
@@ -13,11 +17,14 @@ for name, folder in ROOTS.items():
 
 # Data files: the in-sandbox agent (copied into sandboxes), the bundled ToyRepair task set (repos + tasks.jsonl),
 # and the bundled web tasks with the practice sites they run on.
-setup(packages=packages, package_data={
-    "orchard.services.env": ["agent/*.py"],
-    "orchard.tasks": ["toyrepair/tasks.jsonl", "toyrepair/repos/**/*", "toyrepair/repos/*/.gitignore"],
-    "orchard.tasks.web": ["tasks.jsonl", "sites/**/*"],
-    "orchard.tasks.assistant": ["tasks.jsonl"],
-    "orchard.assistant": ["sandbox/*.py"],
-    "orchard.services.reward": ["rubrics/*.yaml"],
-})
+setup(
+    packages=packages,
+    package_data={
+        "orchard.services.env": ["agent/*.py"],
+        "orchard.tasks": ["toyrepair/tasks.jsonl", "toyrepair/repos/**/*", "toyrepair/repos/*/.gitignore"],
+        "orchard.tasks.web": ["tasks.jsonl", "sites/**/*"],
+        "orchard.tasks.assistant": ["tasks.jsonl"],
+        "orchard.assistant": ["sandbox/*.py"],
+        "orchard.services.reward": ["rubrics/*.yaml"],
+    },
+)

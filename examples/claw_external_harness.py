@@ -25,11 +25,14 @@ from orchard.sdk import AsyncSandboxClient
 from orchard.tasks.assistant import AssistantTask, grade, load_tasks
 
 
-async def solve(model: AsyncOpenAI, model_name: str, task: AssistantTask, env: AssistantEnv,
-                max_steps: int) -> tuple[str, int]:
+async def solve(
+    model: AsyncOpenAI, model_name: str, task: AssistantTask, env: AssistantEnv, max_steps: int
+) -> tuple[str, int]:
     """Run the tool-calling loop; (the final answer, "" if the step budget ran out; the number of tool calls)."""
-    messages: list[dict[str, Any]] = [{"role": "system", "content": task.system_prompt()},
-                                      {"role": "user", "content": task.instruction}]
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": task.system_prompt()},
+        {"role": "user", "content": task.instruction},
+    ]
     calls = 0
     for _ in range(max_steps):
         reply = await model.chat.completions.create(model=model_name, messages=messages, tools=TOOLS)
@@ -54,8 +57,12 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
     async with AsyncSandboxClient(args.env_address) as sandboxes:
         for task in load_tasks(ids=args.ids):
             rollout_id = f"{args.run_id}-{task.task_id}"
-            model = AsyncOpenAI(base_url=args.base_url, api_key=args.api_key, timeout=300,
-                                default_headers={"X-Orchard-Rollout-Id": rollout_id})
+            model = AsyncOpenAI(
+                base_url=args.base_url,
+                api_key=args.api_key,
+                timeout=300,
+                default_headers={"X-Orchard-Rollout-Id": rollout_id},
+            )
             env = await AssistantEnv.start(sandboxes, task.fixture, labels={"rollout": rollout_id})
             try:
                 answer, calls = await solve(model, args.model, task, env, args.max_steps)
@@ -74,17 +81,19 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="A plain OpenAI tool-calling agent on Claw assistant tasks.")
-    parser.add_argument("--base-url", default="http://127.0.0.1:8090/v1",
-                        help="any OpenAI-compatible /v1 URL (default: the recording proxy)")
+    parser.add_argument(
+        "--base-url",
+        default="http://127.0.0.1:8090/v1",
+        help="any OpenAI-compatible /v1 URL (default: the recording proxy)",
+    )
     parser.add_argument("--model", default="SmolLM2-135M-Instruct", help="the model id the endpoint serves")
     parser.add_argument("--api-key", default="orchard", help="the key the endpoint (or the proxy's upstream) takes")
-    parser.add_argument("--env-address", help="env service host:port (default: ORCHARD_ENV_ADDRESS, else "
-                                              "127.0.0.1:50051)")
-    parser.add_argument("--ids", nargs="*", default=["reply-question-000"],
-                        help="bundled task ids (none = all 200)")
+    parser.add_argument(
+        "--env-address", help="env service host:port (default: ORCHARD_ENV_ADDRESS, else 127.0.0.1:50051)"
+    )
+    parser.add_argument("--ids", nargs="*", default=["reply-question-000"], help="bundled task ids (none = all 200)")
     parser.add_argument("--max-steps", type=int, default=12, help="model calls per task")
-    parser.add_argument("--run-id", default=f"claw-{int(time.time())}",
-                        help="rollout ids are <run id>-<task id>")
+    parser.add_argument("--run-id", default=f"claw-{int(time.time())}", help="rollout ids are <run id>-<task id>")
     return parser.parse_args(argv)
 
 

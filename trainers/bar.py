@@ -26,6 +26,7 @@ from orchard.types.v1 import types_pb2 as tpb
 
 SLACK = 1e-9
 Prompt = TypeVar("Prompt")
+PromptIn = TypeVar("PromptIn", contravariant=True)
 
 
 class Status(IntEnum):
@@ -132,10 +133,10 @@ class BarResult:
     """Rollouts generated for this prompt (the pool size)."""
 
 
-class RolloutSource(Protocol[Prompt]):
+class RolloutSource(Protocol[PromptIn]):
     """Generates scored rollouts of a prompt: the variation point between synthetic tests and the harness."""
 
-    async def sample(self, prompt: Prompt, n: int) -> list[Rollout]:
+    async def sample(self, prompt: PromptIn, n: int) -> list[Rollout]:
         """n fresh rollouts of `prompt`, generated in parallel, each scored by the reward."""
         ...
 

@@ -61,6 +61,7 @@ from orchard.tasks.grading import patched_files
 from orchard.tasks.instance import BUNDLED
 from orchard.trainer.v1 import trainer_pb2 as pb
 from orchard.trainers import bar, opd, optim, rl, rpr
+from orchard.trainers.bar import BarConfig, GroupFilter  # for fields: the `bar` field shadows the module
 from orchard.trainers.bar_source import HarnessRolloutSource
 from orchard.trainers.job import CheckpointRecord, JobContext
 from orchard.types.v1 import types_pb2 as tpb
@@ -124,10 +125,10 @@ class Settings:
     """The RL config with its defaults filled in and checked."""
 
     group_size: int
-    bar: bar.BarConfig | None
+    bar: BarConfig | None
     prompts_per_step: int
     oversample_prompts: int
-    group_filter: bar.GroupFilter
+    group_filter: GroupFilter
     clip_low: float
     clip_high: float
     aggregation: rl.Aggregation

@@ -82,7 +82,7 @@ def transition(w: World, action: int) -> World:
 # Every world, indexed, with its transitions: the sampler walks these lists and the exact evaluations push a
 # probability distribution through them.
 WORLDS = [
-    World(*v)
+    World(*v)  # type: ignore[arg-type]  # the product yields ints and bools in World's field order
     for v in itertools.product(range(len(FILES)), range(-1, len(FILES)), range(-1, len(FILES)), *[(False, True)] * 3)
 ]
 _INDEX = {w: i for i, w in enumerate(WORLDS)}
@@ -150,7 +150,8 @@ class TabularPolicy:
         return [list(itertools.accumulate(row)) for row in self.probs().tolist()]
 
     def rollout(self, task: Task, cumulative: list[list[float]], rng: random.Random) -> Episode:
-        actions, w = [], START[task.buggy]
+        actions: list[int] = []
+        w = START[task.buggy]
         while len(actions) < STEP_BUDGET and (not actions or actions[-1] != SUBMIT):
             actions.append(min(bisect.bisect(cumulative[STATE[w]], rng.random()), N_ACTIONS - 1))
             w = NEXT[w][actions[-1]]
@@ -467,7 +468,7 @@ def rpr_spreads(seed: int, n_groups: int, group_size: int = 8) -> list[GroupSpre
 def tiny_student(vocab: int, seed: int, hidden: int = 32, layers: int = 2) -> LlamaForCausalLM:
     """A small random-init Llama (no download)."""
     torch.manual_seed(seed)
-    config = LlamaConfig(
+    config = LlamaConfig(  # type: ignore[call-arg]  # attn_implementation: a PretrainedConfig keyword
         vocab_size=vocab,
         hidden_size=hidden,
         intermediate_size=2 * hidden,

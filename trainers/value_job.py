@@ -239,7 +239,7 @@ def run(ctx: JobContext) -> None:
             opt.load_state_dict(state["optimizer"])
         log.info("resuming %s from step %d (%s)", ctx.job_id, start, resume.path)
     model.train(True)
-    loss_value, step_metrics = 0.0, {}
+    loss_value, step_metrics = 0.0, dict[str, float]()
     for step in range(start, total):
         ctx.check_cancelled()
         lr = optim.lr_at(o, step, total)

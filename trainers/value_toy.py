@@ -87,7 +87,8 @@ def _hashed_share(key: str) -> float:
 def rollout(task: toy.Task, cumulative: list[list[float]], rng: random.Random) -> toy.Episode:
     """`TabularPolicy.rollout`, except that the agent sees what the log shows: reading a subtle bug does not tell
     it which file is buggy (else it would act on what the value model cannot see)."""
-    actions, w, subtle = [], toy.World(task.buggy), is_subtle(task)
+    actions: list[int] = []
+    w, subtle = toy.World(task.buggy), is_subtle(task)
     while len(actions) < toy.STEP_BUDGET and (not actions or actions[-1] != toy.SUBMIT):
         actions.append(min(bisect.bisect(cumulative[toy.state_id(w)], rng.random()), toy.N_ACTIONS - 1))
         seen = toy.transition(w, actions[-1])

@@ -12,8 +12,9 @@ import re
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from orchard.errors import (
     AlreadyExists,
@@ -193,9 +194,9 @@ class SandboxManager:
         await self.snapshots.close()
         await self.backend.close()
 
-    def spawn(self, coro: object, name: str) -> None:
+    def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         """Run coro as a task this manager owns (cancelled when it closes)."""
-        task = asyncio.create_task(coro, name=name)  # type: ignore[arg-type]
+        task = asyncio.create_task(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 

@@ -21,11 +21,11 @@ GROUP_COLUMN = {
 
 
 def summarise(
-    trajectories: list[tuple[Any, ...]], rewards: list[tuple[Any, ...]], group_by: int
+    trajectories: list[tuple[Any, ...]], rewards: list[tuple[Any, ...]], group_by: pb.StatsGroupBy
 ) -> tuple[list[pb.StatsGroup], pb.StatsGroup]:
     """(groups ordered by key, the total) from store.stats_rows()."""
     # The latest reward of each kind per trajectory: rows come in the order they were added.
-    latest: dict[str, dict[int, tuple[float, int]]] = defaultdict(dict)
+    latest: dict[str, dict[tpb.RewardKind, tuple[float, int]]] = defaultdict(dict)
     for tid, kind, value, status in rewards:
         latest[tid][kind] = (value, status)
     column = GROUP_COLUMN.get(group_by)
@@ -36,9 +36,11 @@ def summarise(
     return summaries, _group("", trajectories, latest)
 
 
-def _group(key: str, rows: list[tuple[Any, ...]], latest: dict[str, dict[int, tuple[float, int]]]) -> pb.StatsGroup:
+def _group(
+    key: str, rows: list[tuple[Any, ...]], latest: dict[str, dict[tpb.RewardKind, tuple[float, int]]]
+) -> pb.StatsGroup:
     g = pb.StatsGroup(key=key, trajectory_count=len(rows))
-    values: dict[int, list[float]] = defaultdict(list)
+    values: dict[tpb.RewardKind, list[float]] = defaultdict(list)
     steps = tokens = 0
     for tid, _run, _task, _model, _version, _harness, state, stop_reason, step_count, token_count in rows:
         if state == sql.FINISHED:

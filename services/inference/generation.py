@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 
 from orchard.errors import InvalidArgument, NotFound
@@ -138,6 +138,6 @@ async def collect(
 
 def stream(
     engine: Engine, prompt_ids: list[int], params: SamplingParams, images: Sequence[bytes] = ()
-) -> contextlib.aclosing[AsyncIterator[TokenEvent]]:
+) -> contextlib.aclosing[AsyncGenerator[TokenEvent, None]]:
     """engine.generate wrapped so that leaving the `async with` early aborts the sequences at once."""
     return contextlib.aclosing(engine.generate(prompt_ids, params, images))

@@ -179,7 +179,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
             return ids, images
         raise InvalidArgument("the prompt is missing; set text or token_ids", field="prompt")
 
-    def _message(self, text: str, finish: str | None, tool_names: set[str]) -> tuple[tpb.Message, int]:
+    def _message(self, text: str, finish: str | None, tool_names: set[str]) -> tuple[tpb.Message, pb.FinishReason]:
         """The assistant message of a finished chat choice, and its finish reason."""
         content, calls = parse_tool_calls(text, tool_names) if tool_names else (text, [])
         message = tpb.Message(

@@ -9,6 +9,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 from orchard import outcomes
 from orchard.errors import InvalidArgument, OrchardError
@@ -56,7 +57,7 @@ class OutcomeInput:
     sandbox_id: str = ""
 
 
-def _reward(status: int, value: float, details: tpb.OutcomeDetails | None = None) -> tpb.Reward:
+def _reward(status: tpb.OutcomeStatus, value: float, details: tpb.OutcomeDetails | None = None) -> tpb.Reward:
     details = details if details is not None else tpb.OutcomeDetails()
     details.status = status
     reward = tpb.Reward(kind=tpb.REWARD_KIND_OUTCOME, value=value, name="swe_tests", source=SOURCE, outcome=details)
@@ -119,10 +120,10 @@ class OutcomeGrader:
         start = time.monotonic()
         test_timeout = spec.timeout_s or self.test_timeout_s
 
-        def result(**fields: object) -> GradeResult:
+        def result(**fields: Any) -> GradeResult:
             return GradeResult(
                 instance_id=item.task_id,
-                patch_exists=bool(item.patch.strip()),  # type: ignore[arg-type]
+                patch_exists=bool(item.patch.strip()),
                 duration_s=time.monotonic() - start,
                 **fields,
             )

@@ -26,6 +26,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from google.protobuf import json_format
 
@@ -177,13 +178,13 @@ class JobManager:
     def exists(self, job_id: str) -> bool:
         return job_id in self.entries or (self.jobs_dir / job_id).exists()
 
-    def list(self) -> list[pb.Job]:
+    def all_jobs(self) -> list[pb.Job]:
         """Every job, newest first (by create time, then id)."""
         return sorted((e.job for e in self.entries.values()), key=lambda j: (-j.create_time.ToNanoseconds(), j.job_id))
 
     def checkpoints(self, job_id: str) -> list[pb.Checkpoint]:
         """The complete checkpoints on disk of one job (every job's when empty), newest job first, by step."""
-        jobs = [self.get(job_id)] if job_id else self.list()
+        jobs = [self.get(job_id)] if job_id else self.all_jobs()
         out = []
         for job in jobs:
             root = Path(job.config.output_dir) / "checkpoints"
@@ -343,32 +344,32 @@ class JobManager:
                 return True
         return False
 
-    def _apply(self, entry: Entry, event: dict[str, object]) -> bool:
+    def _apply(self, entry: Entry, event: dict[str, Any]) -> bool:  # one decoded JSON event line
         job = entry.job
         kind = event.get("kind")
-        now = timestamp(float(event.get("time", time.time())))  # type: ignore[arg-type]
+        now = timestamp(float(event.get("time", time.time())))
         if kind == "progress":
             job.progress.CopyFrom(
                 pb.JobProgress(
                     step=int(event["step"]),
-                    total_steps=int(event["total_steps"]),  # type: ignore[arg-type]
+                    total_steps=int(event["total_steps"]),
                     epoch=float(event.get("epoch", 0.0)),
-                    loss=float(event["loss"]),  # type: ignore[arg-type]
+                    loss=float(event["loss"]),
                     metrics=event.get("metrics", {}),
                     update_time=now,
                 )
-            )  # type: ignore[arg-type]
+            )
             self._changed(entry, response=pb.StreamJobEventsResponse(event_time=now, progress=job.progress))
         elif kind == "checkpoint":
             ckpt = checkpoint_pb(
                 job.job_id,
                 int(event["step"]),
-                str(event["path"]),  # type: ignore[arg-type]
+                str(event["path"]),
                 str(event["version"]),
-                event.get("metrics", {}),  # type: ignore[arg-type]
+                event.get("metrics", {}),
                 bool(event.get("is_final")),
                 float(event["time"]),
-            )  # type: ignore[arg-type]
+            )
             job.latest_checkpoint.CopyFrom(ckpt)
             self._changed(entry, response=pb.StreamJobEventsResponse(event_time=now, checkpoint=ckpt))
         elif kind in END_EVENTS:

@@ -232,7 +232,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         selector = dict(request.label_selector)
         jobs = [
             j
-            for j in self.manager.list()
+            for j in self.manager.all_jobs()
             if (not request.kind or j.config.kind == request.kind)
             and (not request.state or j.state == request.state)
             and all(j.labels.get(k) == v for k, v in selector.items())

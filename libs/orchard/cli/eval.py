@@ -12,7 +12,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the CLI imports this module at start: heavy parts are imported when a command runs
     from orchard.tasks import GradeResult, TaskInstance
@@ -194,7 +194,7 @@ def report_of(
     grades: list[GradeResult],
     instances: dict[str, TaskInstance],
     k: int | None = None,
-) -> dict[str, object]:
+) -> dict[str, Any]:
     """The report of graded rollouts, over the tasks they ran on in the task set's order (as `orchard rollout`)."""
     from orchard.tasks import make_report
 

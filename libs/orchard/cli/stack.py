@@ -198,7 +198,7 @@ async def up(
             await _wait_ready(children[-1], lambda: _grpc_ready(f"{host}:{inference_port}"), 300)
         if trainer_port is not None and experience_port is not None:
             # Value and SFT jobs need no inference service; RL jobs and pushes name it, started or not.
-            inference = ["--inference-address", f"{host}:{inference_port}"] if inference_port is not None else []
+            inference_flag = ["--inference-address", f"{host}:{inference_port}"] if inference_port is not None else []
             trainer = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-m",
@@ -209,7 +209,7 @@ async def up(
                 str(trainer_port),
                 "--jobs-dir",
                 str(state_dir / "trainer"),
-                *inference,
+                *inference_flag,
                 "--experience-address",
                 f"{host}:{experience_port}",
                 "--env-address",

@@ -10,7 +10,7 @@ import json
 import re
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 from orchard.harness.base import ActionResult, Harness, call_arguments, create_retried, tool
 from orchard.harness.model import ModelError
@@ -61,7 +61,7 @@ class AssistantHarness(Harness):
     """One rollout of an assistant task in its own sandbox with mail, calendar and files."""
 
     name = "orchard-assistant"
-    tools: ClassVar[list[tpb.ToolDefinition]] = []
+    tools = []
 
     def __init__(
         self,

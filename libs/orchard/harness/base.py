@@ -33,7 +33,7 @@ class ActionResult:
 
     output: str
     """The observation text shown to the model (empty for a submission)."""
-    status: int = tpb.ACTION_STATUS_OK
+    status: tpb.ActionStatus = tpb.ACTION_STATUS_OK
     """A types.v1 ActionStatus."""
     exit_code: int | None = None
     truncated: bool = False

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import ClassVar, Literal
+from typing import Literal
 
 from orchard.errors import (
     DeadlineExceeded,
@@ -97,7 +97,7 @@ class GUIHarness(Harness):
     """One rollout of a web task in its own browser sandbox."""
 
     name = "orchard-gui"
-    tools: ClassVar[list[tpb.ToolDefinition]] = TOOLS
+    tools = TOOLS
 
     def __init__(
         self,

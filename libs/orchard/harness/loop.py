@@ -141,7 +141,7 @@ class AgentLoop:
             )
         return await self.model.tokenize(closed.text[len(opened.text) + len(PROBE) :])
 
-    async def _drive(self, harness: Harness, traj: tpb.Trajectory) -> tuple[int, str]:
+    async def _drive(self, harness: Harness, traj: tpb.Trajectory) -> tuple[tpb.StopReason, str]:
         limits, tools = self.limits, list(harness.tools)
         tool_names = {t.name for t in tools}
         await harness.setup()

@@ -11,6 +11,7 @@ import logging
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 
@@ -141,7 +142,7 @@ class InferenceModel(Model):
     async def close(self) -> None:
         await self._transport.close()
 
-    async def _call(self, method: str, request: object, timeout: float) -> object:
+    async def _call(self, method: str, request: object, timeout: float) -> Any:
         for attempt in range(self.timeouts.attempts):
             try:
                 # idempotent=False: the transport does not retry on its own; this loop does, per stage.

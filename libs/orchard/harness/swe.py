@@ -5,7 +5,6 @@ the workspace against the base commit). Models without tool calling may send a `
 from __future__ import annotations
 
 import json
-from typing import ClassVar
 
 from orchard.chat.tools import SHELL_BLOCK
 from orchard.harness.base import ActionResult, Harness, Parsed, call, call_arguments, create_retried, tool
@@ -85,7 +84,7 @@ class SWEHarness(Harness):
     """One SWE rollout on a task instance, in its own sandbox."""
 
     name = "orchard-swe"
-    tools: ClassVar[list[tpb.ToolDefinition]] = [BASH, EDITOR, SUBMIT]
+    tools = [BASH, EDITOR, SUBMIT]
 
     def __init__(
         self,

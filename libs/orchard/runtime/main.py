@@ -4,8 +4,8 @@ async `serve` until SIGTERM/SIGINT, with start-up problems said in one line inst
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
-from typing import TypeVar
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, TypeVar
 
 from orchard.errors import OrchardError
 from orchard.runtime.logs import configure_logging
@@ -15,7 +15,10 @@ S = TypeVar("S", bound=ServiceSettings)
 
 
 def run_service(
-    name: str, settings_class: type[S], serve: Callable[[S], Awaitable[None]], argv: Sequence[str] | None = None
+    name: str,
+    settings_class: type[S],
+    serve: Callable[[S], Coroutine[Any, Any, None]],
+    argv: Sequence[str] | None = None,
 ) -> None:
     """`orchard serve <name>`: exits with "orchard serve <name>: <what is wrong>" on a bad setting or an
     OrchardError at start-up (port taken, a dependency unreachable, a missing model ...)."""

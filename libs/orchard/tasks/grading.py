@@ -10,6 +10,7 @@ import shlex
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from orchard.errors import OrchardError
 from orchard.prototime import duration
@@ -145,10 +146,10 @@ async def grade(
     base state), which is how a task set is checked: its FAIL_TO_PASS tests must fail there."""
     start = time.monotonic()
 
-    def result(**fields: object) -> GradeResult:
+    def result(**fields: Any) -> GradeResult:
         return GradeResult(
             instance_id=instance.instance_id,
-            patch_exists=bool(patch.strip()),  # type: ignore[arg-type]
+            patch_exists=bool(patch.strip()),
             sample_index=sample_index,
             duration_s=time.monotonic() - start,
             **fields,

@@ -87,16 +87,16 @@ class WarmPools:
                     "warm pod %s of %s died while waiting (%s); replacing it",
                     pod.name,
                     pod.image,
-                    self._cache.get(pod.name).ended,
-                )  # type: ignore[union-attr]
+                    self._cache.get(pod.name).ended,  # type: ignore[union-attr]
+                )
                 pods.remove(pod)
                 await self._delete(pod.name)
         wanted = [image for image, n in self._sizes.items() for _ in range(n - len(self._pods[image]))]
         made = await asyncio.gather(*(self._create(image) for image in wanted), return_exceptions=True)
         failures = [m for m in made if isinstance(m, BaseException)]
-        for pod in made:
-            if isinstance(pod, WarmPod):
-                self._pods[pod.image].append(pod)
+        for made_pod in made:
+            if isinstance(made_pod, WarmPod):
+                self._pods[made_pod.image].append(made_pod)
         if failures:
             raise failures[0]
 

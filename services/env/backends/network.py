@@ -108,7 +108,7 @@ async def resolve(rules: tuple[EgressRule, ...]) -> list[Allowed]:
                 f"address ({err.strerror}); use a resolvable name or a cidr",
                 field="network_policy",
             ) from None
-        addresses = sorted({info[4][0] for info in infos}, key=ipaddress.IPv4Address)
+        addresses = sorted({str(info[4][0]) for info in infos}, key=ipaddress.IPv4Address)
         return Allowed("ip", f"{{ {', '.join(addresses)} }}", rule.port)
 
     return list(await asyncio.gather(*(one(i, rule) for i, rule in enumerate(rules))))

@@ -8,7 +8,7 @@ Log-probs everywhere are the model's own distribution: log_softmax of the raw lo
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -123,7 +123,7 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def generate(
         self, prompt_ids: list[int], params: SamplingParams, images: Sequence[bytes] = ()
-    ) -> AsyncIterator[TokenEvent]:
+    ) -> AsyncGenerator[TokenEvent, None]:
         """Sample params.n choices after prompt_ids; events of the choices interleave.
 
         `images` are the encoded images (PNG or JPEG) of the prompt, in the order their placeholders appear;

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, cast
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
@@ -20,6 +20,23 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from orchard.errors import InvalidArgument
 from orchard.services.inference.engines.base import ScoreResult, TokenEvent
 from orchard.services.inference.engines.sampling import Sequence
+
+
+class _KeyValueLayer(Protocol):
+    keys: torch.Tensor
+    values: torch.Tensor
+
+
+def _on(model: Any, device: str | torch.device) -> Any:
+    """A loaded model moved to device, in eval mode (`to` is typed oddly on from_pretrained's result)."""
+    return model.to(device).eval()
+
+
+def _kv_layers(cache: DynamicCache) -> list[_KeyValueLayer]:
+    """The cache's layers: full-attention key/value layers, filled by a prefill, for the models served here
+    (transformers types them as a union with linear-attention and placeholder layers)."""
+    return cast("list[_KeyValueLayer]", cache.layers)
+
 
 _SAME_ARCHITECTURE = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")
 
@@ -42,7 +59,7 @@ class Batch:
     @classmethod
     def load(cls, path: Path, device: str) -> Batch:
         tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device).eval()
+        model = _on(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), device)
         return cls(model, tokenizer, device)
 
     def reset(self) -> None:
@@ -122,16 +139,16 @@ class Batch:
         if not alive:
             return events
         index = torch.tensor(rows, dtype=torch.long, device=self.device)
-        new_layers = [(layer.keys[index], layer.values[index]) for layer in cache.layers]
+        new_layers = [(layer.keys[index], layer.values[index]) for layer in _kv_layers(cache)]
         new_mask = mask[index]
         if self.cache is None or not self.seqs:
             self.cache = cache
-            for layer, (keys, values) in zip(self.cache.layers, new_layers, strict=True):
+            for layer, (keys, values) in zip(_kv_layers(self.cache), new_layers, strict=True):
                 layer.keys, layer.values = keys.contiguous(), values.contiguous()
             self.mask = new_mask
         else:
             width = max(self.mask.shape[1], new_mask.shape[1])
-            for layer, (keys, values) in zip(self.cache.layers, new_layers, strict=True):
+            for layer, (keys, values) in zip(_kv_layers(self.cache), new_layers, strict=True):
                 layer.keys = torch.cat([_pad_left(layer.keys, width), _pad_left(keys, width)], dim=0)
                 layer.values = torch.cat([_pad_left(layer.values, width), _pad_left(values, width)], dim=0)
             self.mask = torch.cat([_pad_left(self.mask, width), _pad_left(new_mask, width)], dim=0)
@@ -154,7 +171,7 @@ class Batch:
         start = int(torch.nonzero(self.mask.sum(0))[0])
         self.mask = self.mask[:, start:]
         assert self.cache is not None
-        for layer in self.cache.layers:
+        for layer in _kv_layers(self.cache):
             layer.keys = layer.keys[index, :, start:]
             layer.values = layer.values[index, :, start:]
         self.seqs = [self.seqs[i] for i in rows]
@@ -178,7 +195,7 @@ class Batch:
     def load_weights(self, path: Path) -> None:
         """Replace the model with the checkpoint at path (the batch is empty); the old one keeps serving on error."""
         assert not self.seqs, "weights swap with sequences running"
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(self.device).eval()
+        model = _on(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), self.device)
         for key in _SAME_ARCHITECTURE:
             new, old = getattr(model.config, key, None), getattr(self.model.config, key, None)
             if new != old:

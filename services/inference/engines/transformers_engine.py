@@ -18,7 +18,7 @@ import logging
 import time
 from collections import abc as cabc
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -118,7 +118,7 @@ class TransformersEngine(Engine):
 
     async def generate(
         self, prompt_ids: list[int], params: SamplingParams, images: cabc.Sequence[bytes] = ()
-    ) -> AsyncIterator[TokenEvent]:
+    ) -> AsyncGenerator[TokenEvent, None]:
         if images:
             raise vision_unsupported(self.info, "the prompt")
         if not prompt_ids:

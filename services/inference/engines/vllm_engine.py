@@ -14,7 +14,7 @@ import asyncio
 import io
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from typing import Any, Protocol
 
 from orchard.errors import FailedPrecondition, InvalidArgument
@@ -190,7 +190,7 @@ class VllmEngine(Engine):
 
     async def generate(
         self, prompt_ids: list[int], params: SamplingParams, images: Sequence[bytes] = ()
-    ) -> AsyncIterator[TokenEvent]:
+    ) -> AsyncGenerator[TokenEvent, None]:
         from vllm import SamplingParams as VllmSamplingParams
         from vllm.sampling_params import RequestOutputKind
 

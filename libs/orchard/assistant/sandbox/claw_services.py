@@ -73,11 +73,11 @@ def seed(state_file: str) -> None:
     for message in state["mail"]:
         if message["folder"] not in folders:
             folders[message["folder"]] = inbox.add_folder(message["folder"])
-        folder = folders[message["folder"]]
+        box = folders[message["folder"]]
         stored = mailbox.MaildirMessage(message_bytes(message))
         stored.set_subdir("cur")
         stored.add_flag("S")
-        folder.add(stored)
+        box.add(stored)
     (CALENDAR / ".Radicale.props").write_text(json.dumps(CALENDAR_PROPS))
     for event in state["events"]:
         (CALENDAR / f"{event['uid']}.ics").write_text(event_ics(event))

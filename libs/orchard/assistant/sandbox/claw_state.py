@@ -49,7 +49,7 @@ def message_bytes(message: dict[str, Any]) -> bytes:
     out["To"] = _address_header(message.get("to", []))
     if message.get("cc"):
         out["Cc"] = _address_header(message["cc"])
-    out["Subject"] = _header(message.get("subject", ""))
+    out["Subject"] = _header(message.get("subject", ""))  # type: ignore[assignment]  # a Header is allowed
     out["Date"] = format_datetime(datetime.fromisoformat(message["date"]).replace(tzinfo=None))
     if message.get("id"):  # a message to send gets its id from the SMTP server
         out[ID_HEADER] = message["id"]
@@ -61,6 +61,7 @@ def message_dict(raw: bytes, folder: str) -> dict[str, Any]:
     parsed = email.message_from_bytes(raw, policy=email.policy.default)
     part = parsed.get_body(("plain",)) or parsed
     payload = part.get_payload(decode=True) or b""
+    assert isinstance(payload, bytes)  # decode=True on a non-multipart part
     body = payload.decode(part.get_content_charset() or "utf-8", "replace").replace("\r\n", "\n")
     try:
         date = parsedate_to_datetime(str(parsed["date"])).replace(tzinfo=None).isoformat(timespec="seconds")

@@ -68,7 +68,7 @@ def _imap() -> imaplib.IMAP4:
 def _folders(imap: imaplib.IMAP4) -> list[str]:
     names = []
     for line in imap.list()[1]:
-        found = re.search(rb'\) (?:"[^"]*"|NIL) "?([^"]*)"?$', line or b"")
+        found = re.search(rb'\) (?:"[^"]*"|NIL) "?([^"]*)"?$', line if isinstance(line, bytes) else b"")
         if found:
             names.append(found[1].decode())
     return sorted(names, key=lambda n: (n != "INBOX", n))
@@ -76,7 +76,7 @@ def _folders(imap: imaplib.IMAP4) -> list[str]:
 
 def _messages(imap: imaplib.IMAP4, folder: str) -> list[dict[str, Any]]:
     imap.select(f'"{folder}"', readonly=True)
-    uids = imap.uid("SEARCH", None, "ALL")[1][0].split()
+    uids = imap.uid("SEARCH", "ALL")[1][0].split()
     if not uids:
         return []
     data = imap.uid("FETCH", b",".join(uids).decode(), "(BODY.PEEK[])")[1]
@@ -204,7 +204,7 @@ def create_event(
     taken, number = {item[2]["uid"] for item in _events()}, 1
     while f"e{number}" in taken:
         number += 1
-    event = {
+    event: dict[str, Any] = {
         "uid": f"e{number}",
         "summary": str(summary),
         "start": _time(start, "start"),

@@ -77,7 +77,7 @@ def claw_report(grades_by_task: Mapping[str, Sequence[AssistantGrade]], k: int =
     Overall figures are means over tasks that have runs; overall pass@k and pass^k are None when any such task has
     under k runs.
     """
-    tasks = []
+    tasks: list[dict[str, Any]] = []
     for task_id, grades in grades_by_task.items():
         n, c = len(grades), sum(g.passed for g in grades)
         tasks.append(
