@@ -1,6 +1,6 @@
 """A private, Docker-compatible container engine for tests: `podman system service` with runc, cgroupfs, its own
-config and storage under a short tmp folder (../shared/notes/machine-recipes.md §2 has why each setting is
-there), and images built or imported locally (nothing can be pulled from a registry here)."""
+config and storage under a short tmp folder (the comments below say why each setting is there), and images built
+or imported locally (nothing can be pulled from a registry here)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,10 @@ from pathlib import Path
 
 import pytest
 
+# Why each setting: crun (Debian's default) refuses cgroups in hybrid mode; podman asks for nofile 1048576, which
+# root cannot raise past its hard limit without CAP_SYS_RESOURCE (runc then fails setting rlimits); cgroupfs and a
+# file events log because there is no systemd; exit_command_delay 5 s, since the default 300 s keeps two conmon
+# processes alive per exec for five minutes.
 CONTAINERS_CONF = """\
 [containers]
 default_ulimits = ["nofile=1024:1024", "nproc=1024:1024"]
