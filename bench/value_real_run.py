@@ -43,7 +43,7 @@ from typing import Any
 import grpc
 from google.protobuf.duration_pb2 import Duration
 
-from orchard.cli.eval import stored_run
+from orchard.cli.runs import stored_run
 from orchard.experience.v1 import experience_pb2 as epb
 from orchard.tasks import load_instances
 from orchard.trainer.v1 import trainer_pb2 as pb

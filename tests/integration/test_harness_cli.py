@@ -18,7 +18,9 @@ from conftest import EnvServer, needs_image, needs_sandboxes
 from experience_helpers import NatsServer, free_port
 
 from orchard import events
-from orchard.cli.eval import grade_from_trajectory, report_of, stored_run
+from orchard.cli import tasksets
+from orchard.cli.eval import report_of
+from orchard.cli.runs import grade_from_trajectory, stored_run
 from orchard.errors import NotFound
 from orchard.harness import (
     AgentLoop,
@@ -113,7 +115,7 @@ async def test_published_rollouts_read_back_as_the_same_report(
     stored = await stored_run(experience, "cli-it", wait_s=30)
     assert len(stored) == len(TASKS) * k
     assert {(t.task_id, t.sample_index) for t in stored} == {(t.instance_id, s) for t in TASKS for s in range(k)}
-    back = report_of(stored, [g for g in map(grade_from_trajectory, stored) if g], {t.instance_id: t for t in TASKS})
+    back, _ = report_of(stored, [g for g in map(grade_from_trajectory, stored) if g], tasksets.load("toyrepair"))
 
     def timeless(r: dict[str, object]) -> dict[str, object]:
         return {**r, "tasks": [{**t, "mean_grading_s": None} for t in r["tasks"]]}  # type: ignore[attr-defined]

@@ -106,7 +106,7 @@ async def candidates_of(args: argparse.Namespace) -> tuple[list[tpb.Trajectory],
     from google.protobuf import json_format
 
     from orchard.cli import rollout
-    from orchard.cli.eval import stored_run
+    from orchard.cli.runs import stored_run
     from orchard.types.v1 import types_pb2 as tpb
 
     if args.run:
@@ -216,7 +216,7 @@ def plot(report: dict[str, Any], path: Path) -> bool:
 
 
 async def evaluate(args: argparse.Namespace) -> int:
-    from orchard.cli.eval import grade_from_trajectory
+    from orchard.cli.runs import grade_from_trajectory
     from orchard.errors import FailedPrecondition, InvalidArgument
     from orchard.tasks import load_instances
     from orchard.value import metrics as vm

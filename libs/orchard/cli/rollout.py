@@ -12,13 +12,14 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from orchard.progress import ProgressLine
 
 if TYPE_CHECKING:
     from orchard.events import EventPublisher
     from orchard.harness.runner import RolloutResult
+    from orchard.sdk import AsyncSandboxClient
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -220,165 +221,154 @@ class RunLog:
 
 
 async def rollout(args: argparse.Namespace) -> int:
+    """The one rollout path of every task set: check everything the run needs, run k samples of each task with
+    the agent loop (or mini-swe-agent's), store and publish each one as it ends, then report."""
     from orchard.cli import tasksets
     from orchard.errors import InvalidArgument
-    from orchard.harness import (
-        AgentLoop,
-        InferenceModel,
-        Limits,
-        Model,
-        ReferenceModel,
-        SamplingConfig,
-        SWEHarness,
-        run_rollouts,
-    )
+    from orchard.harness import AgentLoop, InferenceModel, Limits, Model, SamplingConfig, run_rollouts
     from orchard.sdk import AsyncSandboxClient
-    from orchard.tasks import load_instances, make_report
-    from orchard.tasks.report import format_table
 
-    if tasksets.kind_of(args.tasks):
-        return await tasksets.rollout(args)
+    task_set = tasksets.load(args.tasks, args.ids, env_specs=args.env_specs)
     if args.harness == "mini-swe-agent":
-        return await mini_rollouts(args)
-    if args.policy == "scripted":
-        raise InvalidArgument(
-            "--policy scripted follows a web or claw task's bundled solution; SWE task sets take "
-            "--policy reference:Q or a served model"
-        )
-    instances = load_instances(args.tasks, args.ids, env_specs=args.env_specs)
+        if task_set.kind != "swe":
+            raise InvalidArgument(f"--harness mini-swe-agent runs SWE tasks, not {task_set.kind} tasks")
+        if args.policy is not None:
+            raise InvalidArgument(
+                "--harness mini-swe-agent runs a served model (--openai-base); --policy is for Orchard's own loop"
+            )
+    task_set.check_policy(args.policy)
     run_id = checked_run_id(args.run_id)
     folder = Path(args.out) / run_id
-    # The reference policy's tokens are bytes: its replies carry whole patches.
-    max_tokens = args.max_tokens or (8192 if args.policy is None else 32768)
+    tasks = list(task_set.by_id.values())
+    max_tokens, max_step_tokens = task_set.budgets(args.policy)
     sampling = SamplingConfig(
-        temperature=args.temperature,
-        seed=args.seed,
-        max_step_tokens=args.max_step_tokens or (256 if args.policy is None else 8192),
+        temperature=args.temperature, seed=args.seed, max_step_tokens=args.max_step_tokens or max_step_tokens
     )
-    task_set = args.tasks if "/" not in str(args.tasks) else Path(args.tasks).stem
     async with contextlib.AsyncExitStack() as stack:
         # 1. Everything this run needs, checked before the first rollout starts.
         publisher = None if args.no_events else await connect_events(stack, args.nats_url)
-        model: Model
-        if args.policy is None:
+        described = await task_set.open(stack, args)
+        client = await stack.enter_async_context(AsyncSandboxClient(args.env_address))
+        model: Model | None = None
+        if args.harness == "mini-swe-agent":
+            name = await _served_model(args)
+        elif args.policy is None:
             model = InferenceModel(args.inference_address, args.model, sampling)
             await model.connect()
             stack.push_async_callback(model.close)
+            name = model.name
         else:
-            model = ReferenceModel(instances, args.policy)
-        client = await stack.enter_async_context(AsyncSandboxClient(args.env_address))
-        log = RunLog(stack, folder, len(instances) * args.samples)
-
+            model = task_set.scripted(args.policy)
+            name = model.name
+        log = RunLog(stack, folder, len(tasks) * args.samples, outcome=task_set.outcome)
+        agent = "mini-swe-agent with " if model is None else ""
+        noun = "tasks" if task_set.kind == "swe" else f"{task_set.kind} tasks"
         print(
-            f"run {run_id}: {model.name} on {len(instances)} tasks x {args.samples} samples -> {folder}"
+            f"run {run_id}: {agent}{name} on {len(tasks)} {noun} x {args.samples} samples"
+            + (f" {described}" if described else "")
+            + f" -> {folder}"
             + ("" if publisher is None else f" and {args.nats_url}"),
             file=sys.stderr,
         )
         # 2. The rollouts, graded and stored as each one ends.
-        loop = AgentLoop(
-            model,
-            Limits(max_steps=args.max_steps, max_tokens=max_tokens, wall_clock_s=args.wall_clock),
-            sampling,
-            sink=publisher,
-            run_id=run_id,
-        )
-        results = await run_rollouts(
-            instances,
-            args.samples,
-            loop=loop,
-            client=client,
-            make_harness=lambda t: SWEHarness(t, client, task_set=task_set),
-            concurrency=args.concurrency,
-            grade_patches=not args.no_grade,
-            on_result=log,
-        )
+        if model is None:
+            results = await _mini_rollouts(args, tasks, client, publisher, log, model=name, run_id=run_id)
+        else:
+            loop = AgentLoop(
+                model,
+                Limits(
+                    max_steps=args.max_steps, max_tokens=args.max_tokens or max_tokens, wall_clock_s=args.wall_clock
+                ),
+                sampling,
+                sink=publisher,
+                run_id=run_id,
+            )
+            results = await run_rollouts(
+                tasks,
+                args.samples,
+                loop=loop,
+                client=client,
+                make_harness=lambda task: task_set.harness(task, client, args),
+                concurrency=args.concurrency,
+                grade_patches=not args.no_grade,
+                on_result=log,
+            )
         elapsed = time.monotonic() - log.started
         log.finish()
     # 3. Leaving the block flushed every event to the bus (or raised Unavailable naming how many were not):
     # the experience service can now serve the whole run.
     grades = [r.grade for r in results if r.grade is not None]
     if grades:
-        report = make_report(grades, [i.instance_id for i in instances], run_id=run_id, model=model.name)
+        report, text = task_set.report(grades, run_id=run_id, model=name)
         (folder / "report.json").write_text(json.dumps(report, indent=2) + "\n")
-        print(format_table(report))
-        print(f"resolved: {', '.join(report['resolved_ids']) or '(none)'}")  # type: ignore[arg-type]
+        print(text)
     print(
         f"stored {len(results)} rollouts in {log.path} "
         f"({elapsed:.0f}s, {len(results) / max(elapsed, 1e-9):.2f} rollouts/s)"
     )
     if publisher is not None:
+        again = f"orchard eval --run {run_id}" + ("" if args.tasks == "toyrepair" else f" --tasks {args.tasks}")
         print(
             f"published {publisher.stats.published} events for run {run_id} to {args.nats_url}; "
-            f"read them back with `orchard eval --run {run_id}`"
+            f"read them back with `{again}`"
         )
     return 0
 
 
-async def mini_rollouts(args: argparse.Namespace) -> int:
-    """`--harness mini-swe-agent`: mini's agent on every task, k samples, graded, stored and reported like any run."""
+async def _served_model(args: argparse.Namespace) -> str:
+    """--model, or the model the OpenAI-compatible endpoint serves (for mini-swe-agent)."""
     import urllib.request
 
-    from orchard import events
-    from orchard.errors import InvalidArgument, Unavailable
-    from orchard.integrations.mini_swe_agent import mini_config, mini_rollout
-    from orchard.sdk import AsyncSandboxClient
-    from orchard.tasks import load_instances, make_report
-    from orchard.tasks.report import format_table
+    from orchard.errors import Unavailable
 
-    if args.policy is not None:
-        raise InvalidArgument(
-            "--harness mini-swe-agent runs a served model (--openai-base); --policy is for Orchard's own loop"
-        )
-    instances = load_instances(args.tasks, args.ids, env_specs=args.env_specs)
-    run_id = checked_run_id(args.run_id)
-    folder = Path(args.out) / run_id
-    model = args.model
-    if not model:
-        try:
-            with urllib.request.urlopen(f"{args.openai_base.rstrip('/')}/models", timeout=10) as answer:
-                model = json.loads(answer.read())["data"][0]["id"]
-        except (OSError, ValueError, KeyError, IndexError) as err:
-            raise Unavailable(
-                f"cannot ask {args.openai_base} which model it serves ({err}); start the stack with "
-                "`orchard up`, or give --model and --openai-base"
-            ) from None
+    if args.model:
+        return str(args.model)
+    try:
+        with urllib.request.urlopen(f"{args.openai_base.rstrip('/')}/models", timeout=10) as answer:
+            return str(json.loads(answer.read())["data"][0]["id"])
+    except (OSError, ValueError, KeyError, IndexError) as err:
+        raise Unavailable(
+            f"cannot ask {args.openai_base} which model it serves ({err}); start the stack with "
+            "`orchard up`, or give --model and --openai-base"
+        ) from None
+
+
+async def _mini_rollouts(
+    args: argparse.Namespace,
+    instances: list[Any],
+    client: AsyncSandboxClient,
+    publisher: EventPublisher | None,
+    log: RunLog,
+    *,
+    model: str,
+    run_id: str,
+) -> list[RolloutResult]:
+    """`--harness mini-swe-agent`: mini's agent on every task, k samples, at most --concurrency at once, each
+    graded, stored and published like a rollout of Orchard's own loop."""
+    from orchard import events
+    from orchard.integrations.mini_swe_agent import mini_config, mini_rollout
+
     task_set = args.tasks if "/" not in str(args.tasks) else Path(args.tasks).stem
     slots = asyncio.Semaphore(max(1, args.concurrency))
-    async with contextlib.AsyncExitStack() as stack:
-        publisher = None if args.no_events else await connect_events(stack, args.nats_url)
-        client = await stack.enter_async_context(AsyncSandboxClient(args.env_address))
-        log = RunLog(stack, folder, len(instances) * args.samples)
-        print(
-            f"run {run_id}: mini-swe-agent with {model} on {len(instances)} tasks x {args.samples} samples -> {folder}",
-            file=sys.stderr,
+
+    async def one(instance: Any, sample: int) -> RolloutResult:
+        config = mini_config(
+            model,
+            args.openai_base,
+            textbased=args.textbased,
+            cwd=instance.workdir,
+            address=args.env_address,
+            step_limit=args.max_steps,
         )
+        async with slots:
+            done = await mini_rollout(client, instance, sample, run_id=run_id, task_set=task_set, config=config)
+        if publisher is not None:
+            for event in (events.started(done.trajectory), events.finished(done.trajectory)):
+                await publisher.publish(event)
+        log(done)
+        return done
 
-        async def one(instance, sample):  # type: ignore[no-untyped-def]
-            config = mini_config(
-                model,
-                args.openai_base,
-                textbased=args.textbased,
-                cwd=instance.workdir,
-                address=args.env_address,
-                step_limit=args.max_steps,
-            )
-            async with slots:
-                done = await mini_rollout(client, instance, sample, run_id=run_id, task_set=task_set, config=config)
-            if publisher is not None:
-                for event in (events.started(done.trajectory), events.finished(done.trajectory)):
-                    await publisher.publish(event)
-            log(done)
-            return done
-
-        results = await asyncio.gather(*(one(i, s) for i in instances for s in range(args.samples)))
-        elapsed = time.monotonic() - log.started
-        log.finish()
-    grades = [r.grade for r in results if r.grade is not None]
-    report = make_report(grades, [i.instance_id for i in instances], run_id=run_id, model=model)
-    (folder / "report.json").write_text(json.dumps(report, indent=2) + "\n")
-    print(format_table(report))
-    print(f"stored {len(results)} rollouts in {log.path} ({elapsed:.0f}s)")
-    return 0
+    return list(await asyncio.gather(*(one(i, s) for i in instances for s in range(args.samples))))
 
 
 def cmd_rollout(args: argparse.Namespace) -> int:

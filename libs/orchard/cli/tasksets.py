@@ -1,25 +1,24 @@
-"""`orchard rollout --tasks web|claw`: task sets whose rollouts judge themselves (no patch to grade).
+"""The task sets `orchard rollout` and `orchard eval` run, behind one `TaskSet` protocol (load, policy, harness,
+report), so that the CLI has one rollout path and one report path whatever the tasks are:
 
+- **swe**: SWE-bench-style instances (a bundled set such as toyrepair, or a JSON/JSONL file), each rollout's final
+  patch graded by the task's tests in a fresh sandbox; the scripted policy is `reference:Q` (gold patches).
 - **web**: web tasks in browser sandboxes through the GUI harness. The bundled sites are served on a loopback port
   for the run (or --site names a server already running), every rollout's browser may reach that site only, and
   each rollout is judged by its task's check on the page the agent left.
 - **claw**: personal-assistant tasks in sandboxes with real mail, calendar and files through the assistant
   harness, scored as Claw-Eval scores them (pass@k and pass^k over the samples).
 
-Both report success per task and per category; `orchard eval --run R --tasks web|claw` reads the same back from
-the experience service."""
+Web and claw rollouts judge themselves when they end (there is no patch to grade again later)."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import json
-import sys
-import time
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from orchard.harness import Harness, Model
@@ -27,28 +26,218 @@ if TYPE_CHECKING:
     from orchard.tasks import GradeResult
 
 KINDS = ("web", "claw")
+"""The --tasks prefixes of the self-judging task sets; every other value names SWE instances."""
 
 
-def kind_of(tasks: str) -> str | None:
-    """ "web" or "claw" when a --tasks value names such a task set ("web", "claw", or "web:FILE.jsonl" /
-    "claw:FILE.jsonl"), else None (a SWE task set)."""
-    kind = tasks.partition(":")[0]
-    return kind if kind in KINDS else None
+class TaskSet(Protocol):
+    """One loaded task set: what a run of it needs and how its results are reported."""
+
+    kind: str
+    """ "swe", "web" or "claw"."""
+    spec: str
+    """The --tasks value it was loaded from."""
+    by_id: dict[str, Any]
+    """The tasks by id, in the set's order."""
+    outcome: str
+    """What a good rollout is called in progress lines and reports: "resolved" or "succeeded"."""
+    regradable: bool
+    """Whether a stored rollout can be graded again later (--regrade, --gold), i.e. from its patch alone."""
+
+    def check_policy(self, policy: float | str | None) -> None:
+        """InvalidArgument when --policy does not apply to these tasks."""
+        ...
+
+    def budgets(self, policy: float | str | None) -> tuple[int, int]:
+        """The default token budgets (of a rollout, of one reply) for a served model or the scripted policy."""
+        ...
+
+    async def open(self, stack: contextlib.AsyncExitStack, args: argparse.Namespace) -> str:
+        """Start what a run needs (web: the sites' server), closed with `stack`; a few words describing it."""
+        ...
+
+    def scripted(self, policy: float | str) -> Model:
+        """The task set's own policy: reference:Q (SWE, from gold patches) or each task's bundled solution."""
+        ...
+
+    def harness(self, task: Any, client: AsyncSandboxClient, args: argparse.Namespace) -> Harness:
+        """The harness of one rollout of `task`."""
+        ...
+
+    def report(
+        self, grades: Sequence[GradeResult], *, run_id: str, model: str, k: int | None = None
+    ) -> tuple[dict[str, Any], str]:
+        """The report of graded rollouts over the tasks they ran on (in the set's order), and its text."""
+        ...
 
 
-def load(tasks: str, ids: list[str] | None) -> list[Any]:
-    """The tasks a --tasks value names (InvalidArgument for a bad file or unknown ids)."""
-    from orchard.errors import InvalidArgument
-
-    kind, _, path = tasks.partition(":")
+def load(spec: str, ids: list[str] | None = None, env_specs: str | None = None) -> TaskSet:
+    """The task set a --tasks value names (InvalidArgument for a bad file or unknown ids)."""
+    kind = spec.partition(":")[0]
     if kind == "web":
+        return WebTasks(spec, ids)
+    if kind == "claw":
+        return ClawTasks(spec, ids)
+    return SWETasks(spec, ids, env_specs)
+
+
+def _ids_line(report: dict[str, Any], outcome: str) -> str:
+    return f"{outcome}: {', '.join(report['resolved_ids']) or '(none)'}"
+
+
+class SWETasks:
+    kind, outcome, regradable = "swe", "resolved", True
+
+    def __init__(self, spec: str, ids: list[str] | None, env_specs: str | None) -> None:
+        from orchard.tasks import load_instances
+
+        self.spec = spec
+        self.by_id: dict[str, Any] = {i.instance_id: i for i in load_instances(spec, ids, env_specs=env_specs)}
+        # The name trajectories carry: a bundled set's name, or a file's stem.
+        self.name = spec if "/" not in spec else Path(spec).stem
+
+    def check_policy(self, policy: float | str | None) -> None:
+        from orchard.errors import InvalidArgument
+
+        if policy == "scripted":
+            raise InvalidArgument(
+                "--policy scripted follows a web or claw task's bundled solution; SWE task sets take "
+                "--policy reference:Q or a served model"
+            )
+
+    def budgets(self, policy: float | str | None) -> tuple[int, int]:
+        # The reference policy's tokens are bytes: its replies carry whole patches.
+        return (8192, 256) if policy is None else (32768, 8192)
+
+    async def open(self, stack: contextlib.AsyncExitStack, args: argparse.Namespace) -> str:
+        return ""
+
+    def scripted(self, policy: float | str) -> Model:
+        from orchard.harness import ReferenceModel
+
+        assert isinstance(policy, float)
+        return ReferenceModel(list(self.by_id.values()), policy)
+
+    def harness(self, task: Any, client: AsyncSandboxClient, args: argparse.Namespace) -> Harness:
+        from orchard.harness import SWEHarness
+
+        return SWEHarness(task, client, task_set=self.name)
+
+    def report(
+        self, grades: Sequence[GradeResult], *, run_id: str, model: str, k: int | None = None
+    ) -> tuple[dict[str, Any], str]:
+        from orchard.tasks import make_report
+        from orchard.tasks.report import format_table
+
+        ran = {g.instance_id for g in grades}
+        out = make_report(list(grades), [i for i in self.by_id if i in ran], run_id=run_id, model=model, k=k)
+        return out, f"{format_table(out)}\n{_ids_line(out, 'resolved')}"
+
+
+class _SelfJudged:
+    """Web and claw tasks: a scripted policy from each task's bundled solution, success per category."""
+
+    kind = ""
+    outcome, regradable = "succeeded", False
+
+    def __init__(self, spec: str, ids: list[str] | None) -> None:
+        from orchard.errors import InvalidArgument
+
+        self.spec = spec
+        path = spec.partition(":")[2]
+        try:
+            self.by_id: dict[str, Any] = {t.task_id: t for t in self._load(path or None, ids)}
+        except (ValueError, OSError) as err:
+            raise InvalidArgument(f"--tasks {spec}: {err}") from None
+
+    def _load(self, path: str | None, ids: list[str] | None) -> list[Any]:
+        raise NotImplementedError
+
+    def check_policy(self, policy: float | str | None) -> None:
+        from orchard.errors import InvalidArgument
+
+        if policy is not None and policy != "scripted":
+            raise InvalidArgument(
+                f"--policy reference:Q builds rollouts from gold patches, which {self.kind} tasks have none "
+                f"of; {self.kind} tasks take --policy scripted (each task's bundled solution) or a served "
+                "model"
+            )
+
+    def budgets(self, policy: float | str | None) -> tuple[int, int]:
+        # The scripted policies' tokens are bytes, and observations hold whole pages or mailboxes.
+        return (8192, 256) if policy is None else (262_144, 256)
+
+    def report(
+        self, grades: Sequence[GradeResult], *, run_id: str, model: str, k: int | None = None
+    ) -> tuple[dict[str, Any], str]:
+        from orchard.tasks import make_report
+        from orchard.tasks.report import format_table
+
+        ran = {g.instance_id for g in grades}
+        out: dict[str, Any] = make_report(
+            list(grades), [i for i in self.by_id if i in ran], run_id=run_id, model=model, k=k
+        )
+        out["categories"] = category_rates(grades, list(self.by_id.values()))
+        text = [format_table(out, outcome="success"), format_categories(out["categories"])]
+        text += self._extra(out, grades, k)
+        text.append(_ids_line(out, "succeeded"))
+        return out, "\n".join(text)
+
+    def _extra(self, out: dict[str, Any], grades: Sequence[GradeResult], k: int | None) -> list[str]:
+        return []
+
+
+class WebTasks(_SelfJudged):
+    kind = "web"
+    site = ""
+
+    def _load(self, path: str | None, ids: list[str] | None) -> list[Any]:
         from orchard.tasks.web import load_tasks
-    else:
-        from orchard.tasks.assistant import load_tasks  # type: ignore[assignment]
-    try:
-        return load_tasks(path or None, ids)  # type: ignore[arg-type]
-    except (ValueError, OSError) as err:
-        raise InvalidArgument(f"--tasks {tasks}: {err}") from None
+
+        return list(load_tasks(path, ids))
+
+    async def open(self, stack: contextlib.AsyncExitStack, args: argparse.Namespace) -> str:
+        from orchard.tasks.web import SiteServer
+
+        self.site = args.site or (await stack.enter_async_context(SiteServer())).url
+        return f"(site {self.site}, observing {args.observe})"
+
+    def scripted(self, policy: float | str) -> Model:
+        from orchard.harness.gui import WebScriptModel
+
+        return WebScriptModel(list(self.by_id.values()), self.site)
+
+    def harness(self, task: Any, client: AsyncSandboxClient, args: argparse.Namespace) -> Harness:
+        from orchard.harness.gui import GUIHarness
+
+        return GUIHarness(task, client, self.site, observe=args.observe)
+
+
+class ClawTasks(_SelfJudged):
+    kind = "claw"
+
+    def _load(self, path: str | None, ids: list[str] | None) -> list[Any]:
+        from orchard.tasks.assistant import load_tasks
+
+        return list(load_tasks(path, ids))
+
+    async def open(self, stack: contextlib.AsyncExitStack, args: argparse.Namespace) -> str:
+        return "(mail, calendar, files)"
+
+    def scripted(self, policy: float | str) -> Model:
+        from orchard.harness.assistant import AssistantScriptModel
+
+        return AssistantScriptModel(list(self.by_id.values()))
+
+    def harness(self, task: Any, client: AsyncSandboxClient, args: argparse.Namespace) -> Harness:
+        from orchard.harness.assistant import AssistantHarness
+
+        return AssistantHarness(task, client)
+
+    def _extra(self, out: dict[str, Any], grades: Sequence[GradeResult], k: int | None) -> list[str]:
+        from orchard.harness.assistant import claw_figures
+
+        out["claw"], claw_text = claw_figures(grades, k or 3)
+        return [claw_text]
 
 
 def category_rates(grades: Sequence[GradeResult], tasks: Sequence[Any]) -> dict[str, dict[str, float | int]]:
@@ -66,132 +255,3 @@ def format_categories(rates: dict[str, dict[str, float | int]]) -> str:
     return "success by category: " + ", ".join(
         f"{name} {row['succeeded']}/{row['rollouts']} ({100 * row['success_rate']:.0f}%)" for name, row in rates.items()
     )
-
-
-def report(
-    kind: str, grades: Sequence[GradeResult], tasks: Sequence[Any], *, run_id: str, model: str, k: int | None = None
-) -> tuple[dict[str, Any], str]:
-    """The run's report and its text: the per-task success table and success by category; for claw also the
-    Claw-Eval figures (mean score, pass@k and pass^k, k = 3 by default)."""
-    from orchard.tasks import make_report
-    from orchard.tasks.report import format_table
-
-    ran = {g.instance_id for g in grades}
-    out: dict[str, Any] = make_report(
-        list(grades), [t.task_id for t in tasks if t.task_id in ran], run_id=run_id, model=model, k=k
-    )
-    out["categories"] = category_rates(grades, tasks)
-    text = [format_table(out, outcome="success"), format_categories(out["categories"])]
-    if kind == "claw":
-        from orchard.harness.assistant import claw_figures
-
-        out["claw"], claw_text = claw_figures(grades, k or 3)
-        text.append(claw_text)
-    return out, "\n".join(text)
-
-
-class Setup:
-    """What a kind of task set needs for a run: a scripted policy and a harness per task (and, for web, a site)."""
-
-    def __init__(self, kind: str, args: argparse.Namespace, client: AsyncSandboxClient, site: str = "") -> None:
-        self.kind, self.args, self.client, self.site = kind, args, client, site
-
-    def scripted(self, tasks: Sequence[Any]) -> Model:
-        if self.kind == "web":
-            from orchard.harness.gui import WebScriptModel
-
-            return WebScriptModel(tasks, self.site)
-        from orchard.harness.assistant import AssistantScriptModel
-
-        return AssistantScriptModel(tasks)
-
-    def harness(self, task: Any) -> Harness:
-        if self.kind == "web":
-            from orchard.harness.gui import GUIHarness
-
-            return GUIHarness(task, self.client, self.site, observe=self.args.observe)
-        from orchard.harness.assistant import AssistantHarness
-
-        return AssistantHarness(task, self.client)
-
-    def describe(self) -> str:
-        return f"(site {self.site}, observing {self.args.observe})" if self.kind == "web" else "(mail, calendar, files)"
-
-
-async def rollout(args: argparse.Namespace) -> int:
-    from orchard.cli.rollout import RunLog, checked_run_id, connect_events
-    from orchard.errors import InvalidArgument
-    from orchard.harness import AgentLoop, InferenceModel, Limits, SamplingConfig, run_rollouts
-    from orchard.sdk import AsyncSandboxClient
-
-    kind = kind_of(args.tasks)
-    assert kind is not None
-    if args.policy is not None and args.policy != "scripted":
-        raise InvalidArgument(
-            f"--policy reference:Q builds rollouts from gold patches, which {kind} tasks have none "
-            f"of; {kind} tasks take --policy scripted (each task's bundled solution) or a served "
-            "model"
-        )
-    tasks = load(args.tasks, args.ids)
-    run_id = checked_run_id(args.run_id)
-    folder = Path(args.out) / run_id
-    sampling = SamplingConfig(temperature=args.temperature, seed=args.seed, max_step_tokens=args.max_step_tokens or 256)
-    async with contextlib.AsyncExitStack() as stack:
-        publisher = None if args.no_events else await connect_events(stack, args.nats_url)
-        site = ""
-        if kind == "web":
-            from orchard.tasks.web import SiteServer
-
-            site = args.site or (await stack.enter_async_context(SiteServer())).url
-        client = await stack.enter_async_context(AsyncSandboxClient(args.env_address))
-        setup = Setup(kind, args, client, site)
-        model: Model
-        if args.policy == "scripted":
-            model = setup.scripted(tasks)
-        else:
-            model = InferenceModel(args.inference_address, args.model, sampling)
-            await model.connect()
-            stack.push_async_callback(model.close)
-        log = RunLog(stack, folder, len(tasks) * args.samples, outcome="succeeded")
-
-        print(
-            f"run {run_id}: {model.name} on {len(tasks)} {kind} tasks x {args.samples} samples "
-            f"{setup.describe()} -> {folder}" + ("" if publisher is None else f" and {args.nats_url}"),
-            file=sys.stderr,
-        )
-        # The scripted policies' tokens are bytes, and observations hold whole pages or mailboxes.
-        max_tokens = args.max_tokens or (8192 if args.policy is None else 262_144)
-        loop = AgentLoop(
-            model,
-            Limits(max_steps=args.max_steps, max_tokens=max_tokens, wall_clock_s=args.wall_clock),
-            sampling,
-            sink=publisher,
-            run_id=run_id,
-        )
-        results = await run_rollouts(
-            tasks,
-            args.samples,
-            loop=loop,
-            client=client,
-            make_harness=setup.harness,
-            concurrency=args.concurrency,
-            grade_patches=not args.no_grade,
-            on_result=log,
-        )
-        elapsed = time.monotonic() - log.started
-        log.finish()
-    grades = [r.grade for r in results if r.grade is not None]
-    if grades:
-        out, text = report(kind, grades, tasks, run_id=run_id, model=model.name)
-        (folder / "report.json").write_text(json.dumps(out, indent=2) + "\n")
-        print(text)
-    print(
-        f"stored {len(results)} rollouts in {log.path} "
-        f"({elapsed:.0f}s, {len(results) / max(elapsed, 1e-9):.2f} rollouts/s)"
-    )
-    if publisher is not None:
-        print(
-            f"published {publisher.stats.published} events for run {run_id} to {args.nats_url}; "
-            f"read them back with `orchard eval --run {run_id} --tasks {args.tasks}`"
-        )
-    return 0

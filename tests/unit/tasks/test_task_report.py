@@ -73,7 +73,7 @@ def test_reward_from_grade() -> None:
 
 
 def test_eval_reads_grades_back_from_stored_rewards() -> None:
-    from orchard.cli.eval import grade_from_trajectory
+    from orchard.cli.runs import grade_from_trajectory
 
     graded = GradeResult(
         instance_id="a",
