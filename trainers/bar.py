@@ -1,4 +1,4 @@
-"""Balanced Adaptive Rollout (recipes §2.3): per prompt, generate rollouts a stride at a time until a group of N
+"""Balanced Adaptive Rollout (docs/training.md §2.3): per prompt, generate rollouts a stride at a time until a group of N
 with a positive fraction in [rho_min, rho_max] can be assembled; then the relaxed range [0, 1]; then the best
 N of the pool. The group filter then decides which groups enter the batch; over-sampled prompts replace the
 dropped ones. Rollouts come from a `RolloutSource` (a harness-backed one drives the agent loop and env).

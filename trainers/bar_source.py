@@ -1,4 +1,4 @@
-"""BAR's rollouts from the harness (recipes §2.3): each one an agent-loop run of a SWE task instance in its own
+"""BAR's rollouts from the harness (docs/training.md §2.3): each one an agent-loop run of a SWE task instance in its own
 sandbox, graded in a fresh sandbox, returned as a BAR `Rollout` that carries its trajectory.
 
 Choices [I]:

@@ -1,4 +1,4 @@
-"""Credit-assignment SFT (recipes §2.2): a teacher annotates key-step values V(s_t) of an unresolved trajectory,
+"""Credit-assignment SFT (docs/training.md §2.2): a teacher annotates key-step values V(s_t) of an unresolved trajectory,
 the values are interpolated into a curve, and only the actions inside rise segments (per-step credit
 c_t = V(s_t+1) - V(s_t) >= epsilon) are trained; resolved trajectories train every action.
 

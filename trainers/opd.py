@@ -1,4 +1,4 @@
-"""On-policy distillation (recipes §2.4): a per-token loss from the student's and a teacher's log-probs of the
+"""On-policy distillation (docs/training.md §2.4): a per-token loss from the student's and a teacher's log-probs of the
 student's own sampled tokens (l_s, l_t), masked to assistant tokens and added to the GRPO loss:
 
     L = L_PPO-clip(A_grpo) + opd_coef · mean_{assistant tokens} L_opd(l_s, l_t)

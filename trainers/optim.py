@@ -38,7 +38,7 @@ class Optim:
 
 
 RECIPE_DEFAULTS: dict[int, dict[str, Any]] = {
-    # (learning rate, weight decay, beta2, schedule); recipes.md §2.1, §2.3, §2.4.
+    # (learning rate, weight decay, beta2, schedule); docs/training.md §2.1, §2.3, §2.4.
     pb.JOB_KIND_SFT: {"lr": 1e-5, "wd": 0.0, "beta2": 0.999, "schedule": pb.LR_SCHEDULE_COSINE},
     pb.JOB_KIND_CREDIT_ASSIGNMENT_SFT: {"lr": 1e-5, "wd": 0.0, "beta2": 0.999, "schedule": pb.LR_SCHEDULE_COSINE},
     pb.JOB_KIND_RL: {"lr": 1e-6, "wd": 0.1, "beta2": 0.98, "schedule": pb.LR_SCHEDULE_COSINE},
@@ -63,7 +63,7 @@ DEFAULT_MAX_SEQ_LEN = 2048
 
 
 def resolve(h: pb.Hyperparameters, kind: int, *, opd_only: bool = False) -> Optim:
-    """The job's hyperparameters with defaults filled in; pure OPD defaults to a constant LR (recipes §2.4).
+    """The job's hyperparameters with defaults filled in; pure OPD defaults to a constant LR (docs/training.md §2.4).
     Their ranges were checked when the job was created (services/trainer/servicer.py `validate`)."""
     d = RECIPE_DEFAULTS[kind]
     lr = h.learning_rate or d["lr"]

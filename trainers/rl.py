@@ -1,4 +1,4 @@
-"""GRPO-style policy gradient (recipes §2.3): group-relative advantages A_i = (r_i - mean(r)) / std(r),
+"""GRPO-style policy gradient (docs/training.md §2.3): group-relative advantages A_i = (r_i - mean(r)) / std(r),
 broadcast to every assistant token of trajectory i, and the PPO clipped loss with asymmetric clipping
 (eps_low 0.2, eps_high 0.28, no KL term), aggregated as the mean over every assistant token of the batch.
 

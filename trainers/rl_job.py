@@ -1,4 +1,4 @@
-"""The RL recipe as a trainer job (recipes §2.3–2.5): each rollout step samples groups of agent-loop rollouts of
+"""The RL recipe as a trainer job (docs/training.md §2.3–2.5): each rollout step samples groups of agent-loop rollouts of
 task instances from the inference service's policy, rewards them (outcome, optionally mixed with the RPR judge),
 filters the groups, takes one clipped policy-gradient step (plus the OPD term) on the trainer's own copy of the
 policy, saves it and loads it into the inference service, so the next step samples on-policy.
@@ -25,9 +25,9 @@ Choices [I]:
   trains; the inference service swaps in step k's update between two generations (a rollout's turns can then
   span two versions; each token keeps its own behaviour log-prob). "stale_turn_fraction" reports the share of
   model calls sampled with older weights than the ones being trained.
-- Run id = job id. Trajectories are numbered per task instance from 0 in each worker process, so a resumed
-  worker reuses earlier ids; rollout events go to an EventSink, none by default (the trainer service has no event
-  bus address), which keeps that harmless.
+- Run id = job id. Each worker attempt owns its own range of sample indices per task instance (so a resumed
+  worker never reuses a trajectory id of the one it replaced); rollout events go to NATS when the trainer service
+  has a bus address (ctx.runtime.nats_url, for the experience store), else nowhere.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Rubric-based process reward mixing (recipes §2.5): R' = R_bin + alpha · J with alpha = 0.5 and J in [0, 1]
+"""Rubric-based process reward mixing (docs/training.md §2.5): R' = R_bin + alpha · J with alpha = 0.5 and J in [0, 1]
 the judge's aggregate score, then GRPO advantages over the mixed rewards. J spreads rewards inside groups that
 are all resolved or all failed, so those groups keep a learning signal. The judge itself (rubric, rendering,
 snapping) is the reward service's; this module only mixes its score in.

@@ -1,4 +1,4 @@
-"""SFT on trajectories (recipes §2.1): samples with a loss mask on assistant tokens only, left truncation that
+"""SFT on trajectories (docs/training.md §2.1): samples with a loss mask on assistant tokens only, left truncation that
 keeps the end, and packing of several samples into fixed-length rows.
 
 Choices [I]:

@@ -1,4 +1,4 @@
-"""The SFT and credit-assignment SFT recipes as trainer jobs (recipes §2.1, §2.2): data → samples → AdamW steps
+"""The SFT and credit-assignment SFT recipes as trainer jobs (docs/training.md §2.1, §2.2): data → samples → AdamW steps
 on the exact token mean of each global batch → checkpoints the inference service can load.
 
 Choices [I]:

@@ -1,4 +1,4 @@
-"""The toys that show the recipes learn (recipes §3): a tabular ToyRepair with a softmax-tabular policy, trained
+"""The toys that show the recipes learn (docs/training.md §3): a tabular ToyRepair with a softmax-tabular policy, trained
 by GRPO on BAR or fixed-N groups (§2.3) and by SFT on scripted trajectories with CA-SFT rise segments (§2.2);
 all-failed groups scored with a rule-based judge (§2.5); a tiny LM distilled towards a bigram teacher (§2.4).
 Shared by tests/unit/trainers/test_learning.py, test_opd.py and bench/learning_proofs.py; no I/O, no download.
@@ -189,7 +189,7 @@ def localisation_accuracy(policy: TabularPolicy) -> float:
     return hit
 
 
-# 3. GRPO with BAR or fixed-N groups (recipes §2.3, toy test 4).
+# 3. GRPO with BAR or fixed-N groups (docs/training.md §2.3, toy test 4).
 
 
 @dataclass(frozen=True)
@@ -313,7 +313,7 @@ async def train_grpo(
     return LearningCurve(updates)
 
 
-# 4. CA-SFT on scripted trajectories (recipes §2.2, toy test 5).
+# 4. CA-SFT on scripted trajectories (docs/training.md §2.2, toy test 5).
 
 CAREFUL, FIX_COMPETENCE = 0.4, 0.4
 """The scripted teacher [I]: a careful one (this share) runs the tests and opens the failing file, then edits it
@@ -409,7 +409,7 @@ def train_sft(dataset: Sequence[Sequence[tuple[int, int]]], steps: int = 200, lr
     return policy
 
 
-# 5. Rubric-mixed rewards in all-failed groups (recipes §2.5).
+# 5. Rubric-mixed rewards in all-failed groups (docs/training.md §2.5).
 
 
 def judge(episode: Episode) -> float:
@@ -462,7 +462,7 @@ def rpr_spreads(seed: int, n_groups: int, group_size: int = 8) -> list[GroupSpre
     return spreads
 
 
-# 6. OPD towards a bigram teacher (recipes §2.4, toy test 2).
+# 6. OPD towards a bigram teacher (docs/training.md §2.4, toy test 2).
 
 
 def tiny_student(vocab: int, seed: int, hidden: int = 32, layers: int = 2) -> LlamaForCausalLM:

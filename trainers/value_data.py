@@ -1,4 +1,4 @@
-"""The value model's training set from the experience store (recipes §2.6): graded candidates rendered with the
+"""The value model's training set from the experience store (docs/training.md §2.6): graded candidates rendered with the
 RPR judge's compact renderer, deduplicated on (task, patch hash), split by task into train and held-out, and
 sampled each epoch with positives and negatives balanced within each task and spread across runs.
 

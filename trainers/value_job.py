@@ -1,4 +1,4 @@
-"""The value-model recipe as a trainer job (recipes §2.6): graded candidates from the experience store → a
+"""The value-model recipe as a trainer job (docs/training.md §2.6): graded candidates from the experience store → a
 backbone with a scalar head trained on BCE + within-task pairwise ranking → held-out AUC, ECE and the best@N
 curve → a versioned checkpoint the value service loads.
 

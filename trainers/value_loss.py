@@ -1,4 +1,4 @@
-"""The value model's loss (recipes §2.6): BCE on the outcome plus beta times a logistic ranking loss over every
+"""The value model's loss (docs/training.md §2.6): BCE on the outcome plus beta times a logistic ranking loss over every
 within-task (resolved, unresolved) pair, so the score ranks a task's candidates and not only tasks."""
 
 from __future__ import annotations

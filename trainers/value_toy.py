@@ -1,4 +1,4 @@
-"""The value-model toy (recipes §2.6, CPU toy test): historical runs of five policies of different skill on the
+"""The value-model toy (docs/training.md §2.6, CPU toy test): historical runs of five policies of different skill on the
 tabular ToyRepair (trainers/toy.py), rendered as text; a logistic regression over a hashed bag of tokens trained
 with `value_loss` (BCE + beta = 1 within-task pairwise); best-of-8 reranking of a middling policy's fresh candidates
 on held-out tasks. Shared by tests/unit/trainers/test_value_learning.py and bench/value_proofs.py; no I/O, no
