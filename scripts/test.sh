@@ -3,4 +3,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
-exec .venv/bin/python -m pytest tests -p no:cacheprovider -q "$@"
+exec .venv/bin/python -m pytest tests -p no:cacheprovider -q --durations=25 "$@"
