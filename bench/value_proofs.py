@@ -1,4 +1,4 @@
-"""Proof that a value model trained on historical runs reranks best-of-N candidates (recipes §2.6, CPU toy test),
+"""Proof that a value model trained on historical runs reranks best-of-N candidates (docs/training.md §2.6, CPU toy test),
 on the toy of trainers/value_toy.py, averaged over fixed seeds: a logistic regression over a bag of tokens, trained
 with BCE + within-task pairwise loss on a store of five policies' runs, picks among 8 fresh candidates of a
 middling policy on held-out tasks. Baselines from the same run: a random pick (random@N, the ratio's

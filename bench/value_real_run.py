@@ -1,4 +1,4 @@
-"""Value real run: the value model's proof on rollouts through real sandboxes (recipes §2.6). `orchard up` starts
+"""Value real run: the value model's proof on rollouts through real sandboxes (docs/training.md §2.6). `orchard up` starts
 NATS and the env, experience and value services (no inference: the synthetic reference policies need no model) and
 `orchard serve trainer` the trainer (`orchard up` starts it only with the inference service); five reference
 policies of different quality (`orchard rollout --policy reference:Q`, really graded, published to the experience

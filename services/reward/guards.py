@@ -1,4 +1,4 @@
-"""Test-evidence guards of the RPR judge (recipes §2.5 [I]): find the steps that ran a test, clamp the criteria that
+"""Test-evidence guards of the RPR judge (docs/training.md §2.5 [I]): find the steps that ran a test, clamp the criteria that
 need test evidence when none backs them, and cap J when no step ran a test at all. Cheap checks in code against a
 judge that rewards testing it only imagined."""
 

@@ -1,4 +1,4 @@
-"""The RPR judge (recipes §2.5): an LLM grades a whole trajectory's process on a weighted rubric; its JSON is
+"""The RPR judge (docs/training.md §2.5): an LLM grades a whole trajectory's process on a weighted rubric; its JSON is
 parsed robustly, each score snapped to the 0.1 grid, the rubric's test-evidence guards applied (guards.py), and the
 reward is R' = R_bin + alpha * J. alpha = 0 makes no call, and any judge failure falls back to the outcome reward,
 saying why."""

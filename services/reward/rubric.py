@@ -1,5 +1,5 @@
 """Judge rubrics as data: a YAML file (or the request's criteria) → a validated `Rubric` of weighted criteria, with
-the test-evidence guards (recipes §2.5 [I]) the file sets."""
+the test-evidence guards (docs/training.md §2.5 [I]) the file sets."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 
 BUNDLED_RUBRIC = Path(__file__).resolve().parent / "rubrics" / "swe.yaml"
-"""The seven-criterion SWE rubric (R1 fix quality to R7 verification integrity, recipes §2.5)."""
+"""The seven-criterion SWE rubric (R1 fix quality to R7 verification integrity, docs/training.md §2.5)."""
 WEIGHT_TOLERANCE = 1e-6
 _ID = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,31}$")
 _CRITERION_KEYS = ("id", "name", "weight", "description")
@@ -64,7 +64,7 @@ def _default_commands() -> tuple[re.Pattern[str], ...]:
 
 @dataclass(frozen=True)
 class EvidencePolicy:
-    """A rubric's test-evidence guards (recipes §2.5 [I]): what counts as a test run, and the caps."""
+    """A rubric's test-evidence guards (docs/training.md §2.5 [I]): what counts as a test run, and the caps."""
 
     commands: tuple[re.Pattern[str], ...] = field(default_factory=_default_commands)
     """Regexes matched at the start of each shell command of a step; one match means the step ran a test."""

@@ -1,4 +1,4 @@
-"""The OPD teacher (recipes §2.4): a teacher model's log-prob of every token of a student's exact sequence
+"""The OPD teacher (docs/training.md §2.4): a teacher model's log-prob of every token of a student's exact sequence
 (prefill only, through the inference service's ScoreTokens), with the loss mask carried through."""
 
 from __future__ import annotations

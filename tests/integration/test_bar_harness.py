@@ -1,4 +1,4 @@
-"""BAR (recipes §2.3) over the harness: ToyRepair rollouts on a real env service with real sandboxes, each graded
+"""BAR (docs/training.md §2.3) over the harness: ToyRepair rollouts on a real env service with real sandboxes, each graded
 in a fresh sandbox. The policy is the scripted model (a deterministic fake; the real model cannot solve tasks)
 that applies the gold fix with a seeded per-task probability p, and otherwise a wrong edit."""
 

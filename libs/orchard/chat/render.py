@@ -1,4 +1,4 @@
-"""Rendering a trajectory for the judge (recipes §2.5): the task, each step's reasoning, command and compact
+"""Rendering a trajectory for the judge (docs/training.md §2.5): the task, each step's reasoning, command and compact
 observation, and the final patch, each cut to its cap with head and tail kept."""
 
 from __future__ import annotations

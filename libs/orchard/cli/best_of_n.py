@@ -2,7 +2,7 @@
 empty and unappliable patches dropped, the rest reranked by the value service, the pick graded; the report is
 pass@1, random@N, best@N, pass@N (the oracle), AUC and ECE, and the best@N curve for N in {1, 2, 4, 8} as a
 table, a JSON file (with every candidate's score, grade, exclusion and patch cluster, in sample order, so reports
-can be merged) and a PNG plot (recipes §2.6).
+can be merged) and a PNG plot (docs/training.md §2.6).
 
 Every candidate was graded when it was generated (its outcome reward), so "grading the pick" reads the pick's
 grade; the patch check the reranker gets is whether the patch applied in that grading. The curve's smaller N take

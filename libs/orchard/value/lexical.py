@@ -1,5 +1,5 @@
 """The value model's lexical part: a linear score over the hashed words and word pairs of a rendered candidate
-(the bag of tokens of recipes §2.6's CPU toy), added to the encoder head's logit — a "wide and deep" model.
+(the bag of tokens of docs/training.md §2.6's CPU toy), added to the encoder head's logit — a "wide and deep" model.
 
 Why [I]: on a small store (tens of tasks) the outcome shows in short phrases — a test summary, "still fail", a
 revert-and-retry, a patch that only deletes lines — and a pretrained sentence encoder fine-tuned for a few dozen

@@ -1,4 +1,4 @@
-"""Best-of-N figures of a value model (recipes §2.6): AUC, ECE, pass@1, random@N, best@N, pass@N, and the
+"""Best-of-N figures of a value model (docs/training.md §2.6): AUC, ECE, pass@1, random@N, best@N, pass@N, and the
 patch clusters that break score ties. Pure Python, shared by the value job, the value service, `orchard eval
 --best-of` and the toy proofs, so every one of them computes the same numbers."""
 

@@ -1,5 +1,5 @@
 """A candidate as the value model reads it: the task, the compact trajectory and the final patch, rendered by
-the RPR judge's renderer (recipes §2.5) without a reference, so training and serving see the same text."""
+the RPR judge's renderer (docs/training.md §2.5) without a reference, so training and serving see the same text."""
 
 from __future__ import annotations
 

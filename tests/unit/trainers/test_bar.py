@@ -1,4 +1,4 @@
-"""Balanced Adaptive Rollout (recipes §2.3) on hand-built pools and a seeded Bernoulli rollout source."""
+"""Balanced Adaptive Rollout (docs/training.md §2.3) on hand-built pools and a seeded Bernoulli rollout source."""
 
 from __future__ import annotations
 

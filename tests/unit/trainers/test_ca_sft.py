@@ -1,4 +1,4 @@
-"""Credit-assignment SFT (recipes §2.2): rise segments, interpolation, masks and annotation parsing."""
+"""Credit-assignment SFT (docs/training.md §2.2): rise segments, interpolation, masks and annotation parsing."""
 
 from __future__ import annotations
 

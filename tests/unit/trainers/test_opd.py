@@ -1,4 +1,4 @@
-"""On-policy distillation losses (recipes §2.4): closed forms, gradients, masking, the combination with GRPO,
+"""On-policy distillation losses (docs/training.md §2.4): closed forms, gradients, masking, the combination with GRPO,
 and a toy distillation of a tiny student towards a fixed bigram teacher (shared with the learning bench)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""GRPO advantages and the asymmetric-clip policy loss (recipes §2.3)."""
+"""GRPO advantages and the asymmetric-clip policy loss (docs/training.md §2.3)."""
 
 from __future__ import annotations
 

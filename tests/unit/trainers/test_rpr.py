@@ -1,4 +1,4 @@
-"""Rubric-based process reward mixing (recipes §2.5): R' = R_bin + alpha * J and its GRPO advantages."""
+"""Rubric-based process reward mixing (docs/training.md §2.5): R' = R_bin + alpha * J and its GRPO advantages."""
 
 from __future__ import annotations
 

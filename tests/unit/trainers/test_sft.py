@@ -1,4 +1,4 @@
-"""SFT samples, truncation, packing and the masked loss (recipes §2.1)."""
+"""SFT samples, truncation, packing and the masked loss (docs/training.md §2.1)."""
 
 from __future__ import annotations
 

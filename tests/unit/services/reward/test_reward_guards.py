@@ -1,4 +1,4 @@
-"""The judge's test-evidence guards (recipes §2.5 [I]): the test-execution detector, the citation parser, the clamp of
+"""The judge's test-evidence guards (docs/training.md §2.5 [I]): the test-execution detector, the citation parser, the clamp of
 R2/R4/R6 and the cap of J, with exact numbers, and how the judge reports them. The judge model is a scripted fake
 (tests/unit/services/reward/scripted_models.py), since no real model runs in unit tests."""
 
