@@ -1,5 +1,5 @@
 """Proof that a value model trained on historical runs reranks best-of-N candidates (docs/training.md §2.6, CPU toy test),
-on the toy of trainers/value_toy.py, averaged over fixed seeds: a logistic regression over a bag of tokens, trained
+on the toy of tests/unit/trainers/value_toy.py, averaged over fixed seeds: a logistic regression over a bag of tokens, trained
 with BCE + within-task pairwise loss on a store of five policies' runs, picks among 8 fresh candidates of a
 middling policy on held-out tasks. Baselines from the same run: a random pick (random@N, the ratio's
 denominator), the oracle (pass@N), a majority vote over patch clusters, an untrained model, BCE alone; and best@8
@@ -12,13 +12,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
+from pathlib import Path
 from statistics import mean
 from typing import Any
 
 import torch
 
-from orchard.trainers import value_toy
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "unit" / "trainers"))  # the CPU toys live with their tests
+
+import value_toy
 
 CONTROL_INITS = 4
 """Untrained models per seed: one random direction can rank well by chance."""

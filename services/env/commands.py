@@ -12,7 +12,6 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from orchard.errors import (
     FailedPrecondition,
@@ -25,12 +24,11 @@ from orchard.errors import (
 from orchard.runtime import tenancy
 from orchard.services.env import metrics
 from orchard.services.env.agent_client import PtySession, terminal_size
+from orchard.services.env.backends.base import SandboxBackend
 from orchard.services.env.exec_output import ExecOutput, StreamPosition
 from orchard.services.env.files import resolve_path
-from orchard.services.env.models import Exec, ExecState, Sandbox, SandboxState
-
-if TYPE_CHECKING:
-    from orchard.services.env.manager import SandboxManager
+from orchard.services.env.models import Exec, ExecState, Sandbox, SandboxDirectory, SandboxState
+from orchard.services.env.settings import EnvSettings
 
 log = logging.getLogger(__name__)
 
@@ -56,10 +54,10 @@ class ExecRequest:
 class Commands:
     """Every exec and terminal session of one env service."""
 
-    def __init__(self, manager: SandboxManager) -> None:
-        self._manager = manager
-        self.settings = manager.settings
-        self.backend = manager.backend
+    def __init__(self, settings: EnvSettings, backend: SandboxBackend, directory: SandboxDirectory) -> None:
+        self._directory = directory
+        self.settings = settings
+        self.backend = backend
         self.execs: dict[str, Exec] = {}
         self._queued = 0  # execs in state QUEUED, kept as a count: StartExec must not scan every exec
         self._ptys = 0  # terminal sessions open
@@ -124,7 +122,7 @@ class Commands:
     def start_exec(self, req: ExecRequest) -> Exec:
         """Queue a command behind the sandbox's earlier ones and return it at once."""
         s = self.settings
-        sandbox = self._manager.ready_sandbox(req.sandbox_id)
+        sandbox = self._directory.ready_sandbox(req.sandbox_id)
         if req.argv is not None:
             if not req.argv:
                 raise InvalidArgument("argv must not be empty", field="argv")
@@ -167,7 +165,7 @@ class Commands:
         )
         self.execs[ex.exec_id] = ex
         self._queued += 1
-        self._manager.spawn(self._run(sandbox, ex), name=f"exec-{ex.exec_id}")
+        self._directory.spawn(self._run(sandbox, ex), name=f"exec-{ex.exec_id}")
         return ex
 
     async def _run(self, sandbox: Sandbox, ex: Exec) -> None:
@@ -205,7 +203,7 @@ class Commands:
                             f"the sandbox ran out of memory (limit {sandbox.resources.memory_bytes >> 20} MiB) "
                             "and the kernel killed its agent"
                         )
-                    self._manager.mark_failed(sandbox, reason)
+                    self._directory.mark_failed(sandbox, reason)
                 await self._finish(ex, ExecState.FAILED, error=err.message)
             except asyncio.CancelledError:
                 await self._finish(ex, ExecState.CANCELLED, error="the env service stopped")
@@ -289,7 +287,7 @@ class Commands:
         if ex.state is ExecState.QUEUED:
             await self._finish(ex, ExecState.CANCELLED, error="cancelled before it started")
         elif ex.state is ExecState.RUNNING:
-            sandbox = self._manager.sandboxes.get(ex.sandbox_key)
+            sandbox = self._directory.sandboxes.get(ex.sandbox_key)
             if sandbox is not None and sandbox.client is not None and ex.agent_id is not None:
                 await sandbox.client.cancel(ex.agent_id, "cancelled")
             try:
@@ -319,7 +317,7 @@ class Commands:
         one of the max_concurrent_execs slots (it would starve them); max_pty_sessions bounds sessions instead.
         The sandbox's deletion ends its sessions with Unavailable.
         """
-        sandbox = self._manager.ready_sandbox(sandbox_id)
+        sandbox = self._directory.ready_sandbox(sandbox_id)
         argv = list(argv) or list(DEFAULT_PTY_ARGV)
         if any("\x00" in arg for arg in argv):
             raise InvalidArgument("argv contains a NUL byte", field="argv")

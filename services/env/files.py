@@ -6,15 +6,13 @@ import asyncio
 import contextlib
 import posixpath
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from orchard.errors import FailedPrecondition, InvalidArgument, OrchardError
 from orchard.services.env.agent_client import AgentClient
-
-if TYPE_CHECKING:
-    from orchard.services.env.manager import SandboxManager
+from orchard.services.env.models import Sandbox
 
 CHUNK = 1 << 20
 MAX_PATH_BYTES = 4095
@@ -63,13 +61,13 @@ def _info(raw: dict[str, Any]) -> FileInfo:
 
 
 class FileOps:
-    """Upload, download and list, for the manager's sandboxes."""
+    """Upload, download and list, in the sandboxes `ready_sandbox` finds (the manager's, tenant-checked)."""
 
-    def __init__(self, manager: SandboxManager) -> None:
-        self._manager = manager
+    def __init__(self, ready_sandbox: Callable[[str], Sandbox]) -> None:
+        self._ready_sandbox = ready_sandbox
 
     def _target(self, sandbox_id: str, path: str) -> tuple[AgentClient, str]:
-        sandbox = self._manager.ready_sandbox(sandbox_id)
+        sandbox = self._ready_sandbox(sandbox_id)
         assert sandbox.client is not None
         return sandbox.client, resolve_path(sandbox.workdir, path)
 

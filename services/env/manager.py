@@ -131,9 +131,10 @@ class SandboxManager:
         self._tasks: set[asyncio.Task[None]] = set()
         self._deleting: dict[str, asyncio.Task[None]] = {}
         self._sweeper: asyncio.Task[None] | None = None
-        self.files = FileOps(self)
-        self.snapshots = Snapshots(self)
-        self.commands = Commands(self)
+        # Each collaborator gets the narrow SandboxDirectory of the manager (or one method), never the manager.
+        self.files = FileOps(self.ready_sandbox)
+        self.snapshots = Snapshots(settings, backend, self)
+        self.commands = Commands(settings, backend, self)
         self.browsers = BrowserPool(settings, self._browser_failed)
 
     # ---- lifecycle of the manager ----

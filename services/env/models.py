@@ -6,8 +6,9 @@ import asyncio
 import enum
 import hashlib
 import time
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from orchard.runtime.tenancy import DEFAULT_TENANT
 from orchard.services.env.agent_client import AgentClient
@@ -177,3 +178,17 @@ class Snapshot:
     request_id: str = ""
     keep: bool = False
     """Kept across restarts of the service (a record on disk); otherwise it ends with the service."""
+
+
+class SandboxDirectory(Protocol):
+    """What the manager's collaborators (commands, snapshots) may ask of it, and no more: a ready sandbox by id
+    (tenant-checked), the live sandboxes by key, failing one, and running a task it owns. The manager is one."""
+
+    @property
+    def sandboxes(self) -> Mapping[str, Sandbox]: ...
+
+    def ready_sandbox(self, sandbox_id: str) -> Sandbox: ...
+
+    def mark_failed(self, sandbox: Sandbox, reason: str) -> None: ...
+
+    def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None: ...

@@ -20,15 +20,13 @@ import re
 import uuid
 from collections.abc import Mapping
 from dataclasses import asdict
-from typing import TYPE_CHECKING
 
 from orchard.errors import AlreadyExists, InvalidArgument, NotFound, ResourceExhausted
 from orchard.runtime import tenancy
+from orchard.services.env.backends.base import SandboxBackend
 from orchard.services.env.labels import check_labels
-from orchard.services.env.models import Snapshot
-
-if TYPE_CHECKING:
-    from orchard.services.env.manager import SandboxManager
+from orchard.services.env.models import SandboxDirectory, Snapshot
+from orchard.services.env.settings import EnvSettings
 
 log = logging.getLogger(__name__)
 
@@ -49,15 +47,15 @@ def check_id(snapshot_id: str, field: str) -> None:
 class Snapshots:
     """Every snapshot of one env service."""
 
-    def __init__(self, manager: SandboxManager) -> None:
-        self._manager = manager
-        self._backend = manager.backend
-        self._max = manager.settings.max_snapshots
+    def __init__(self, settings: EnvSettings, backend: SandboxBackend, directory: SandboxDirectory) -> None:
+        self._directory = directory
+        self._backend = backend
+        self._max = settings.max_snapshots
         self._snapshots: dict[str, Snapshot] = {}
         self._taking: dict[str, tuple[asyncio.Event, tuple[str, ...]]] = {}  # id -> (done, layers it builds on)
         self._retired: dict[str, Snapshot] = {}  # deleted, but its layer is still stacked by something
         self._by_request: dict[tuple[str, str], str] = {}  # (tenant, request_id) -> snapshot id
-        self._records = manager.settings.state_dir / "snapshot-records"
+        self._records = settings.state_dir / "snapshot-records"
 
     async def start(self) -> None:
         """Take back the kept snapshots of a previous run; remove every other snapshot's files it left."""
@@ -140,7 +138,7 @@ class Snapshots:
                 f"the service already holds {self._max} snapshots (its limit); delete some or retry later",
                 retry_after=5.0,
             )
-        sandbox = self._manager.ready_sandbox(sandbox_id)
+        sandbox = self._directory.ready_sandbox(sandbox_id)
         snapshot_id = snapshot_id or f"snap-{uuid.uuid4().hex[:12]}"
         done = asyncio.Event()
         self._taking[snapshot_id] = (done, sandbox.layers)
@@ -148,7 +146,7 @@ class Snapshots:
             self._by_request[tenant, request_id] = snapshot_id
         try:
             async with sandbox.exec_order:
-                self._manager.ready_sandbox(sandbox_id)  # it may have failed or gone while earlier commands ran
+                self._directory.ready_sandbox(sandbox_id)  # it may have failed or gone while earlier commands ran
                 files = await self._backend.snapshot(sandbox.key, snapshot_id)
             snapshot = Snapshot(
                 snapshot_id=snapshot_id,
@@ -217,7 +215,7 @@ class Snapshots:
         if not self._retired:
             return
         used = {layer for s in self._snapshots.values() for layer in s.layers}
-        used.update(layer for sb in self._manager.sandboxes.values() for layer in sb.layers)
+        used.update(layer for sb in self._directory.sandboxes.values() for layer in sb.layers)
         used.update(layer for _, layers in self._taking.values() for layer in layers)
         for snapshot_id in [i for i in self._retired if i not in used]:
             await self._backend.delete_snapshot(snapshot_id)

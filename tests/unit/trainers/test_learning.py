@@ -1,4 +1,4 @@
-"""The recipes learn on the tabular ToyRepair (trainers/toy.py): BAR + GRPO against fixed-N GRPO (docs/training.md §2.3,
+"""The recipes learn on the tabular ToyRepair (toy.py beside it): BAR + GRPO against fixed-N GRPO (docs/training.md §2.3,
 toy test 4), CA-SFT rise segments against resolved-only SFT (§2.2, toy test 5) and rubric-mixed rewards in
 all-failed groups (§2.5); first, that the exact evaluations they rely on match sampling."""
 
@@ -8,8 +8,8 @@ import random
 from statistics import mean
 
 import pytest
+import toy
 
-from orchard.trainers import toy
 from orchard.trainers.ca_sft import extract_rise_segments, interpolate
 
 SEEDS = range(5)

@@ -8,10 +8,10 @@ import time
 
 import pytest
 import torch
+from toy import distill_bigram
 
 from orchard.trainers.opd import OpdLoss, estimate, opd_loss, token_loss, total_loss
 from orchard.trainers.rl import policy_loss
-from orchard.trainers.toy import distill_bigram
 
 LOG = math.log
 

@@ -1,4 +1,4 @@
-"""The value model learns to rerank on the toy (docs/training.md §2.6, CPU toy test; trainers/value_toy.py): trained on a
+"""The value model learns to rerank on the toy (docs/training.md §2.6, CPU toy test; value_toy.py beside it): trained on a
 store of five policies' runs, it picks a middling policy's best of 8 fresh candidates on held-out tasks; more runs
 in the store do not hurt; an untrained model does not pass the same bar; the store is decontaminated; equal scores
 fall to the majority patch cluster."""
@@ -9,9 +9,10 @@ import functools
 from statistics import mean
 
 import pytest
+import toy
+import value_toy
 
 from orchard.errors import FailedPrecondition
-from orchard.trainers import toy, value_toy
 from orchard.value.metrics import TIE_MARGIN, Candidate, best_of, rank
 
 SEEDS = range(5)

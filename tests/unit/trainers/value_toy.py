@@ -1,5 +1,5 @@
 """The value-model toy (docs/training.md §2.6, CPU toy test): historical runs of five policies of different skill on the
-tabular ToyRepair (trainers/toy.py), rendered as text; a logistic regression over a hashed bag of tokens trained
+tabular ToyRepair (toy.py beside it), rendered as text; a logistic regression over a hashed bag of tokens trained
 with `value_loss` (BCE + beta = 1 within-task pairwise); best-of-8 reranking of a middling policy's fresh candidates
 on held-out tasks. Shared by tests/unit/trainers/test_value_learning.py and bench/value_proofs.py; no I/O, no
 download.
@@ -35,9 +35,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
+import toy
 
 from orchard.errors import FailedPrecondition
-from orchard.trainers import toy
 from orchard.trainers.value_loss import value_loss
 from orchard.value.metrics import TIE_MARGIN, Candidate, best_of_n_report, sigmoid
 
