@@ -39,6 +39,8 @@ SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 MNT_DETACH = 2
 MAX_LAYERS = 64
 """Most snapshot layers one sandbox stacks (overlayfs allows about 500 lower layers; lookups slow with each)."""
+KILL_WAIT_S = 10.0
+"""How long a sandbox's bwrap may take to follow its killed init out before it is killed as well."""
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -113,6 +115,35 @@ def _files_size(root: Path) -> int:
 def _unmount(target: Path) -> None:
     if os.path.ismount(target):
         _libc.umount2(str(target).encode(), MNT_DETACH)
+
+
+def _children(pid: int) -> list[int]:
+    """The pids of a process's children ([] when it has none or is gone)."""
+    try:
+        return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except (OSError, ValueError):
+        return []
+
+
+async def _kill_sandbox(bwrap: asyncio.subprocess.Process) -> None:
+    """Kill every process of a sandbox and return once none is left.
+
+    The sandbox's init (bwrap's child, pid 1 of its pid namespace) is killed first: the kernel ends every
+    process of the namespace before init's exit completes, and bwrap exits only after its child has, so when
+    bwrap is reaped nothing of the sandbox runs. Killing bwrap first would leave init to die of --die-with-parent
+    a moment after DeleteSandbox returned. os.kill, not proc.kill(): that one reaps an already exited bwrap
+    itself, behind the child watcher's back."""
+    inits = _children(bwrap.pid)  # none yet while a wrapper (sh, nsenter) has not become bwrap
+    for pid in inits:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    if inits:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(bwrap.wait()), KILL_WAIT_S)
+    if bwrap.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(bwrap.pid, signal.SIGKILL)
+        await bwrap.wait()
 
 
 class LocalBackend:
@@ -328,11 +359,7 @@ class LocalBackend:
             await client.close("the sandbox was deleted")
         proc = self._procs.pop(sandbox_id, None)
         if proc is not None and proc.returncode is None:
-            # bwrap's init dies with it (--die-with-parent) and takes the pid namespace along. os.kill, not
-            # proc.kill(): that one reaps an already exited bwrap itself, behind the child watcher's back.
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(proc.pid, signal.SIGKILL)
-            await proc.wait()
+            await _kill_sandbox(proc)
         await asyncio.to_thread(self._cgroups.remove, sandbox_id)
         await self._net.destroy(sandbox_id)
         await self._discard(self._root / sandbox_id)
