@@ -10,7 +10,7 @@ import json
 from typing import Any
 
 import pytest
-from conftest import EnvServer, needs_image, needs_sandboxes
+from env_helpers import EnvServer, needs_image, needs_sandboxes
 
 from orchard.assistant import AssistantEnv
 from orchard.errors import FailedPrecondition, NotFound

@@ -10,7 +10,7 @@ import time
 from collections.abc import AsyncIterator
 
 import pytest
-from conftest import EnvServer, needs_image, needs_sandboxes
+from env_helpers import EnvServer, needs_image, needs_sandboxes
 from prometheus_client import REGISTRY
 
 from orchard.harness import AgentLoop, Limits, SamplingConfig, ScriptedModel, SWEHarness

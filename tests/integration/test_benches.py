@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import needs_sandboxes
+from env_helpers import needs_sandboxes
 
 from orchard.services.env.settings import EnvSettings
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import EnvServer, needs_image, needs_sandboxes
+from env_helpers import EnvServer, needs_image, needs_sandboxes
 
 from orchard.assistant import TOOLS
 from orchard.services.proxy.records import read_records

@@ -18,7 +18,7 @@ from typing import Any
 
 import grpc
 import pytest
-from conftest import EnvServer, StartEnv, duration, run
+from env_helpers import EnvServer, StartEnv, duration, run
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from podman_engine import PodmanEngine, skip_unless_podman
 from test_env_service import REPO_SETUP, download, rpc_error, upload

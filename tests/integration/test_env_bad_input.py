@@ -8,7 +8,7 @@ import asyncio
 import aiohttp
 import grpc
 import pytest
-from conftest import EnvServer, create, needs_sandboxes, run
+from env_helpers import EnvServer, create, needs_sandboxes, run
 from google.protobuf.duration_pb2 import Duration
 from test_env_service import rpc_error, upload
 

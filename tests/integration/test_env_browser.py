@@ -19,7 +19,7 @@ from typing import Any
 import grpc
 import psutil
 import pytest
-from conftest import needs_sandboxes
+from env_helpers import needs_sandboxes
 
 from orchard import AsyncSandboxClient
 from orchard.env.v1 import env_pb2 as pb

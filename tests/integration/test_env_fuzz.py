@@ -12,7 +12,7 @@ from typing import Any
 
 import grpc
 import pytest
-from conftest import needs_sandboxes
+from env_helpers import needs_sandboxes
 from google.protobuf.duration_pb2 import Duration
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st

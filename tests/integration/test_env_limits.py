@@ -14,7 +14,7 @@ from typing import Any
 
 import grpc
 import pytest
-from conftest import EnvServer, StartEnv, create, delete_quietly, needs_sandboxes, run
+from env_helpers import EnvServer, StartEnv, create, delete_quietly, needs_sandboxes, run
 
 from orchard.env.v1 import env_pb2 as pb
 from orchard.env.v1 import env_pb2_grpc

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from conftest import EnvServer, StartEnv, create, delete_quietly, needs_sandboxes, run, start
+from env_helpers import EnvServer, StartEnv, create, delete_quietly, needs_sandboxes, run, start
 
 from orchard.env.v1 import env_pb2 as pb
 from orchard.env.v1 import env_pb2_grpc

@@ -8,7 +8,7 @@ import hashlib
 
 import grpc
 import pytest
-from conftest import EnvServer, StartEnv, create, duration, needs_sandboxes, run, wait
+from env_helpers import EnvServer, StartEnv, create, duration, needs_sandboxes, run, wait
 
 from orchard import AsyncSandboxClient
 from orchard.env.v1 import env_pb2 as pb

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from conftest import create, delete_quietly, needs_sandboxes, run
+from env_helpers import create, delete_quietly, needs_sandboxes, run
 
 from orchard.env.v1 import env_pb2 as pb
 from orchard.services.env.images import ImageStore, default_images_dir

@@ -12,7 +12,7 @@ from typing import Any
 
 import grpc
 import pytest
-from conftest import EnvServer, create, needs_sandboxes, run, start
+from env_helpers import EnvServer, create, needs_sandboxes, run, start
 
 from orchard.env.v1 import env_pb2 as pb
 from orchard.env.v1 import env_pb2_grpc

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from conftest import needs_sandboxes
+from env_helpers import needs_sandboxes
 from google.protobuf.duration_pb2 import Duration
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import grpc
 import pytest
-from conftest import (
+from env_helpers import (
     EnvServer,
     StartEnv,
     create,

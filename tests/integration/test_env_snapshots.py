@@ -13,7 +13,7 @@ from typing import Any
 
 import grpc
 import pytest
-from conftest import EnvServer, StartEnv, create, needs_sandboxes, run, start
+from env_helpers import EnvServer, StartEnv, create, needs_sandboxes, run, start
 
 from orchard.env.v1 import env_pb2 as pb
 from orchard.env.v1 import env_pb2_grpc

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from conftest import StartEnv, duration, needs_sandboxes
+from env_helpers import StartEnv, duration, needs_sandboxes
 
 from orchard.env.v1 import env_pb2 as pb
 

@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import AsyncIterator
 
 import pytest
-from conftest import EnvServer
+from env_helpers import EnvServer
 
 from orchard.harness import AgentLoop, Limits, ListSink, SamplingConfig, ScriptedModel, run_rollouts
 from orchard.harness.gui import GUIHarness, WebScriptModel

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from conftest import EnvServer, needs_image, needs_sandboxes
+from env_helpers import EnvServer, needs_image, needs_sandboxes
 from experience_helpers import NatsServer, free_port
 
 from orchard import events

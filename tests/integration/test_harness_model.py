@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 import pytest_asyncio
-from conftest import EnvServer, needs_image, needs_sandboxes
+from env_helpers import EnvServer, needs_image, needs_sandboxes
 
 from orchard.harness import (
     AgentLoop,

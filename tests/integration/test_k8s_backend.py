@@ -15,7 +15,7 @@ from typing import Any
 
 import grpc
 import pytest
-from conftest import EnvServer, StartEnv, duration, run
+from env_helpers import EnvServer, StartEnv, duration, run
 from k8s_fake_api import FakeKubernetes
 from test_env_service import download, upload
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import grpc
 import pytest
-from conftest import StartEnv, run
+from env_helpers import StartEnv, run
 from test_env_service import download, upload
 
 from orchard.env.v1 import env_pb2 as pb

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import needs_sandboxes
+from env_helpers import needs_sandboxes
 
 pytest.importorskip("minisweagent", reason="mini-swe-agent is not installed (pip install 'mini-swe-agent==2.4.*')")
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from conftest import needs_sandboxes
+from env_helpers import needs_sandboxes
 
 from orchard import AsyncSandboxClient
 from orchard.tasks import load_instances

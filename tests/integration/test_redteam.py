@@ -23,7 +23,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from conftest import StartEnv, create, duration, image_built, needs_sandboxes, run
+from env_helpers import StartEnv, create, duration, image_built, needs_sandboxes, run
 from test_env_network import (
     LinkLocalHost,
     rule,

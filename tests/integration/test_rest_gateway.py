@@ -21,7 +21,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from conftest import HOST_IMAGE, needs_sandboxes
+from env_helpers import HOST_IMAGE, needs_sandboxes
 
 from orchard.runtime import GrpcServer
 from orchard.services.env.manager import SandboxManager

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 import pytest
-from conftest import EnvServer, needs_image, needs_sandboxes
+from env_helpers import EnvServer, needs_image, needs_sandboxes
 
 from orchard.reward.v1 import reward_pb2 as pb
 from orchard.reward.v1 import reward_pb2_grpc

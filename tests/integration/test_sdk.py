@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import needs_sandboxes
+from env_helpers import needs_sandboxes
 
 from orchard import AsyncExecHandle, AsyncSandbox, AsyncSandboxClient, JobResult, PatchError, SandboxClient
 from orchard.errors import FailedPrecondition, NotFound, Unauthenticated, Unavailable

@@ -9,7 +9,7 @@ import time
 from collections.abc import AsyncIterator
 
 import pytest
-from conftest import EnvServer, needs_image, needs_sandboxes
+from env_helpers import EnvServer, needs_image, needs_sandboxes
 
 from orchard.sdk import AsyncSandboxClient
 from orchard.tasks import grade, load_instances, make_report

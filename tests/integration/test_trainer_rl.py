@@ -18,7 +18,7 @@ import grpc
 import pytest
 import pytest_asyncio
 import torch
-from conftest import EnvServer, needs_image, needs_sandboxes
+from env_helpers import EnvServer, needs_image, needs_sandboxes
 from experience_helpers import NatsServer
 from google.protobuf.duration_pb2 import Duration
 from trainer_service_helpers import tiny_model, trainer_service

@@ -1,0 +1,107 @@
+"""Helpers for integration tests of the env service, imported by the tests and by conftest.py's fixtures (a test
+imports them from here, never from conftest, so one module holds them): skip marks for sandboxes and images, the
+running-server record, and StartExec/WaitExec shorthands over raw gRPC stubs."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import pytest
+from google.protobuf.duration_pb2 import Duration
+
+from orchard.env.v1 import env_pb2 as pb
+from orchard.env.v1 import env_pb2_grpc
+from orchard.errors import FailedPrecondition
+from orchard.runtime import GrpcServer
+from orchard.services.env.images import ImageStore, default_images_dir
+from orchard.services.env.manager import SandboxManager
+from orchard.services.env.settings import EnvSettings
+
+HOST_IMAGE = "host"
+DONE_STATES = {pb.EXEC_STATE_SUCCEEDED, pb.EXEC_STATE_FAILED, pb.EXEC_STATE_TIMED_OUT, pb.EXEC_STATE_CANCELLED}
+
+needs_sandboxes = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("bwrap") is None,
+    reason="real sandboxes need root (overlayfs mounts) and bubblewrap (apt-get install bubblewrap)",
+)
+
+
+def image_built(name: str) -> bool:
+    """Whether the env service's local backend has image `name` built."""
+    try:
+        ImageStore(default_images_dir()).resolve(name)
+    except FailedPrecondition:
+        return False
+    return True
+
+
+def needs_image(name: str) -> pytest.MarkDecorator:
+    """Skip, saying which command builds it, unless sandbox image `name` is built."""
+    return pytest.mark.skipif(
+        not image_built(name), reason=f"image {name} is not built: run `orchard image build {name}`"
+    )
+
+
+@dataclass
+class EnvServer:
+    """A running env service: its stub, and its manager and settings for host-side checks."""
+
+    stub: env_pb2_grpc.EnvServiceStub
+    manager: SandboxManager
+    settings: EnvSettings
+    server: GrpcServer
+    channel: grpc.aio.Channel
+
+
+StartEnv = Callable[..., Awaitable[EnvServer]]
+
+
+def duration(seconds: float) -> Duration:
+    """A protobuf Duration of `seconds`."""
+    d = Duration()
+    d.FromNanoseconds(int(seconds * 1e9))
+    return d
+
+
+async def create(stub: env_pb2_grpc.EnvServiceStub, **fields: Any) -> pb.Sandbox:
+    """Create a sandbox on the host image (fields override the request) and return it."""
+    response = await stub.CreateSandbox(pb.CreateSandboxRequest(**{"image": HOST_IMAGE, **fields}), timeout=30)
+    return response.sandbox
+
+
+async def delete_quietly(stub: env_pb2_grpc.EnvServiceStub, sandbox_id: str) -> None:
+    """Delete a sandbox unless it is already gone."""
+    try:
+        await stub.DeleteSandbox(pb.DeleteSandboxRequest(sandbox_id=sandbox_id), timeout=30)
+    except grpc.aio.AioRpcError as err:
+        if err.code() is not grpc.StatusCode.NOT_FOUND:
+            raise
+
+
+async def start(
+    stub: env_pb2_grpc.EnvServiceStub, sandbox_id: str, cmd: str | list[str], *, timeout: float = 0.0, **fields: Any
+) -> pb.Exec:
+    """StartExec: a str runs as a bash line, a list as argv; timeout in seconds; other fields as in the proto."""
+    command: dict[str, Any] = {"shell": cmd} if isinstance(cmd, str) else {"argv": pb.ArgvCommand(args=cmd)}
+    request = pb.StartExecRequest(sandbox_id=sandbox_id, timeout=duration(timeout), **command, **fields)
+    return (await stub.StartExec(request, timeout=10)).exec
+
+
+async def wait(stub: env_pb2_grpc.EnvServiceStub, exec_id: str) -> pb.Exec:
+    """WaitExec in a loop until the exec has ended; returns it with its output."""
+    while True:
+        response = await stub.WaitExec(pb.WaitExecRequest(exec_id=exec_id, timeout=duration(5)), timeout=15)
+        if response.done:
+            assert response.exec.state in DONE_STATES
+            return response.exec
+
+
+async def run(stub: env_pb2_grpc.EnvServiceStub, sandbox_id: str, cmd: str | list[str], **kw: Any) -> pb.Exec:
+    """StartExec, then WaitExec until done; returns the finished exec (see `start` for the arguments)."""
+    started = await start(stub, sandbox_id, cmd, **kw)
+    return await wait(stub, started.exec_id)
