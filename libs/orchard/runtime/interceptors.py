@@ -173,6 +173,7 @@ class _Rpc:
         self.started = time.monotonic()
         self.code = "OK"
         self.error: str | None = None
+        self._logged = False
 
     async def fail(self, exc: Exception) -> NoReturn:
         """Report `exc` to the client as a status; always raises (grpc's AbortError at the end)."""
@@ -185,6 +186,7 @@ class _Rpc:
             exc = errors.Unimplemented(str(exc) or f"{self.method} is not implemented by this server")
         if isinstance(exc, errors.OrchardError):
             self.code, self.error = exc.code.name, exc.message
+            self.log()  # before the status goes out: a client that has seen its error finds its line and metric
             await self.context.abort_with_status(errors.to_status(exc))
             raise AssertionError("context.abort returned instead of raising")
         self.code, self.error = grpc.StatusCode.INTERNAL.name, f"{type(exc).__name__}: {exc}"
@@ -195,6 +197,7 @@ class _Rpc:
             exc_info=exc,
             extra={"method": self.method, "request_id": self.request_id},
         )
+        self.log()
         await self.context.abort(grpc.StatusCode.INTERNAL, f"internal error (request id {self.request_id})")
         raise AssertionError("context.abort returned instead of raising")
 
@@ -204,7 +207,10 @@ class _Rpc:
         return code.name if code is not None and code is not grpc.StatusCode.OK else None
 
     def log(self) -> None:
-        """Write the per-RPC line; health checks log at DEBUG so probes do not flood the logs."""
+        """Write the per-RPC line, once; health checks log at DEBUG so probes do not flood the logs."""
+        if self._logged:
+            return
+        self._logged = True
         level = logging.DEBUG if self.method.startswith(_HEALTH_PREFIX) else logging.INFO
         if self.code == "OK":
             self.code = self._code_set_by_handler() or "OK"
