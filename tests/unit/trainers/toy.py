@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from trainer_helpers import tiny_lm
 
 from orchard.trainers.bar import BarConfig, Rollout, Status, collect_batch
 from orchard.trainers.ca_sft import KeyStep, ca_sample, extract_rise_segments, interpolate
@@ -465,22 +465,6 @@ def rpr_spreads(seed: int, n_groups: int, group_size: int = 8) -> list[GroupSpre
 # 6. OPD towards a bigram teacher (docs/training.md §2.4, toy test 2).
 
 
-def tiny_student(vocab: int, seed: int, hidden: int = 32, layers: int = 2) -> LlamaForCausalLM:
-    """A small random-init Llama (no download)."""
-    torch.manual_seed(seed)
-    config = LlamaConfig(  # type: ignore[call-arg]  # attn_implementation: a PretrainedConfig keyword
-        vocab_size=vocab,
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        attn_implementation="sdpa",
-    )
-    return LlamaForCausalLM(config)
-
-
 def kl_to_teacher(model: torch.nn.Module, teacher: torch.Tensor, prefixes: torch.Tensor) -> float:
     """Exact full-vocabulary KL(pi_s || pi_t) at every position of the held-out prefixes."""
     with torch.no_grad():
@@ -496,7 +480,7 @@ def distill_bigram(
     gen = torch.Generator().manual_seed(seed)
     teacher = torch.log_softmax(2.0 * torch.randn(vocab, vocab, generator=gen), -1)
     held_out = torch.randint(0, vocab, (64, 8), generator=gen)
-    student = tiny_student(vocab, seed + 1)
+    student = tiny_lm(vocab, seed + 1)
     optimizer = torch.optim.Adam(student.parameters(), lr=3e-3)
     before = kl_to_teacher(student, teacher, held_out)
     for _ in range(steps):
