@@ -21,6 +21,9 @@ Choices [I]:
 - The loss is computed on the stored sampled token ids, in micro-batches weighted so the step's loss is the token
   (or sequence) mean over the whole batch; only positions that predict a sampled token go through the output
   layer. The OPD term is its own token mean over the tokens the teacher scored.
+- Each step reports what it learned from: "advantage_abs_mean"/"advantage_std" of the members trained on (0 when
+  every kept group was uniform), and "kl", KL(before ‖ after) of the update on the step's sampled tokens (k3
+  estimator, one extra forward pass).
 - max_staleness 1 starts the rollouts of step k+1 as soon as those of step k are in, so they run while step k
   trains; the inference service swaps in step k's update between two generations (a rollout's turns can then
   span two versions; each token keeps its own behaviour log-prob). "stale_turn_fraction" reports the share of
@@ -60,7 +63,7 @@ from orchard.tasks import TaskInstance, load_instances
 from orchard.tasks.grading import patched_files
 from orchard.tasks.instance import BUNDLED
 from orchard.trainer.v1 import trainer_pb2 as pb
-from orchard.trainers import bar, opd, optim, rl, rpr
+from orchard.trainers import bar, opd, optim, rl, rpr, sft
 from orchard.trainers.bar import BarConfig, GroupFilter  # for fields: the `bar` field shadows the module
 from orchard.trainers.bar_source import HarnessRolloutSource
 from orchard.trainers.job import CheckpointRecord, JobContext
@@ -111,6 +114,24 @@ def task_pool(path: str, harness: str) -> list[Any]:
 
         return list(load_tasks(None if path in ("", "claw") else path))
     return list(load_instances(path))
+
+
+def chosen(pool: list[Any], ids: list[str]) -> list[Any]:
+    """The tasks of `pool` named by `ids` (all when empty), in the pool's order; InvalidArgument names unknown ids."""
+    if not ids:
+        return pool
+    known = {_task_id(t) for t in pool}
+    unknown = [i for i in ids if i not in known]
+    if unknown:
+        raise InvalidArgument(
+            f"{len(unknown)} task id(s) are not in the task file: {unknown[:5]}", field="config.dataset.task_ids"
+        )
+    wanted = set(ids)
+    return [t for t in pool if _task_id(t) in wanted]
+
+
+def _task_id(task: Any) -> str:
+    return str(getattr(task, "instance_id", None) or task.task_id)
 
 
 def harness_factory(harness: str, client: Any, task_set: str) -> Callable[[Any], Any]:
@@ -358,15 +379,8 @@ def batch_tensors(rows: list[Row], pad_id: int) -> dict[str, torch.Tensor]:
 
 
 def sampled_logprobs(model: Any, ids: torch.Tensor, attention: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """log p(x_t | x_<t) where mask is 1 (0 elsewhere), [B, L]. Only the positions that predict a sampled token go
-    through the output layer: most of an agent trajectory is prompt and observations, and projecting every
-    position onto a 49K vocabulary would dominate a small model's step."""
-    sampled = mask > 0
-    keep = torch.zeros_like(sampled)
-    keep[:, :-1] = sampled[:, 1:]
-    logits = model(input_ids=ids, attention_mask=attention.long(), logits_to_keep=keep, use_cache=False).logits
-    logp = torch.log_softmax(logits.float(), -1).gather(-1, ids[sampled][:, None])[:, 0]
-    return torch.zeros(mask.shape, dtype=logp.dtype).masked_scatter(sampled, logp)
+    """log p(x_t | x_<t) where mask is 1 (0 elsewhere), [B, L]: the sampled tokens of right-padded rows."""
+    return sft.masked_token_logprobs(model, ids, mask, attention_mask=attention.long())
 
 
 def update(
@@ -406,9 +420,11 @@ def update(
         diff_max = max(diff_max, float(diff.max()))
         seen += float(t["attention"].sum())
     grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), o.max_grad_norm)) if rows else 0.0
+    before = [(r, sampled_logprobs(model, *_forward_inputs(r, pad_id)).detach()) for r in rows] if rows else []
     if rows:
         opt.step()
     opt.zero_grad(set_to_none=True)
+    kl = step_kl(model, before, pad_id)
     n = max(tokens, 1)
     figures = {
         "loss": loss_sum,
@@ -420,8 +436,27 @@ def update(
         "sequence_tokens": seen,
     }
     if tokens:  # nothing was compared without a trained token
-        figures |= {"logprob_diff_mean": diff_sum / n, "logprob_diff_max": diff_max}
+        figures |= {"logprob_diff_mean": diff_sum / n, "logprob_diff_max": diff_max, "kl": kl}
     return {**figures, "opd_loss": opd_sum} if s.opd_coef else figures
+
+
+def _forward_inputs(row: Row, pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    t = batch_tensors([row], pad_id)
+    return t["ids"], t["attention"], t["mask"]
+
+
+@torch.no_grad()
+def step_kl(model: Any, before: list[tuple[Row, torch.Tensor]], pad_id: int) -> float:
+    """How far the step moved the policy: KL(before ‖ after) on the step's sampled tokens, the k3 estimator
+    (e^d − 1 − d with d = log p_after − log p_before, ≥ 0, averaged over tokens); `before` holds each row's sampled
+    log-probs before the step. One extra forward pass, no backward."""
+    total = count = 0.0
+    for row, old in before:
+        ids, attention, mask = _forward_inputs(row, pad_id)
+        d = (sampled_logprobs(model, ids, attention, mask) - old) * mask
+        total += float(((d.exp() - 1 - d) * mask).sum())
+        count += float(mask.sum())
+    return total / max(count, 1.0)
 
 
 # -- the job ----------------------------------------------------------------------------------------------------
@@ -446,7 +481,8 @@ def train(ctx: JobContext, sink: EventSink | None) -> None:
     state = optim.resume_state(resume.path) if resume is not None else {"step": 0, "optimizer": None, "extra": {}}
     o = dataclasses.replace(o, seed=state["extra"].get("seed", o.seed))  # an unset seed was drawn once, at step 0
     s = settings(config, o)
-    instances = task_pool(config.dataset.path, config.rl.harness)[: config.dataset.limit or None]
+    instances = chosen(task_pool(config.dataset.path, config.rl.harness), list(config.dataset.task_ids))
+    instances = instances[: config.dataset.limit or None]
     for path in config.dataset.eval_task_files:
         leaked = sorted(
             {i.instance_id for i in task_pool(path, config.rl.harness)} & {i.instance_id for i in instances}
@@ -694,6 +730,9 @@ class RlRun:
         advantages = rl.group_advantages(
             torch.tensor([x for _, _, x in members], dtype=torch.double), [str(k) for k, _, _ in members]
         )
+        if len(advantages):
+            metrics["advantage_abs_mean"] = float(advantages.abs().mean())
+            metrics["advantage_std"] = float(advantages.std(unbiased=False))
         rows = [
             row
             for (_, r, _), a in zip(members, advantages.tolist(), strict=True)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -132,6 +133,18 @@ def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tenso
     """log p(x_t | x_<t) for every position t, [B, L]; position 0 (no context) gets 0."""
     logp = torch.log_softmax(logits[:, :-1].float(), dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
     return torch.nn.functional.pad(logp, (1, 0))
+
+
+def masked_token_logprobs(model: Any, input_ids: torch.Tensor, mask: torch.Tensor, **inputs: Any) -> torch.Tensor:
+    """token_logprobs where mask is 1 (0 elsewhere), [B, L], from the model's forward with `inputs`. Only the
+    positions that predict a masked token go through the output layer: most of an agent trajectory is prompt and
+    observations, and projecting every position onto a 49K vocabulary would dominate a small model's step."""
+    wanted = mask > 0
+    keep = torch.zeros_like(wanted)
+    keep[:, :-1] = wanted[:, 1:]
+    logits = model(input_ids=input_ids, logits_to_keep=keep, use_cache=False, **inputs).logits
+    logp = torch.log_softmax(logits.float(), -1).gather(-1, input_ids[wanted][:, None])[:, 0]
+    return torch.zeros(mask.shape, dtype=logp.dtype).masked_scatter(wanted, logp)
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

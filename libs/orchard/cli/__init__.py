@@ -40,6 +40,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             args.log_format,
             inference_port=None if args.no_inference else args.inference_port,
             inference_http_port=args.inference_http_port,
+            model=args.model,
             experience_port=None if args.no_experience else args.experience_port,
             trainer_port=None if args.no_trainer else args.trainer_port,
             value_port=None if args.no_value else args.value_port,
@@ -138,6 +139,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--state-dir", default=str(Path.home() / ".local" / "state" / "orchard" / "stack"))
     p.add_argument("--log-format", choices=["json", "text"], default="text")
     p.add_argument("--inference-port", type=int, default=50052, help="gRPC port of the inference service")
+    p.add_argument(
+        "--model",
+        default="",
+        help="the model the inference service serves: a Hugging Face folder, a .gguf file, or `student` (a 6.5 M "
+        "parameter model initialised here, for learning on a CPU; the main job trains it) (default: the embedded "
+        "SmolLM2-135M-Instruct)",
+    )
     p.add_argument(
         "--inference-http-port",
         type=int,

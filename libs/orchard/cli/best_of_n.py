@@ -29,9 +29,9 @@ RERANK_S = 300.0
 
 def _policy(text: str) -> str:
     """`--policy`, checked as `orchard rollout` checks it."""
-    from orchard.cli.rollout import reference_quality
+    from orchard.cli.rollout import policy_choice
 
-    reference_quality(text)
+    policy_choice(text)
     return text
 
 

@@ -46,13 +46,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "--policy",
         type=policy_choice,
         default=None,
-        metavar="reference:Q|scripted",
+        metavar="reference:Q|expert|scripted",
         help="web and claw tasks: `scripted` follows each task's bundled solution. SWE tasks: "
         "instead of a served model, run a synthetic reference policy built from the task set's gold "
         "patches: each rollout submits the gold patch with probability Q in [0, 1], else a flawed one, "
         "through the real sandboxes and grader (trajectories name it e.g. reference-q0.50; --seed makes its "
-        "choices repeat). It exercises value training and best-of-N without a capable model; no "
-        "inference service is needed",
+        "choices repeat). It exercises value training and best-of-N without a capable model; `expert` writes "
+        "the gold patch as the shortest trajectory (one editor call a hunk, then submit), the teacher to "
+        "distil from. No inference service is needed",
     )
     p.add_argument("-n", "--samples", type=int, default=1, help="rollouts per task (k)")
     p.add_argument("--concurrency", type=int, default=4, help="rollouts in flight at once (each holds a sandbox)")
@@ -118,9 +119,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.set_defaults(func=cmd_rollout)
 
 
+SCRIPTED_POLICIES = ("scripted", "expert")
+"""The --policy values that are names: a web or claw task's bundled solution, and the SWE expert."""
+
+
 def policy_choice(text: str) -> float | str:
-    """The --policy value: "scripted" (web tasks), or the Q of reference:Q (SWE tasks)."""
-    return "scripted" if text == "scripted" else reference_quality(text)
+    """The --policy value: "scripted" (web tasks), "expert", or the Q of reference:Q (SWE tasks)."""
+    return text if text in SCRIPTED_POLICIES else reference_quality(text)
 
 
 def reference_quality(text: str) -> float:
@@ -132,7 +137,8 @@ def reference_quality(text: str) -> float:
         value = float("nan")
     if kind != "reference" or not 0.0 <= value <= 1.0:
         raise argparse.ArgumentTypeError(
-            f"{text!r} is not a policy: give reference:Q with Q a number in [0, 1], e.g. reference:0.5"
+            f"{text!r} is not a policy: give reference:Q with Q a number in [0, 1] (e.g. reference:0.5), "
+            "expert or scripted"
         )
     return value
 

@@ -109,6 +109,7 @@ async def up(
     *,
     inference_port: int | None = None,
     inference_http_port: int | None = None,
+    model: str = "",
     experience_port: int | None = None,
     trainer_port: int | None = None,
     value_port: int | None = None,
@@ -116,7 +117,8 @@ async def up(
 ) -> int:
     """Start nats-server (JetStream) and every service; stop them all on Ctrl-C/SIGTERM or if one dies.
 
-    inference_port None skips the inference service (it serves the embedded model, converted once on first use);
+    inference_port None skips the inference service (it serves `model`, "" for the embedded model, converted once on
+    first use);
     experience_port None skips the experience service (rollout events then wait in the stream until one runs);
     trainer_port None skips the trainer service, which starts only with both of them (it trains on the
     experience service's rollouts and pushes weights to the inference service); value_port None skips the value
@@ -180,6 +182,7 @@ async def up(
             await _wait_ready(children[-1], lambda: _grpc_ready(f"{host}:{experience_port}"), 60)
         if inference_port is not None:
             http = ["--http-port", str(inference_http_port)] if inference_http_port is not None else []
+            http += ["--model", model] if model else []
             inference = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-m",

@@ -3,7 +3,7 @@ report), so that the CLI has one rollout path and one report path whatever the t
 
 - **swe**: SWE-bench-style instances (a bundled set such as toyrepair, or a JSON/JSONL file), each rollout's final
   patch graded by the task's tests in a fresh sandbox; the scripted policy is `reference:Q` (gold patches).
-- **web**: web tasks in browser sandboxes through the GUI harness. The bundled sites are served on a loopback port
+- **web**: web tasks in browser sandboxes through the web harness. The bundled sites are served on a loopback port
   for the run (or --site names a server already running), every rollout's browser may reach that site only, and
   each rollout is judged by its task's check on the page the agent left.
 - **claw**: personal-assistant tasks in sandboxes with real mail, calendar and files through the assistant
@@ -101,7 +101,7 @@ class SWETasks:
         if policy == "scripted":
             raise InvalidArgument(
                 "--policy scripted follows a web or claw task's bundled solution; SWE task sets take "
-                "--policy reference:Q or a served model"
+                "--policy reference:Q, --policy expert or a served model"
             )
 
     def budgets(self, policy: float | str | None) -> tuple[int, int]:
@@ -112,8 +112,10 @@ class SWETasks:
         return ""
 
     def scripted(self, policy: float | str) -> Model:
-        from orchard.harness import ReferenceModel
+        from orchard.harness import ExpertModel, ReferenceModel
 
+        if policy == "expert":
+            return ExpertModel(list(self.by_id.values()))
         assert isinstance(policy, float)
         return ReferenceModel(list(self.by_id.values()), policy)
 
@@ -157,7 +159,8 @@ class _SelfJudged:
 
         if policy is not None and policy != "scripted":
             raise InvalidArgument(
-                f"--policy reference:Q builds rollouts from gold patches, which {self.kind} tasks have none "
+                f"--policy {'expert' if policy == 'expert' else 'reference:Q'} builds rollouts from gold patches, "
+                f"which {self.kind} tasks have none "
                 f"of; {self.kind} tasks take --policy scripted (each task's bundled solution) or a served "
                 "model"
             )
@@ -202,14 +205,14 @@ class WebTasks(_SelfJudged):
         return f"(site {self.site}, observing {args.observe})"
 
     def scripted(self, policy: float | str) -> Model:
-        from orchard.harness.gui import WebScriptModel
+        from orchard.harness.web import WebScriptModel
 
         return WebScriptModel(list(self.by_id.values()), self.site)
 
     def harness(self, task: Any, client: AsyncSandboxClient, args: argparse.Namespace) -> Harness:
-        from orchard.harness.gui import GUIHarness
+        from orchard.harness.web import WebHarness
 
-        return GUIHarness(task, client, self.site, observe=args.observe)
+        return WebHarness(task, client, self.site, observe=args.observe)
 
 
 class ClawTasks(_SelfJudged):

@@ -1,7 +1,8 @@
-"""`orchard train`: one training job of the trainer service (SFT, credit-assignment SFT or the value model) on
-runs' rollouts as the experience service stores them, with a live progress line; `--push` then loads the job's
-final checkpoint into the inference service (a policy: the next `orchard rollout` samples from the trained
-weights) or into the value service (a value model: `orchard eval --best-of` reranks with it)."""
+"""`orchard train`: one training job of the trainer service, with a live progress line: SFT, credit-assignment SFT
+or the value model on runs' rollouts as the experience service stores them, or RL on a task set (the job rolls
+out through the env and inference services itself); `--push` then loads the job's final checkpoint into the
+inference service (a policy: the next `orchard rollout` samples from the trained weights) or into the value
+service (a value model: `orchard eval --best-of` reranks with it)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,12 @@ if TYPE_CHECKING:  # the CLI imports this module at start: gRPC stubs are import
     from orchard.trainer.v1 import trainer_pb2 as pb
     from orchard.value.v1 import value_pb2
 
-KINDS = {"sft": "JOB_KIND_SFT", "ca-sft": "JOB_KIND_CREDIT_ASSIGNMENT_SFT", "value": "JOB_KIND_VALUE"}
+KINDS = {
+    "sft": "JOB_KIND_SFT",
+    "ca-sft": "JOB_KIND_CREDIT_ASSIGNMENT_SFT",
+    "rl": "JOB_KIND_RL",
+    "value": "JOB_KIND_VALUE",
+}
 """--kind -> the job kind it creates."""
 STREAM_S = 300.0
 """Deadline of one StreamJobEvents call; a longer job is followed by asking again (the stream restarts with the
@@ -30,6 +36,8 @@ CALL_S = 30.0
 """Deadline of the short calls (create, get, cancel, list models)."""
 PUSH_S = 300.0
 """Deadline of UpdateWeights: the swap waits for the requests in flight to finish."""
+SERVED = "served"
+"""--base-model value: the weights the inference service serves now (a pushed checkpoint, or its model)."""
 
 
 def _count(least: int):  # type: ignore[no-untyped-def]
@@ -63,18 +71,29 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     )
     p.add_argument(
         "--run",
-        required=True,
         action="append",
-        help="train on this run's rollouts, as the experience service stores them; repeat it to train on several runs",
+        default=[],
+        help="train on this run's rollouts, as the experience service stores them; repeat it to train on several "
+        "runs (every kind but rl)",
     )
     p.add_argument(
         "--kind",
         choices=sorted(KINDS),
         default="sft",
         help="sft: every rollout's assistant turns; ca-sft: resolved rollouts plus the steps of "
-        "unresolved ones that raised the estimated chance of success; value: a value model scoring "
+        "unresolved ones that raised the estimated chance of success; rl: GRPO on --tasks, rolling out "
+        "groups through the env and inference services, rewarded by the tests; value: a value model scoring "
         "candidates for best-of-N reranking, from graded rollouts of several runs (default: sft)",
     )
+    rl = p.add_argument_group("rl", "the RL job's tasks and rollouts (--kind rl)")
+    rl.add_argument("--tasks", default="", help="the task set to train on: a bundled set (toyrepair) or a task file")
+    rl.add_argument("--ids", nargs="+", default=[], metavar="ID", help="only these tasks of --tasks")
+    rl.add_argument("--group-size", type=_count(2), default=4, help="rollouts per task and step (default: 4)")
+    rl.add_argument("--prompts", type=_count(1), default=None, help="tasks per step (default: every task, at most 8)")
+    rl.add_argument("--max-turns", type=_count(1), default=4, help="model replies per rollout (default: 4)")
+    rl.add_argument("--max-step-tokens", type=_count(1), default=256, help="tokens per reply (default: 256)")
+    rl.add_argument("--temperature", type=_rate, default=1.0, help="sampling temperature (default: 1.0)")
+    rl.add_argument("--seed", type=_count(0), default=None, help="the job's seed (default: one drawn at start)")
     p.add_argument(
         "--eval-tasks",
         action="append",
@@ -114,9 +133,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument(
         "--base-model",
         default="",
-        help="the model to start from: a Hugging Face folder, a .gguf file "
-        "or another job's checkpoint (default: the embedded model, as the inference service serves it; value: "
-        "the embedded all-MiniLM-L6-v2)",
+        help="the model to start from: a Hugging Face folder, a .gguf file, another job's checkpoint, `student`, "
+        "or `served`: the weights the inference service serves now (default: the embedded model, as the inference "
+        "service serves it; value: the embedded all-MiniLM-L6-v2)",
     )
     p.add_argument(
         "--push",
@@ -138,17 +157,30 @@ class Progress:
     def __init__(self) -> None:
         self._line = ProgressLine()
         self.started = time.monotonic()
+        self.rewards: list[float] = []
+        """An RL job's mean reward per step, as reported."""
 
     def step(self, p: pb.JobProgress) -> None:
         width = 30
         filled = width * p.step // p.total_steps if p.total_steps else 0
-        speed = p.metrics.get("tokens_per_second")
+        m = p.metrics
+        if "reward_mean" in m:  # RL: what the step's rollouts earned, and how much of it could be learned from
+            if len(self.rewards) < p.step:
+                self.rewards.append(m["reward_mean"])
+            figures = (
+                f"reward {m['reward_mean']:+.3f}  resolved {m.get('resolved_fraction', 0):.2f}  groups kept "
+                f"{m.get('groups_kept_fraction', 0):.2f}  |adv| {m.get('advantage_abs_mean', 0):.2f}  "
+                f"kl {m.get('kl', 0):.4f}"
+            )
+        else:
+            speed = m.get("tokens_per_second")
+            figures = f"loss {p.loss:.4f}  {'-' if speed is None else f'{speed:,.0f}'} tokens/s  epoch {p.epoch:.2f}"
         text = (
-            f"[{'#' * filled}{'.' * (width - filled)}] step {p.step}/{p.total_steps or '?'}  loss {p.loss:.4f}"
-            f"  {'-' if speed is None else f'{speed:,.0f}'} tokens/s  epoch {p.epoch:.2f}  "
+            f"[{'#' * filled}{'.' * (width - filled)}] step {p.step}/{p.total_steps or '?'}  {figures}  "
             f"{time.monotonic() - self.started:.0f}s"
         )
-        self._line.update(text, force=p.total_steps > 0 and p.step == p.total_steps)
+        force = p.total_steps > 0 and p.step == p.total_steps or "reward_mean" in m
+        self._line.update(text, force=force)
 
     def line(self, text: str) -> None:
         self._line.line(text)
@@ -282,6 +314,36 @@ async def push(address: str, checkpoint: pb.Checkpoint) -> inference_pb2.UpdateW
         )
 
 
+def rl_config(
+    args: argparse.Namespace, base_model: str, eval_files: list[str], hyperparameters: pb.Hyperparameters
+) -> pb.JobConfig:
+    """The RL job --kind rl asks for: GRPO with group-normalised outcome rewards; groups whose rewards are all equal
+    carry no signal and are dropped (GROUP_FILTER_NONZERO_STD)."""
+    from orchard.inference.v1 import inference_pb2 as ipb
+    from orchard.tasks import load_instances
+    from orchard.trainer.v1 import trainer_pb2 as pb
+
+    tasks = load_instances(args.tasks, args.ids or None)  # InvalidArgument for a bad file or an unknown id, here
+    path = str(Path(args.tasks).resolve()) if Path(args.tasks).exists() else args.tasks
+    prompts = args.prompts or min(len(tasks), 8)
+    if args.seed is not None:
+        hyperparameters.seed = args.seed
+    return pb.JobConfig(
+        kind=pb.JOB_KIND_RL,
+        base_model=base_model,
+        dataset=pb.DatasetSource(path=path, task_ids=args.ids, eval_task_files=eval_files),
+        hyperparameters=hyperparameters,
+        rl=pb.RlConfig(
+            group_size=args.group_size,
+            prompts_per_step=prompts,
+            group_filter=pb.GROUP_FILTER_NONZERO_STD,
+            max_turns=args.max_turns,
+            max_concurrent_rollouts=min(16, prompts * args.group_size),
+            sampling=ipb.SamplingParams(temperature=args.temperature, top_p=1.0, max_tokens=args.max_step_tokens),
+        ),
+    )
+
+
 async def train(args: argparse.Namespace) -> int:
     from orchard import clients
     from orchard.errors import FailedPrecondition, InvalidArgument
@@ -289,51 +351,58 @@ async def train(args: argparse.Namespace) -> int:
     from orchard.trainer.v1 import trainer_pb2 as pb
     from orchard.types.v1 import types_pb2 as tpb
 
-    value = args.kind == "value"
+    value, rl = args.kind == "value", args.kind == "rl"
     if value and args.resolved_only:
         raise InvalidArgument(
             "--resolved-only leaves a value model nothing to rank: it learns from resolved and unresolved rollouts"
         )
-    # 1. What the job needs, checked before it starts: the service to push to.
-    if args.push:
-        await (value_model(args.value_address) if value else served_model(args.inference_address))
-    runs = ", ".join(args.run)
-    rollouts = epb.TrajectoryFilter(run_ids=args.run)
-    if args.resolved_only:
-        rollouts.outcome_status = tpb.OUTCOME_STATUS_RESOLVED
-    config = pb.JobConfig(
-        kind=pb.JobKind.Value(KINDS[args.kind]),
-        base_model=args.base_model,
-        dataset=pb.DatasetSource(
-            experience=rollouts,
-            eval_task_files=[str(Path(f).resolve()) if Path(f).is_file() else f for f in args.eval_tasks],
-        ),  # the service's cwd differs
-        hyperparameters=pb.Hyperparameters(
-            learning_rate=args.lr or 0,
-            epochs=args.epochs or 0,
-            max_steps=args.max_steps,
-            global_batch_size=args.batch or 0,
-            max_seq_len=args.max_seq_len or 0,
-        ),
+    if rl and (args.run or not args.tasks):
+        raise InvalidArgument("--kind rl trains on --tasks (it rolls out itself), not on stored --run rollouts")
+    if not rl and (not args.run or args.tasks or args.ids):
+        raise InvalidArgument(f"--kind {args.kind} trains on stored rollouts: give --run (--tasks is for --kind rl)")
+    if value and args.base_model == SERVED:
+        raise InvalidArgument("--base-model served names the inference service's policy; a value model has its own")
+    # 1. What the job needs, checked before it starts: the service to push to, the weights to start from.
+    if args.push or args.base_model == SERVED:
+        served = await (value_model(args.value_address) if value else served_model(args.inference_address))
+    base_model = served.checkpoint_path if args.base_model == SERVED else args.base_model  # type: ignore[union-attr]
+    eval_files = [str(Path(f).resolve()) if Path(f).is_file() else f for f in args.eval_tasks]  # the service's cwd
+    hyperparameters = pb.Hyperparameters(
+        learning_rate=args.lr or 0,
+        epochs=args.epochs or 0,
+        max_steps=args.max_steps,
+        global_batch_size=args.batch or 0,
+        max_seq_len=args.max_seq_len or 0,
     )
+    if rl:
+        config = rl_config(args, base_model, eval_files, hyperparameters)
+        source = f"tasks {args.tasks}" + (f" ({len(args.ids)} of them)" if args.ids else "")
+    else:
+        rollouts = epb.TrajectoryFilter(run_ids=args.run)
+        if args.resolved_only:
+            rollouts.outcome_status = tpb.OUTCOME_STATUS_RESOLVED
+        config = pb.JobConfig(
+            kind=pb.JobKind.Value(KINDS[args.kind]),
+            base_model=base_model,
+            dataset=pb.DatasetSource(experience=rollouts, eval_task_files=eval_files),
+            hyperparameters=hyperparameters,
+        )
+        source = f"{'resolved ' if args.resolved_only else ''}rollouts of run{'s' if len(args.run) > 1 else ''} " + (
+            ", ".join(args.run)
+        )
     progress = Progress()
     async with clients.connect("trainer", args.trainer_address, flag="--trainer-address") as trainer:
         # 2. The job, followed until it ends; Ctrl-C cancels it.
         job = (
             await trainer.unary(
                 "CreateJob",
-                pb.CreateJobRequest(
-                    config=config, job_id=args.job_id, display_name=f"{args.kind} on runs {runs}"[:200]
-                ),
+                pb.CreateJobRequest(config=config, job_id=args.job_id, display_name=f"{args.kind} on {source}"[:200]),
                 idempotent=bool(args.job_id),
                 timeout=CALL_S,
             )
         ).job
-        base = args.base_model or ("the embedded all-MiniLM-L6-v2" if value else "the embedded model")
-        progress.line(
-            f"job {job.job_id}: {args.kind} of {base} on the {'resolved ' if args.resolved_only else ''}"
-            f"rollouts of run{'s' if len(args.run) > 1 else ''} {runs} ({args.trainer_address})"
-        )
+        base = base_model or ("the embedded all-MiniLM-L6-v2" if value else "the embedded model")
+        progress.line(f"job {job.job_id}: {args.kind} of {base} on the {source} ({args.trainer_address})")
         try:
             job = await follow(trainer, job.job_id, progress)
             progress.finish()
@@ -362,6 +431,11 @@ async def train(args: argparse.Namespace) -> int:
     print(f"checkpoint {checkpoint.version} at {checkpoint.path}")
     if value:
         print(held_out_summary(metrics))
+    if rl and progress.rewards:
+        print(
+            f"reward per step: {' '.join(f'{r:+.2f}' for r in progress.rewards)} (first {progress.rewards[0]:+.2f}, "
+            f"last {progress.rewards[-1]:+.2f})"
+        )
     if args.push and value:
         loaded = await load_value_model(args.value_address, checkpoint)
         print(

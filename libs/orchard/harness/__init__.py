@@ -4,7 +4,7 @@ trajectories (ids, log-probs, loss mask) for RL, SFT and evaluation.
     loop = AgentLoop(InferenceModel("127.0.0.1:50052"), Limits(max_steps=20))
     trajectory = await loop.run(SWEHarness(instance, sandbox_client))
 
-A domain plugs in as a `Harness` (SWE here; GUI and assistant harnesses implement the same five methods);
+A domain plugs in as a `Harness` (SWE here; web and assistant harnesses implement the same five methods);
 models as a `Model` (`InferenceModel` over gRPC, `ScriptedModel` for deterministic tests, `ReferenceModel`, a
 synthetic policy of chosen quality built from gold patches); event publishers
 as an `EventSink`.
@@ -29,12 +29,13 @@ from orchard.harness.model import (
     SamplingConfig,
     Timeouts,
 )
-from orchard.harness.reference import ReferenceModel
+from orchard.harness.reference import ExpertModel, ReferenceModel
 from orchard.harness.runner import RolloutResult, run_rollouts
 from orchard.harness.scripted import ScriptedModel, replay
 from orchard.harness.swe import SWEHarness
 
 __all__ = [
+    "ExpertModel",
     "ActionResult",
     "AgentLoop",
     "EventSink",

@@ -1,4 +1,4 @@
-"""The harness interface: what an agent loop needs from a domain (SWE, GUI, assistant) for one rollout.
+"""The harness interface: what an agent loop needs from a domain (SWE, web, assistant) for one rollout.
 
 A harness is made per rollout, bound to its task. The loop asks it for the tools and the opening messages,
 hands it the model's text to parse into tool calls, has it carry each call out in its environment, and stops

@@ -256,15 +256,7 @@ class ReferenceModel(ScriptedModel):
             _ROLLOUT.reset(token)
 
     def task_of(self, prompt: str) -> TaskInstance:
-        """The task whose problem statement is in the prompt's first user message."""
-        first = prompt.split("<|im_start|>user\n", 1)[-1].split("<|im_end|>", 1)[0]
-        for task in self.tasks:
-            if task.problem_statement in first:
-                return task
-        raise ModelError(
-            f"the reference policy does not know the task in this prompt: build it from the task set "
-            f"being run (it knows {len(self.tasks)} tasks, e.g. {self.tasks[0].instance_id})"
-        )
+        return task_in(self.tasks, prompt)
 
     def plan(self, task: TaskInstance, rollout: str) -> Plan:
         """The plan of `rollout` on `task` (the same for the same seed, task and rollout)."""
@@ -348,8 +340,80 @@ class ReferenceModel(ScriptedModel):
         return "Some tests still fail, but I believe the issue is addressed. Submitting.\n" + tool_call("submit")
 
 
+def task_in(tasks: Sequence[TaskInstance], prompt: str) -> TaskInstance:
+    """The task whose problem statement is in the prompt's first user message."""
+    first = prompt.split("<|im_start|>user\n", 1)[-1].split("<|im_end|>", 1)[0]
+    for task in tasks:
+        if task.problem_statement in first:
+            return task
+    raise ModelError(
+        f"the scripted policy does not know the task in this prompt: build it from the task set "
+        f"being run (it knows {len(tasks)} tasks, e.g. {tasks[0].instance_id})"
+    )
+
+
 def last_exit_code(prompt: str) -> int | None:
     """The exit code the last observation in the prompt reports (None when it reports none)."""
     last = prompt.rsplit("<|im_start|>", 2)[-2] if prompt.count("<|im_start|>") >= 2 else ""
     found = re.search(r"\[exit code (-?\d+)\]\s*<\|im_end\|>", last)
     return int(found[1]) if found else None
+
+
+Edit = tuple[str, str, str]
+"""One editor str_replace: (path, old_str, new_str)."""
+
+
+def edits(task: TaskInstance) -> list[Edit]:
+    """The gold patch of `task` as str_replace edits, one a hunk, each as short as it can be and still match once.
+
+    A hunk's changed lines are kept with as little context as makes its old side unique in the file (read from the
+    task's local `repo_dir`); without a local copy, or for a pure insertion, at least one context line is kept."""
+    out: list[Edit] = []
+    for header, hunks in split_patch(task.patch):
+        path = next((line[6:] for line in header if line.startswith("+++ b/")), "")
+        if not path:  # a deleted file: str_replace cannot express it
+            raise InvalidArgument(f"task {task.instance_id}: the expert cannot delete files", field="patch")
+        text = _base_text(task, path)
+        for hunk in hunks:
+            body = hunk[1:]
+            changed = [n for n, line in enumerate(body) if line[:1] in "+-"]
+            lo, hi = changed[0], changed[-1] + 1
+            pure_insert = not any(line.startswith("-") for line in body)
+            pad = 1 if pure_insert or text is None else 0
+            while True:
+                part = body[max(0, lo - pad) : hi + pad]
+                old = "\n".join(line[1:] for line in part if line[:1] in " -")
+                new = "\n".join(line[1:] for line in part if line[:1] in " +")
+                grown = max(0, lo - pad) == 0 and hi + pad >= len(body)
+                if grown or text is None or (old and text.count(old) == 1):
+                    break
+                pad += 1
+            out.append((path, old, new))
+    return out
+
+
+def _base_text(task: TaskInstance, path: str) -> str | None:
+    """The file at the task's base state, when the task has a local copy of its repository."""
+    if task.repo_dir is None or not (task.repo_dir / path).is_file():
+        return None
+    return (task.repo_dir / path).read_text(errors="replace")
+
+
+class ExpertModel(ScriptedModel):
+    """The teacher for distillation: it writes each task's gold patch as the shortest trajectory that solves it, one
+    editor str_replace a hunk and then submit, with no other words. Short, uniform trajectories are what a small
+    student can learn from on a CPU in minutes; the observations and the grade are real (the real harness and
+    sandbox run every call)."""
+
+    def __init__(self, tasks: Sequence[TaskInstance]) -> None:
+        super().__init__(self.reply, name="expert")
+        self.tasks = list(tasks)
+        self._edits = {t.instance_id: edits(t) for t in self.tasks if t.patch}
+
+    def reply(self, prompt: str, step: int) -> str:
+        task = task_in(self.tasks, prompt)
+        todo = self._edits.get(task.instance_id, [])
+        if step < len(todo):
+            path, old, new = todo[step]
+            return tool_call("editor", command="str_replace", path=path, old_str=old, new_str=new)
+        return tool_call("submit")

@@ -171,18 +171,20 @@ class Compute(_message.Message):
     def __init__(self, nodes: _Optional[int] = ..., gpus_per_node: _Optional[int] = ..., cpu_processes: _Optional[int] = ...) -> None: ...
 
 class DatasetSource(_message.Message):
-    __slots__ = ("experience", "path", "limit", "distinct_patches", "eval_task_files")
+    __slots__ = ("experience", "path", "limit", "distinct_patches", "eval_task_files", "task_ids")
     EXPERIENCE_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
     DISTINCT_PATCHES_FIELD_NUMBER: _ClassVar[int]
     EVAL_TASK_FILES_FIELD_NUMBER: _ClassVar[int]
+    TASK_IDS_FIELD_NUMBER: _ClassVar[int]
     experience: _experience_pb2.TrajectoryFilter
     path: str
     limit: int
     distinct_patches: bool
     eval_task_files: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, experience: _Optional[_Union[_experience_pb2.TrajectoryFilter, _Mapping]] = ..., path: _Optional[str] = ..., limit: _Optional[int] = ..., distinct_patches: _Optional[bool] = ..., eval_task_files: _Optional[_Iterable[str]] = ...) -> None: ...
+    task_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, experience: _Optional[_Union[_experience_pb2.TrajectoryFilter, _Mapping]] = ..., path: _Optional[str] = ..., limit: _Optional[int] = ..., distinct_patches: _Optional[bool] = ..., eval_task_files: _Optional[_Iterable[str]] = ..., task_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SftConfig(_message.Message):
     __slots__ = ("sample_mode", "overflow_policy", "freeze_vision", "max_images")

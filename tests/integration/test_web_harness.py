@@ -1,4 +1,4 @@
-"""The GUI harness on real parts: a real env service with browser sandboxes (real Chromium through Playwright),
+"""The web harness on real parts: a real env service with browser sandboxes (real Chromium through Playwright),
 the bundled sites served by a real SiteServer, and each rollout judged by its task's check on the page the agent
 left. The policies are scripted (the embedded 135M model cannot do these tasks; test_harness_model.py runs it
 once over the accessibility tree): one follows each task's bundled solution, one decides from the accessibility
@@ -14,7 +14,7 @@ import pytest
 from env_helpers import EnvServer
 
 from orchard.harness import AgentLoop, Limits, ListSink, SamplingConfig, ScriptedModel, run_rollouts
-from orchard.harness.gui import GUIHarness, WebScriptModel
+from orchard.harness.web import WebHarness, WebScriptModel
 from orchard.sdk import AsyncSandboxClient
 from orchard.tasks.web import SiteServer, WebTask, load_tasks
 from orchard.types.v1 import types_pb2 as tpb
@@ -46,10 +46,10 @@ async def test_the_scripted_policy_completes_every_bundled_and_miniwob_task(env:
             Limits(max_steps=40, max_tokens=200_000),
             SamplingConfig(max_step_tokens=4096),
             sink=sink,
-            run_id="gui-it",
+            run_id="web-it",
         )
         results = await run_rollouts(
-            TASKS, 1, loop=loop, client=client, concurrency=4, make_harness=lambda t: GUIHarness(t, client, site)
+            TASKS, 1, loop=loop, client=client, concurrency=4, make_harness=lambda t: WebHarness(t, client, site)
         )
         left = [s async for s in client.list_sandboxes()]
     failed = {
@@ -61,7 +61,7 @@ async def test_the_scripted_policy_completes_every_bundled_and_miniwob_task(env:
     assert not left  # every browser sandbox was deleted
     for result in results:
         traj = result.trajectory
-        assert traj.harness == "orchard-gui" and traj.task_set == "web"
+        assert traj.harness == "orchard-web" and traj.task_set == "web"
         assert traj.stop_reason == tpb.STOP_REASON_SUBMITTED
         assert traj.steps[-1].action_status == tpb.ACTION_STATUS_SUBMITTED  # done
         reward = traj.rewards[-1]
@@ -102,7 +102,7 @@ async def test_a_text_policy_finds_its_way_by_the_accessibility_tree(env: EnvSer
                 SamplingConfig(max_step_tokens=512),
             )
             [result] = await run_rollouts(
-                [target], 1, loop=loop, client=client, make_harness=lambda t: GUIHarness(t, client, site)
+                [target], 1, loop=loop, client=client, make_harness=lambda t: WebHarness(t, client, site)
             )
             assert result.grade is not None and result.grade.resolved is succeeds, result.grade
             assert result.trajectory.final_answer == ("" if succeeds else "not found")
@@ -119,7 +119,7 @@ async def test_screenshots_reach_the_model_as_png_images(env: EnvServer, site: s
             SamplingConfig(max_step_tokens=4096),
         )
         [result] = await run_rollouts(
-            [target], 1, loop=loop, client=client, make_harness=lambda t: GUIHarness(t, client, site, observe="both")
+            [target], 1, loop=loop, client=client, make_harness=lambda t: WebHarness(t, client, site, observe="both")
         )
     traj = result.trajectory
     assert result.grade is not None and result.grade.resolved, result.grade
@@ -153,7 +153,7 @@ async def test_bad_actions_come_back_as_observations(env: EnvServer, site: str) 
             1,
             loop=loop,
             client=client,
-            make_harness=lambda t: GUIHarness(t, client, site, action_timeout_s=1),
+            make_harness=lambda t: WebHarness(t, client, site, action_timeout_s=1),
         )
     traj = result.trajectory
     assert traj.stop_reason == tpb.STOP_REASON_SUBMITTED, traj.stop_detail

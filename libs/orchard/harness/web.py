@@ -1,4 +1,4 @@
-"""The GUI harness: a web task in a browser sandbox, driven by tool calls named after the env service's browser
+"""The web harness: a web task in a browser sandbox, driven by tool calls named after the env service's browser
 actions (click, double_click, type, key_press, scroll, navigate, back, wait) plus `done`. After each action the
 agent sees the page as text (URL, title and the accessibility tree: text-only models), as a screenshot
 (vision-language models), or both. `done` ends the rollout; the task's check then judges the page the agent left,
@@ -93,10 +93,10 @@ PAGE_ERRORS = frozenset({"EGRESS_DENIED", "NAVIGATION_FAILED"})
 does not load): shown to the agent too. Any other FAILED_PRECONDITION (its browser crashed) ends the rollout."""
 
 
-class GUIHarness(Harness):
+class WebHarness(Harness):
     """One rollout of a web task in its own browser sandbox."""
 
-    name = "orchard-gui"
+    name = "orchard-web"
     tools = TOOLS
 
     def __init__(
