@@ -316,9 +316,15 @@ async def test_train_follows_the_job_and_pushes_its_checkpoint(experience: str, 
                 "--job-id",
                 "cli-sft",
                 "--push",
+                "--report",
+                str(tmp_path / "sft.json"),
                 *addresses,
             )
             assert code == 0, out + err
+            report = json.loads((tmp_path / "sft.json").read_text())
+            assert (report["job_id"], report["kind"], report["steps"]) == ("cli-sft", "sft", 4)
+            assert report["checkpoint"]["version"] == "cli-sft-step-4" and report["metrics"]["samples"] == 4
+            assert [s["step"] for s in report["per_step"]][-1] == 4 and "loss" in report["per_step"][-1]
             assert "job cli-sft: sft of" in err and "rollouts of run before" in err
             steps = [line for line in err.splitlines() if line.startswith("[")]
             # Not a terminal: plain lines (no \r frames), at most one every few seconds, the last step always.
@@ -409,16 +415,35 @@ async def test_train_follows_the_job_and_pushes_its_checkpoint(experience: str, 
 @pytest.mark.parametrize(
     ("args", "words"),
     [
-        (["train"], "the following arguments are required: --run"),
         (["train", "--run", "r", "--epochs", "0"], "--epochs: must be at least 1, got 0"),
         (["train", "--run", "r", "--lr=-1"], "--lr: must be above 0"),
         (["train", "--run", "r", "--batch", "two"], "--batch: 'two' is not a whole number"),
-        (["train", "--run", "r", "--kind", "rl"], "invalid choice: 'rl'"),
+        (["train", "--run", "r", "--kind", "dpo"], "invalid choice: 'dpo'"),
+        (["train", "--kind", "rl", "--tasks", "toyrepair", "--group-size", "1"], "--group-size: must be at least 2"),
+        (["learn", "--held-out", "0"], "--held-out: must be at least 1, got 0"),
     ],
 )
 def test_train_refuses_bad_arguments(args: list[str], words: str) -> None:
     bad = orchard(*args)
     assert bad.returncode == 2 and words in bad.stderr, bad.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["train"], "--kind sft trains on stored rollouts: give --run (--tasks is for --kind rl)"),
+        (["train", "--run", "r", "--kind", "rl"], "--kind rl trains on --tasks (it rolls out itself), not on stored"),
+        (["train", "--kind", "rl", "--tasks", "toyrepair", "--exclude-ids", "x"], "--kind rl trains on --tasks (use"),
+        (["train", "--kind", "rl", "--tasks", "toyrepair", "--ids", "no-such-task"], "no-such-task"),
+        (["train", "--kind", "value", "--run", "r", "--base-model", "served"], "a value model has its own"),
+        (["learn", "--held-out", "8"], "--held-out 8 leaves none of the 8 tasks to train on"),
+        (["learn", "--run-id", "Mine"], "--run-id 'Mine' must be lowercase letters, digits and '-'"),
+    ],
+)
+def test_train_and_learn_refuse_what_cannot_run(args: list[str], words: str) -> None:
+    """Checked before anything is started or reached: one line, exit code 1."""
+    bad = orchard(*args, "--trainer-address", f"127.0.0.1:{_free_port()}")
+    assert bad.returncode == 1 and words in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
 
 
 def test_train_and_eval_say_what_is_wrong() -> None:

@@ -249,6 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     # These import their heavy parts only when run.
     from orchard.cli import eval as eval_cli
+    from orchard.cli import learn as learn_cli
     from orchard.cli import rollout as rollout_cli
     from orchard.cli import tasks as tasks_cli
     from orchard.cli import train as train_cli
@@ -256,6 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
     rollout_cli.add_parser(sub)
     eval_cli.add_parser(sub)
     train_cli.add_parser(sub)
+    learn_cli.add_parser(sub)
     tasks_cli.add_parsers(sub)
     return parser
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sys
 import time
 from collections.abc import Mapping
@@ -29,6 +30,9 @@ KINDS = {
     "value": "JOB_KIND_VALUE",
 }
 """--kind -> the job kind it creates."""
+KIND_NAMES = {kind: flag for flag, kind in KINDS.items()}
+SCHEDULES = ("constant", "cosine", "linear")
+"""--schedule values; each is LR_SCHEDULE_<VALUE>."""
 STREAM_S = 300.0
 """Deadline of one StreamJobEvents call; a longer job is followed by asking again (the stream restarts with the
 job as it is)."""
@@ -93,6 +97,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     rl.add_argument("--max-turns", type=_count(1), default=4, help="model replies per rollout (default: 4)")
     rl.add_argument("--max-step-tokens", type=_count(1), default=256, help="tokens per reply (default: 256)")
     rl.add_argument("--temperature", type=_rate, default=1.0, help="sampling temperature (default: 1.0)")
+    rl.add_argument(
+        "--aggregation",
+        choices=("token", "sequence"),
+        default="token",
+        help="the policy loss: the mean over every sampled token of the step, or over each rollout's tokens and "
+        "then over rollouts (default: token)",
+    )
     rl.add_argument("--seed", type=_count(0), default=None, help="the job's seed (default: one drawn at start)")
     p.add_argument(
         "--eval-tasks",
@@ -116,6 +127,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     )
     p.add_argument(
         "--lr", type=_rate, default=None, help="peak learning rate (default: the recipe's: 1e-5; value: 3e-5)"
+    )
+    p.add_argument(
+        "--micro-batch",
+        type=_count(1),
+        default=None,
+        help="samples per forward/backward pass (default: 1, which keeps a large model's memory low; a small "
+        "model trains faster with the whole batch at once)",
+    )
+    p.add_argument(
+        "--schedule",
+        choices=SCHEDULES,
+        default=None,
+        help="the learning rate's schedule (default: the recipe's: cosine; value: linear)",
     )
     p.add_argument(
         "--batch",
@@ -145,6 +169,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "version it serves",
     )
     p.add_argument("--job-id", default="", help="the job's id (default: one the trainer service picks)")
+    p.add_argument(
+        "--exclude-ids",
+        nargs="+",
+        default=[],
+        metavar="ID",
+        help="leave these tasks' stored rollouts out (e.g. held-out tasks the runs also covered)",
+    )
+    p.add_argument(
+        "--report",
+        default=None,
+        metavar="FILE",
+        help="write the job's result here as JSON: its id, checkpoint, final metrics and every step's figures",
+    )
     p.add_argument("--trainer-address", default="127.0.0.1:50056", help="the trainer service (orchard up starts it)")
     p.add_argument("--inference-address", default="127.0.0.1:50052", help="the inference service (with --push)")
     p.add_argument("--value-address", default="127.0.0.1:50057", help="the value service (--kind value --push)")
@@ -159,11 +196,15 @@ class Progress:
         self.started = time.monotonic()
         self.rewards: list[float] = []
         """An RL job's mean reward per step, as reported."""
+        self.steps: dict[int, dict[str, float]] = {}
+        """Every step's reported loss and metrics, by step."""
 
     def step(self, p: pb.JobProgress) -> None:
         width = 30
         filled = width * p.step // p.total_steps if p.total_steps else 0
         m = p.metrics
+        if p.step:
+            self.steps[p.step] = {"loss": p.loss, **m}
         if "reward_mean" in m:  # RL: what the step's rollouts earned, and how much of it could be learned from
             if len(self.rewards) < p.step:
                 self.rewards.append(m["reward_mean"])
@@ -337,6 +378,7 @@ def rl_config(
             group_size=args.group_size,
             prompts_per_step=prompts,
             group_filter=pb.GROUP_FILTER_NONZERO_STD,
+            loss_aggregation=pb.LossAggregation.Value(f"LOSS_AGGREGATION_{args.aggregation.upper()}_MEAN"),
             max_turns=args.max_turns,
             max_concurrent_rollouts=min(16, prompts * args.group_size),
             sampling=ipb.SamplingParams(temperature=args.temperature, top_p=1.0, max_tokens=args.max_step_tokens),
@@ -358,6 +400,8 @@ async def train(args: argparse.Namespace) -> int:
         )
     if rl and (args.run or not args.tasks):
         raise InvalidArgument("--kind rl trains on --tasks (it rolls out itself), not on stored --run rollouts")
+    if rl and args.exclude_ids:
+        raise InvalidArgument("--exclude-ids leaves stored rollouts out; --kind rl trains on --tasks (use --ids)")
     if not rl and (not args.run or args.tasks or args.ids):
         raise InvalidArgument(f"--kind {args.kind} trains on stored rollouts: give --run (--tasks is for --kind rl)")
     if value and args.base_model == SERVED:
@@ -372,13 +416,15 @@ async def train(args: argparse.Namespace) -> int:
         epochs=args.epochs or 0,
         max_steps=args.max_steps,
         global_batch_size=args.batch or 0,
+        micro_batch_size=args.micro_batch or 0,
         max_seq_len=args.max_seq_len or 0,
+        lr_schedule=pb.LrSchedule.Value(f"LR_SCHEDULE_{args.schedule.upper()}") if args.schedule else 0,
     )
     if rl:
         config = rl_config(args, base_model, eval_files, hyperparameters)
         source = f"tasks {args.tasks}" + (f" ({len(args.ids)} of them)" if args.ids else "")
     else:
-        rollouts = epb.TrajectoryFilter(run_ids=args.run)
+        rollouts = epb.TrajectoryFilter(run_ids=args.run, exclude_task_ids=args.exclude_ids)
         if args.resolved_only:
             rollouts.outcome_status = tpb.OUTCOME_STATUS_RESOLVED
         config = pb.JobConfig(
@@ -431,6 +477,8 @@ async def train(args: argparse.Namespace) -> int:
     print(f"checkpoint {checkpoint.version} at {checkpoint.path}")
     if value:
         print(held_out_summary(metrics))
+    if args.report:
+        write_report(Path(args.report), job, progress)
     if rl and progress.rewards:
         print(
             f"reward per step: {' '.join(f'{r:+.2f}' for r in progress.rewards)} (first {progress.rewards[0]:+.2f}, "
@@ -450,6 +498,24 @@ async def train(args: argparse.Namespace) -> int:
         )
         print(f"served weights version: {pushed.model.weights_version}")
     return 0
+
+
+def write_report(path: Path, job: pb.Job, progress: Progress) -> None:
+    """--report: the finished job as JSON (what a script that runs several jobs reads back)."""
+    from orchard.trainer.v1 import trainer_pb2 as pb
+
+    checkpoint = job.latest_checkpoint
+    report = {
+        "job_id": job.job_id,
+        "kind": KIND_NAMES[pb.JobKind.Name(job.config.kind)],
+        "steps": job.progress.step,
+        "seconds": (job.end_time.ToNanoseconds() - job.start_time.ToNanoseconds()) / 1e9,
+        "checkpoint": {"version": checkpoint.version, "path": checkpoint.path},
+        "metrics": dict(job.progress.metrics),
+        "per_step": [{"step": step, **figures} for step, figures in sorted(progress.steps.items())],
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n")
 
 
 def cmd_train(args: argparse.Namespace) -> int:
