@@ -265,11 +265,14 @@ def plot(report: dict[str, Any], path: Path) -> bool:
     fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.5))
     xs = range(len(stages))
     for offset, key, label in ((-0.2, "train", "training tasks"), (0.2, "held_out", "held-out tasks")):
-        left.bar([x + offset for x in xs], [100 * (s[key] or 0) for s in stages], width=0.4, label=label)
+        values = [100 * (s[key] or 0) for s in stages]
+        left.bar([x + offset for x in xs], values, width=0.4, label=label)
+        for x, value in zip(xs, values, strict=True):  # a zero is a bar too short to see: say it
+            left.text(x + offset, value + 1, f"{value:.0f}", ha="center", fontsize=7)
     left.set_xticks(list(xs), [s["stage"] for s in stages], fontsize=8)
     left.set_ylabel("pass@1 (%)")
-    left.set_ylim(0, 100)
-    left.legend(fontsize=8)
+    left.set_ylim(0, 115)
+    left.legend(fontsize=8, loc="upper left")
     left.set_title(f"{report['tasks']}: pass@1 by stage", fontsize=9)
     rewards = report["rl"]["reward_per_step"]
     right.plot(range(1, len(rewards) + 1), rewards, "o-")

@@ -418,7 +418,7 @@ async def train(args: argparse.Namespace) -> int:
         global_batch_size=args.batch or 0,
         micro_batch_size=args.micro_batch or 0,
         max_seq_len=args.max_seq_len or 0,
-        lr_schedule=pb.LrSchedule.Value(f"LR_SCHEDULE_{args.schedule.upper()}") if args.schedule else 0,
+        lr_schedule=f"LR_SCHEDULE_{(args.schedule or 'unspecified').upper()}",
     )
     if rl:
         config = rl_config(args, base_model, eval_files, hyperparameters)
