@@ -17,6 +17,7 @@ from env_helpers import EnvServer, needs_image, needs_sandboxes
 
 from orchard.harness import (
     AgentLoop,
+    ExpertModel,
     Limits,
     ReferenceModel,
     RolloutResult,
@@ -24,6 +25,7 @@ from orchard.harness import (
     SWEHarness,
     run_rollouts,
 )
+from orchard.harness.reference import edits
 from orchard.sdk import AsyncSandboxClient
 from orchard.tasks import TaskInstance, load_instances
 from orchard.types.v1 import types_pb2 as tpb
@@ -88,6 +90,27 @@ async def test_quality_one_resolves_every_task(client: AsyncSandboxClient) -> No
         assert traj.final_patch == task.patch
         assert traj.policy.model == traj.policy.weights_version == "reference-q1.00"
         assert traj.rewards[0].value == 1.0 and traj.metadata["verify_status"] == "resolved"
+
+
+@needs_sandboxes
+@needs_image_built
+@pytest.mark.timeout(180)
+async def test_the_expert_resolves_every_task_in_one_edit_a_hunk_then_submit(client: AsyncSandboxClient) -> None:
+    """The distillation teacher: real editor calls in real sandboxes, graded; a rollout is its hunks + 1 steps."""
+    loop = AgentLoop(ExpertModel(TASKS), Limits(max_steps=5, max_tokens=32768), SamplingConfig(max_step_tokens=8192))
+    results = await run_rollouts(
+        TASKS,
+        1,
+        loop=loop,
+        client=client,
+        concurrency=4,
+        make_harness=lambda t: SWEHarness(t, client, task_set="toyrepair"),
+    )
+    for task, result in zip(TASKS, results, strict=True):
+        traj = result.trajectory
+        assert traj.stop_reason == tpb.STOP_REASON_SUBMITTED and result.grade is not None and result.grade.resolved
+        assert [a.name for s in traj.steps for a in s.actions] == ["editor"] * len(edits(task)) + ["submit"]
+        assert traj.policy.model == "expert"
 
 
 @needs_sandboxes
