@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from orchard.cli.arguments import count, rate
 from orchard.errors import FailedPrecondition, InvalidArgument
 
 ORCHARD = [sys.executable, "-c", "import sys; from orchard.cli import main; main(sys.argv[1:])"]
@@ -33,19 +34,6 @@ RUN_ID = re.compile(r"^[a-z0-9]([a-z0-9-]{0,48}[a-z0-9])?$")
 """--run-id: the job ids made from it (<run id>-value, at most 63 characters) must be valid trainer job ids."""
 
 
-def _count(least: int):  # type: ignore[no-untyped-def]
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-        if value < least:
-            raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
-        return value
-
-    return parse
-
-
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "learn",
@@ -53,21 +41,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "stage on training and held-out tasks",
     )
     p.add_argument("--tasks", default="toyrepair", help="the task set (a bundled name or a task file)")
-    p.add_argument("--held-out", type=_count(1), default=2, help="the last N tasks are never trained on (default: 2)")
+    p.add_argument("--held-out", type=count(1), default=2, help="the last N tasks are never trained on (default: 2)")
     g = p.add_argument_group("evaluation", "every stage's pass@1, and the RL job's rollouts")
-    g.add_argument("-n", "--samples", type=_count(2), default=4, help="rollouts per task and stage (default: 4)")
-    g.add_argument("--max-steps", type=_count(1), default=3, help="model replies per rollout (default: 3)")
-    g.add_argument("--max-step-tokens", type=_count(1), default=128, help="tokens per reply (default: 128)")
-    g.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default: 1.0)")
-    g.add_argument("--seed", type=_count(0), default=0, help="seeds every stage's sampling and jobs (default: 0)")
+    g.add_argument("-n", "--samples", type=count(2), default=4, help="rollouts per task and stage (default: 4)")
+    g.add_argument("--max-steps", type=count(1), default=3, help="model replies per rollout (default: 3)")
+    g.add_argument("--max-step-tokens", type=count(1), default=128, help="tokens per reply (default: 128)")
+    g.add_argument("--temperature", type=rate, default=1.0, help="sampling temperature (default: 1.0)")
+    g.add_argument("--seed", type=count(0), default=0, help="seeds every stage's sampling and jobs (default: 0)")
     g = p.add_argument_group("training")
-    g.add_argument("--sft-epochs", type=_count(1), default=160, help="epochs over the teacher's trajectories")
-    g.add_argument("--sft-lr", type=float, default=3e-3, help="the SFT job's learning rate (default: 3e-3)")
-    g.add_argument("--rl-steps", type=_count(1), default=6, help="the RL job's steps (default: 6)")
-    g.add_argument("--rl-lr", type=float, default=1e-4, help="the RL job's learning rate (default: 1e-4)")
-    g.add_argument("--group-size", type=_count(2), default=4, help="RL rollouts per task and step (default: 4)")
-    g.add_argument("--value-steps", type=_count(1), default=20, help="the value job's steps (default: 20)")
-    g.add_argument("--best-of", type=_count(2), default=4, help="candidates reranked per task (default: 4)")
+    g.add_argument("--sft-epochs", type=count(1), default=160, help="epochs over the teacher's trajectories")
+    g.add_argument("--sft-lr", type=rate, default=3e-3, help="the SFT job's learning rate (default: 3e-3)")
+    g.add_argument("--rl-steps", type=count(1), default=6, help="the RL job's steps (default: 6)")
+    g.add_argument("--rl-lr", type=rate, default=1e-4, help="the RL job's learning rate (default: 1e-4)")
+    g.add_argument("--group-size", type=count(2), default=4, help="RL rollouts per task and step (default: 4)")
+    g.add_argument("--value-steps", type=count(1), default=20, help="the value job's steps (default: 20)")
+    g.add_argument("--best-of", type=count(2), default=4, help="candidates reranked per task (default: 4)")
     p.add_argument("--run-id", default="", help="the prefix of every run and job id (default: learn-<time>)")
     p.add_argument("--out", default="runs", help="runs go to <out>/<run id>-*; the report to <out>/<run id>/")
     g = p.add_argument_group("the stack (orchard up's addresses by default)")

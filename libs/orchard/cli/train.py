@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from orchard.cli.arguments import count, rate
 from orchard.progress import ProgressLine
 
 if TYPE_CHECKING:  # the CLI imports this module at start: gRPC stubs are imported when the command runs
@@ -44,29 +45,6 @@ SERVED = "served"
 """--base-model value: the weights the inference service serves now (a pushed checkpoint, or its model)."""
 
 
-def _count(least: int):  # type: ignore[no-untyped-def]
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-        if value < least:
-            raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
-        return value
-
-    return parse
-
-
-def _rate(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
-    return value
-
-
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "train",
@@ -92,11 +70,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     rl = p.add_argument_group("rl", "the RL job's tasks and rollouts (--kind rl)")
     rl.add_argument("--tasks", default="", help="the task set to train on: a bundled set (toyrepair) or a task file")
     rl.add_argument("--ids", nargs="+", default=[], metavar="ID", help="only these tasks of --tasks")
-    rl.add_argument("--group-size", type=_count(2), default=4, help="rollouts per task and step (default: 4)")
-    rl.add_argument("--prompts", type=_count(1), default=None, help="tasks per step (default: every task, at most 8)")
-    rl.add_argument("--max-turns", type=_count(1), default=4, help="model replies per rollout (default: 4)")
-    rl.add_argument("--max-step-tokens", type=_count(1), default=256, help="tokens per reply (default: 256)")
-    rl.add_argument("--temperature", type=_rate, default=1.0, help="sampling temperature (default: 1.0)")
+    rl.add_argument("--group-size", type=count(2), default=4, help="rollouts per task and step (default: 4)")
+    rl.add_argument("--prompts", type=count(1), default=None, help="tasks per step (default: every task, at most 8)")
+    rl.add_argument("--max-turns", type=count(1), default=4, help="model replies per rollout (default: 4)")
+    rl.add_argument("--max-step-tokens", type=count(1), default=256, help="tokens per reply (default: 256)")
+    rl.add_argument("--temperature", type=rate, default=1.0, help="sampling temperature (default: 1.0)")
     rl.add_argument(
         "--aggregation",
         choices=("token", "sequence"),
@@ -104,7 +82,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         help="the policy loss: the mean over every sampled token of the step, or over each rollout's tokens and "
         "then over rollouts (default: token)",
     )
-    rl.add_argument("--seed", type=_count(0), default=None, help="the job's seed (default: one drawn at start)")
+    rl.add_argument("--seed", type=count(0), default=None, help="the job's seed (default: one drawn at start)")
     p.add_argument(
         "--eval-tasks",
         action="append",
@@ -117,20 +95,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--resolved-only", action="store_true", help="only the run's resolved rollouts")
     p.add_argument(
         "--epochs",
-        type=_count(1),
+        type=count(1),
         default=None,
         help="passes over the rollouts (default: the "
         "recipe's: 1; value: 4, or more for a small store, to reach 40 steps)",
     )
     p.add_argument(
-        "--max-steps", type=_count(0), default=0, help="stop after this many optimiser steps (default: 0, all epochs)"
+        "--max-steps", type=count(0), default=0, help="stop after this many optimiser steps (default: 0, all epochs)"
     )
     p.add_argument(
-        "--lr", type=_rate, default=None, help="peak learning rate (default: the recipe's: 1e-5; value: 3e-5)"
+        "--lr", type=rate, default=None, help="peak learning rate (default: the recipe's: 1e-5; value: 3e-5)"
     )
     p.add_argument(
         "--micro-batch",
-        type=_count(1),
+        type=count(1),
         default=None,
         help="samples per forward/backward pass (default: 1, which keeps a large model's memory low; a small "
         "model trains faster with the whole batch at once)",
@@ -143,13 +121,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     )
     p.add_argument(
         "--batch",
-        type=_count(1),
+        type=count(1),
         default=None,
         help="rollouts per optimiser step (default: the recipe's: 8; value: 16)",
     )
     p.add_argument(
         "--max-seq-len",
-        type=_count(1),
+        type=count(1),
         default=None,
         help="longest training sequence in tokens; longer "
         "rollouts lose their oldest tokens (value: keep head and tail) (default: 2048; value: 512)",
