@@ -260,9 +260,9 @@ def test_main_job(tmp_path: Path) -> None:
             # at seed 0; bench/learning_run.py has the spread over seeds); the held-out tasks are reported beside.
             assert stages["distilled"]["train"] >= DISTILLED_AT_LEAST, table
             assert all(s["held_out"] is not None for s in stages.values())
-            # The RL job took real gradient steps on signal, on-policy: (nearly) every step kept groups with both outcomes,
-            # with non-zero advantages, and the trainer's log-probs of the sampled tokens are the inference
-            # service's. (Its reward does not rise yet: docs/training.md#learning-on-a-cpu; #22 stays open.)
+            # The RL job took real gradient steps on signal, on-policy: (nearly) every step kept groups with both
+            # outcomes, with non-zero advantages, and the trainer's log-probs of the sampled tokens are the
+            # inference service's. (Its reward does not rise yet: docs/training.md#learning-on-a-cpu; #22 stays open.)
             rl = report["rl"]
             assert len(rl["reward_per_step"]) == RL_STEPS
             kept = [k > 0 for k in rl["groups_kept_per_step"]]
