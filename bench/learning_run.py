@@ -24,7 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-ORCHARD = [sys.executable, "-c", "import sys; from orchard.cli import main; main(sys.argv[1:])"]
+from orchard.cli.learn import ORCHARD
+
 PORTS = ("env", "nats", "inference", "inference-http", "experience", "trainer", "value")
 
 

@@ -391,6 +391,8 @@ def update(
     tokens = sum(sum(r.mask[1:]) for r in rows)
     opd_tokens = sum(sum(m * t for m, t in zip(r.mask[1:], (r.teacher_mask or [])[1:], strict=False)) for r in rows)
     loss_sum = pg_sum = opd_sum = clipped = ratio = diff_sum = diff_max = seen = 0.0
+    # Each micro-batch with its sampled log-probs before the step (the loss's own forward), for the step's KL.
+    before: list[tuple[dict[str, torch.Tensor], torch.Tensor]] = []
     for group in opt.param_groups:
         group["lr"] = lr
     for start in range(0, len(rows), o.micro_batch_size):
@@ -398,6 +400,7 @@ def update(
         t = batch_tensors(mb, pad_id)
         mask = t["mask"]
         logp = sampled_logprobs(model, t["ids"], t["attention"], mask)
+        before.append((t, logp.detach()))
         advantages = torch.tensor([0.0 if s.opd_only else r.advantage for r in mb])
         pg, stats = rl.policy_loss(logp, t["old"], advantages, mask, s.clip_low, s.clip_high, s.aggregation)
         mb_tokens = float(mask.sum())
@@ -420,11 +423,10 @@ def update(
         diff_max = max(diff_max, float(diff.max()))
         seen += float(t["attention"].sum())
     grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), o.max_grad_norm)) if rows else 0.0
-    before = [(r, sampled_logprobs(model, *_forward_inputs(r, pad_id)).detach()) for r in rows] if rows else []
     if rows:
         opt.step()
     opt.zero_grad(set_to_none=True)
-    kl = step_kl(model, before, pad_id)
+    kl = step_kl(model, before)
     n = max(tokens, 1)
     figures = {
         "loss": loss_sum,
@@ -440,20 +442,15 @@ def update(
     return {**figures, "opd_loss": opd_sum} if s.opd_coef else figures
 
 
-def _forward_inputs(row: Row, pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    t = batch_tensors([row], pad_id)
-    return t["ids"], t["attention"], t["mask"]
-
-
 @torch.no_grad()
-def step_kl(model: Any, before: list[tuple[Row, torch.Tensor]], pad_id: int) -> float:
+def step_kl(model: Any, before: list[tuple[dict[str, torch.Tensor], torch.Tensor]]) -> float:
     """How far the step moved the policy: KL(before ‖ after) on the step's sampled tokens, the k3 estimator
-    (e^d − 1 − d with d = log p_after − log p_before, ≥ 0, averaged over tokens); `before` holds each row's sampled
-    log-probs before the step. One extra forward pass, no backward."""
+    (e^d − 1 − d with d = log p_after − log p_before, ≥ 0, averaged over tokens); `before` holds each micro-batch
+    with its sampled log-probs from the loss's forward pass. One extra forward pass after the step, no backward."""
     total = count = 0.0
-    for row, old in before:
-        ids, attention, mask = _forward_inputs(row, pad_id)
-        d = (sampled_logprobs(model, ids, attention, mask) - old) * mask
+    for t, old in before:
+        mask = t["mask"]
+        d = (sampled_logprobs(model, t["ids"], t["attention"], mask) - old) * mask
         total += float(((d.exp() - 1 - d) * mask).sum())
         count += float(mask.sum())
     return total / max(count, 1.0)

@@ -172,10 +172,13 @@ class Progress:
     def __init__(self) -> None:
         self._line = ProgressLine()
         self.started = time.monotonic()
-        self.rewards: list[float] = []
-        """An RL job's mean reward per step, as reported."""
         self.steps: dict[int, dict[str, float]] = {}
         """Every step's reported loss and metrics, by step."""
+
+    @property
+    def rewards(self) -> list[float]:
+        """An RL job's mean reward per step, as reported."""
+        return [figures["reward_mean"] for _, figures in sorted(self.steps.items()) if "reward_mean" in figures]
 
     def step(self, p: pb.JobProgress) -> None:
         width = 30
@@ -184,8 +187,6 @@ class Progress:
         if p.step:
             self.steps[p.step] = {"loss": p.loss, **m}
         if "reward_mean" in m:  # RL: what the step's rollouts earned, and how much of it could be learned from
-            if len(self.rewards) < p.step:
-                self.rewards.append(m["reward_mean"])
             figures = (
                 f"reward {m['reward_mean']:+.3f}  resolved {m.get('resolved_fraction', 0):.2f}  groups kept "
                 f"{m.get('groups_kept_fraction', 0):.2f}  |adv| {m.get('advantage_abs_mean', 0):.2f}  "
