@@ -232,6 +232,8 @@ async def test_rl_job_pushes_every_step_and_samples_on_policy(
         # The trainer's log-probs of the sampled tokens are the inference service's: the same weights, at step 1
         # the base model, at step 2 the step-1 checkpoint the job pushed.
         assert m["logprob_diff_max"] < 1e-3, m
+        # Every group is uniform (all -1): no advantage, and the step's KL on its tokens is reported (k3, >= 0).
+        assert m["advantage_abs_mean"] == 0.0 and m["kl"] >= 0.0, m
     served = (await policy.stub.ListModels(ipb.ListModelsRequest(), timeout=10)).models[0]
     assert (served.weights_version, served.checkpoint_path) == ("rl-1-step-2", checkpoints[-1].path)
     # The step-1 weights are far from the base ones, so matching them at step 2 means they were served.
