@@ -31,6 +31,7 @@ from playwright.async_api import (
     BrowserContext,
     Page,
     Playwright,
+    ViewportSize,
     async_playwright,
 )
 
@@ -42,7 +43,7 @@ from orchard.services.env.settings import EnvSettings
 T = TypeVar("T")
 
 CHROMIUM = EnvSettings.model_fields["browser_path"].default
-VIEWPORT = {"width": 1024, "height": 768}  # the service's default viewport
+VIEWPORT: ViewportSize = {"width": 1024, "height": 768}  # the service's default viewport
 MIB = 1 << 20
 BUDGET_MIB = 8192
 PNG = b"\x89PNG\r\n\x1a\n"

@@ -15,6 +15,8 @@ import asyncio
 import json
 import os
 import time
+from collections.abc import Awaitable
+from typing import TypeVar
 
 from env_service import env_service
 
@@ -71,9 +73,12 @@ async def sample_peak(pid: int, peak: dict[str, int], stop: asyncio.Event) -> No
             pass
 
 
-async def timed(coro: object, bucket: list[float]) -> object:
+T = TypeVar("T")
+
+
+async def timed(coro: Awaitable[T], bucket: list[float]) -> T:
     start = time.perf_counter()
-    result = await coro  # type: ignore[misc]
+    result = await coro
     bucket.append(time.perf_counter() - start)
     return result
 

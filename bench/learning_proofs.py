@@ -37,9 +37,9 @@ def ratio(value: float | None, baseline: float | None) -> float | None:
 async def grpo(seeds: range, env_steps: int) -> dict[str, object]:
     """BAR and fixed-N GRPO runs over the whole budget with SGD; Adam runs until the target."""
     figures: dict[str, dict[str, float]] = {}
-    for name, bar in (("bar", True), ("fixed_n", False)):
-        curves = [await toy.train_grpo(seed, bar, env_steps) for seed in seeds]
-        adam = [await toy.train_grpo(seed, bar, env_steps, adam=True, until=TARGET) for seed in seeds]
+    for name, use_bar in (("bar", True), ("fixed_n", False)):
+        curves = [await toy.train_grpo(seed, use_bar, env_steps) for seed in seeds]
+        adam = [await toy.train_grpo(seed, use_bar, env_steps, adam=True, until=TARGET) for seed in seeds]
         figures[name] = {
             "env_steps_to_target": round(mean(c.steps_to(TARGET) or env_steps for c in curves)),
             "seeds_reaching_target": sum(c.steps_to(TARGET) is not None for c in curves),

@@ -243,8 +243,8 @@ def main() -> None:
                 proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 proc.kill()
-        for log in jobs_dir.glob("*/worker.log"):
-            shutil.copy(log, args.out / "worker.log")
+        for worker_log in jobs_dir.glob("*/worker.log"):
+            shutil.copy(worker_log, args.out / "worker.log")
         shutil.rmtree(work, ignore_errors=True)
     job: pb.Job = result["job"]  # type: ignore[assignment]
     steps: list[dict[str, float]] = result["steps"]  # type: ignore[assignment]

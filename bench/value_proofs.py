@@ -34,7 +34,7 @@ def averaged(reports: list[dict[str, Any]]) -> dict[str, float | None]:
     rows = [value_toy.figures(r) for r in reports]
     out: dict[str, float | None] = {}
     for key in rows[0]:
-        values = [r[key] for r in rows if r[key] is not None]
+        values = [v for r in rows if (v := r[key]) is not None]
         out[key] = round(mean(values), 3) if values else None
     return out
 

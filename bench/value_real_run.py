@@ -527,8 +527,8 @@ def main() -> None:
         "ece",
         "best@8_over_random@8",
     )
-    average = {k: mean(k) for k in keys}
-    average["best@8_over_random@8"] = round(average["best@8"] / average["random@8"], 4)  # type: ignore[operator]
+    average: dict[str, Any] = {k: mean(k) for k in keys}
+    average["best@8_over_random@8"] = round(average["best@8"] / average["random@8"], 4)
     average["curve"] = [
         {
             "n": row["n"],

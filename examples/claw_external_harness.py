@@ -16,9 +16,14 @@ import argparse
 import asyncio
 import json
 import time
-from typing import Any
+from typing import cast
 
 from openai import AsyncOpenAI
+from openai.types.chat import (
+    ChatCompletionFunctionToolParam,
+    ChatCompletionMessageFunctionToolCall,
+    ChatCompletionMessageParam,
+)
 
 from orchard.assistant import TOOLS, AssistantEnv
 from orchard.sdk import AsyncSandboxClient
@@ -29,18 +34,20 @@ async def solve(
     model: AsyncOpenAI, model_name: str, task: AssistantTask, env: AssistantEnv, max_steps: int
 ) -> tuple[str, int]:
     """Run the tool-calling loop; (the final answer, "" if the step budget ran out; the number of tool calls)."""
-    messages: list[dict[str, Any]] = [
+    messages: list[ChatCompletionMessageParam] = [
         {"role": "system", "content": task.system_prompt()},
         {"role": "user", "content": task.instruction},
     ]
+    tools = cast(list[ChatCompletionFunctionToolParam], TOOLS)  # OpenAI function tool specs, as plain dicts
     calls = 0
     for _ in range(max_steps):
-        reply = await model.chat.completions.create(model=model_name, messages=messages, tools=TOOLS)
+        reply = await model.chat.completions.create(model=model_name, messages=messages, tools=tools)
         message = reply.choices[0].message
         if not message.tool_calls:
             return message.content or "", calls
-        messages.append(message.model_dump(exclude_none=True))
+        messages.append(cast(ChatCompletionMessageParam, message.model_dump(exclude_none=True)))
         for call in message.tool_calls:
+            assert isinstance(call, ChatCompletionMessageFunctionToolCall)  # only function tools are offered
             try:
                 args = json.loads(call.function.arguments or "{}")
                 result = await env.call(call.function.name, args)

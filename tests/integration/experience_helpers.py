@@ -68,7 +68,7 @@ def stamp(seconds: float) -> Timestamp:
     return t
 
 
-def outcome(status: int, value: float) -> tpb.Reward:
+def outcome(status: tpb.OutcomeStatus, value: float) -> tpb.Reward:
     return tpb.Reward(
         kind=tpb.REWARD_KIND_OUTCOME, value=value, name="tests", outcome=tpb.OutcomeDetails(status=status)
     )
@@ -80,7 +80,7 @@ def rollout(
     task_id: str,
     *,
     steps: int = 2,
-    status: int = tpb.OUTCOME_STATUS_RESOLVED,
+    status: tpb.OutcomeStatus = tpb.OUTCOME_STATUS_RESOLVED,
     weights_version: str = "v1",
     end: float = 1_700_000_100.0,
     finish: bool = True,

@@ -22,7 +22,7 @@ MAX_GRAD_NORM = 0.5
 def tiny_llama() -> LlamaForCausalLM:
     """Seeded, so every rank builds the same weights; tied embeddings like SmolLM2."""
     torch.manual_seed(0)
-    config = LlamaConfig(
+    config = LlamaConfig(  # type: ignore[call-arg]  # transformers' typed __init__ omits the kwargs it takes
         vocab_size=VOCAB,
         hidden_size=64,
         intermediate_size=128,

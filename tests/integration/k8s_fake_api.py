@@ -474,7 +474,7 @@ class FakeKubernetes:
                     return self._reply(415, _status(415, "UnsupportedMediaType", f"the fake takes no {kind}"))
                 patch = self._body()
                 with fake._cond:
-                    current = fake.objects.get((resource, ns, name))
+                    current = None if name is None else fake.objects.get((resource, ns, name))
                     if current is None:
                         return self._reply(404, _status(404, "NotFound", f'{resource} "{name}" not found'))
                     patched = (
@@ -493,8 +493,8 @@ class FakeKubernetes:
                     return
                 resource, ns, name, _ = routed
                 with fake._cond:
-                    obj = fake.objects.get((resource, ns, name))
-                    if obj is None:
+                    obj = None if name is None else fake.objects.get((resource, ns, name))
+                    if name is None or obj is None:
                         return self._reply(404, _status(404, "NotFound", f'{resource} "{name}" not found'))
                     obj["metadata"]["deletionTimestamp"] = _now()
                     stored = copy.deepcopy(fake._store(resource, ns, obj, "DELETED"))

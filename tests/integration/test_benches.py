@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from env_helpers import needs_sandboxes
@@ -18,7 +19,7 @@ CHROMIUM = EnvSettings.model_fields["browser_path"].default
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
-def run_bench(script: str, args: list[str], key: str) -> dict[str, object]:
+def run_bench(script: str, args: list[str], key: str) -> dict[str, Any]:
     """Run bench/<script>; it exits 0 and its stdout is exactly one JSON object with `key`."""
     run = subprocess.run(
         [sys.executable, str(BENCH / script), *args], capture_output=True, text=True, timeout=280, check=False

@@ -388,10 +388,10 @@ async def test_train_follows_the_job_and_pushes_its_checkpoint(experience: str, 
                     await proc.wait()
                     await reader
             except TimeoutError:  # say where it hung: what it printed last, its signal state, the job's state
-                status = (
+                proc_status = (
                     Path(f"/proc/{proc.pid}/status").read_text() if Path(f"/proc/{proc.pid}/status").exists() else ""
                 )
-                signals = [line for line in status.splitlines() if line.startswith(("SigBlk", "SigIgn", "SigCgt"))]
+                signals = [line for line in proc_status.splitlines() if line.startswith(("SigBlk", "SigIgn", "SigCgt"))]
                 proc.kill()
                 await proc.wait()
                 reader.cancel()

@@ -108,6 +108,7 @@ def compose(
     env: dict[str, str], *args: str, timeout: float = 180, check: bool = True
 ) -> subprocess.CompletedProcess[str]:
     """The Compose v2 binary on the project file; with `check`, fails the test with its output on a non-zero exit."""
+    assert COMPOSE is not None
     out = subprocess.run(
         [COMPOSE, "-p", PROJECT, "-f", str(COMPOSE_FILE), *args],
         env=env,

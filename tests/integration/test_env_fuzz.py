@@ -8,7 +8,7 @@ import asyncio
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import pytest
@@ -38,7 +38,7 @@ FUZZ = settings(
     max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
 )
 
-text = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=40)
+text = st.text(alphabet=st.characters(blacklist_categories=["Cs"]), max_size=40)
 names = st.one_of(text, st.sampled_from(["", "host", "python:3.11-slim", "sb-x", "a" * 64, "../..", "/", "."]))
 paths = st.one_of(
     text,
@@ -117,7 +117,7 @@ def test_fuzz_create_and_lifecycle(server: tuple[env_pb2_grpc.EnvServiceStub, st
     stub, _ = server
     request = pb.CreateSandboxRequest(
         image=data.draw(names),
-        kind=data.draw(st.integers(0, 3)),
+        kind=cast(pb.SandboxKind, data.draw(st.integers(0, 3))),  # unknown kinds too
         env=data.draw(small_maps),
         labels=data.draw(small_maps),
         ttl=duration(data.draw(seconds)),
@@ -230,7 +230,7 @@ def test_fuzz_browser_and_pty(server: tuple[env_pb2_grpc.EnvServiceStub, str], d
         stub.Act,
         pb.ActRequest(
             sandbox_id=sid,
-            action=data.draw(st.integers(0, 12)),
+            action=cast(pb.ActionType, data.draw(st.integers(0, 12))),  # unknown actions too
             selector=data.draw(text),
             x=data.draw(st.floats(allow_nan=True)),
             url=data.draw(text),

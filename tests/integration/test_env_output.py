@@ -69,7 +69,9 @@ async def test_bad_reads_are_invalid_argument(env: EnvServer, request_: pb.ReadE
         await env.stub.ReadExecOutput(request_, timeout=10)
     assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT and field in (info.value.details() or "")
     with pytest.raises(grpc.aio.AioRpcError) as info:
-        await env.stub.ReadExecOutput(pb.ReadExecOutputRequest(exec_id="ex-nope", stream=1), timeout=10)
+        await env.stub.ReadExecOutput(
+            pb.ReadExecOutputRequest(exec_id="ex-nope", stream=pb.OUTPUT_STREAM_STDOUT), timeout=10
+        )
     assert info.value.code() is grpc.StatusCode.NOT_FOUND
 
 

@@ -8,7 +8,7 @@ import contextlib
 import re
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeAlias
 
 import grpc
 import pytest
@@ -21,7 +21,7 @@ from orchard.sdk import AsyncSandboxClient, SandboxClient
 
 pytestmark = [needs_sandboxes, pytest.mark.timeout(30)]
 
-Code = grpc.StatusCode
+Code: TypeAlias = grpc.StatusCode
 SLOW = "echo first; sleep 0.5; echo between; sleep 0.5; echo last"
 
 

@@ -1090,7 +1090,8 @@ async def test_sandbox_limit_refuses_with_retry_info(start_env: StartEnv) -> Non
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await create(env.stub)
     assert info.value.code() is Code.RESOURCE_EXHAUSTED and "2 sandboxes" in info.value.details()
-    assert _retry_after(info.value) and _retry_after(info.value) > 0
+    retry_after = _retry_after(info.value)
+    assert retry_after is not None and retry_after > 0
     await delete_quietly(env.stub, first.sandbox_id)
     await create(env.stub)
 

@@ -9,7 +9,7 @@ import statistics
 import time
 from collections.abc import Awaitable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 import grpc
 import pytest
@@ -23,7 +23,7 @@ from orchard.services.env.images import ImageStore, default_images_dir
 pytestmark = [needs_sandboxes, pytest.mark.timeout(120)]
 
 Stub = env_pb2_grpc.EnvServiceStub
-Code = grpc.StatusCode
+Code: TypeAlias = grpc.StatusCode
 PYTHON = "python:3.11-slim"
 
 

@@ -10,11 +10,18 @@ from pathlib import Path
 import nats.errors
 import pytest
 from experience_helpers import NatsServer, rollout
+from nats.aio.msg import Msg
 
 from orchard import events
 from orchard.events.subjects import STREAM
 from orchard.experience.v1 import experience_pb2 as pb
 from orchard.types.v1 import types_pb2 as tpb
+
+
+def msg_id(msg: Msg) -> str:
+    """The Nats-Msg-Id header, which the publisher sets on every event."""
+    assert msg.headers is not None, msg
+    return msg.headers["Nats-Msg-Id"]
 
 
 async def test_events_land_on_their_subjects_once(tmp_path: Path) -> None:
@@ -31,7 +38,7 @@ async def test_events_land_on_their_subjects_once(tmp_path: Path) -> None:
             sub = await js.pull_subscribe("orchard.rollouts.run-1.>", durable="check", stream=STREAM)
             msgs = await sub.fetch(10, timeout=2)
         assert [m.subject.rsplit(".", 1)[1] for m in msgs] == ["started", "step", "step", "finished"]
-        assert [m.headers["Nats-Msg-Id"] for m in msgs] == [e.event_id for e in sample]
+        assert [msg_id(m) for m in msgs] == [e.event_id for e in sample]
         assert pb.RolloutEvent.FromString(msgs[3].data) == sample[3]
         assert publisher.stats.accepted == 2 * len(sample) and publisher.stats.pending == 0
     finally:
@@ -91,7 +98,7 @@ async def test_backpressure_is_bounded_and_nothing_is_lost(tmp_path: Path) -> No
             stored: list[str] = []
             with contextlib.suppress(nats.errors.TimeoutError):  # no more messages: everything was read
                 while True:
-                    stored += [m.headers["Nats-Msg-Id"] for m in await sub.fetch(100, timeout=2)]
+                    stored += [msg_id(m) for m in await sub.fetch(100, timeout=2)]
         assert sorted(stored) == sorted(e.event_id for e in steps)  # none lost, none stored twice
     finally:
         nats_server.stop()

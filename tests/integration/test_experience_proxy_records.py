@@ -98,8 +98,11 @@ async def test_the_latest_call_gives_the_conversation(bus: tuple[NatsServer, Stu
     answer (tool calls kept), one assistant turn per call."""
     nats_server, stub = bus
     sink = await NatsRecords.connect(nats_server.url, "proxy-run")
-    conversation = [{"role": "system", "content": "sys"}, {"role": "user", "content": "fix it"}]
-    answers = [
+    conversation: list[dict[str, object]] = [
+        {"role": "system", "content": "sys"},
+        {"role": "user", "content": "fix it"},
+    ]
+    answers: list[dict[str, object]] = [
         {
             "role": "assistant",
             "content": "",

@@ -9,6 +9,7 @@ import io
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any, cast
 
 import grpc
 import pyarrow.parquet as pq
@@ -114,7 +115,7 @@ async def test_stats_and_runs(stub: Stub) -> None:
     assert {(r.run_id, r.trajectory_count, r.finished_count) for r in runs.runs} == {("run-a", 4, 4), ("run-b", 2, 1)}
 
 
-async def _dataset(stub: Stub, **request: object) -> tuple[bytes, pb.ExportDatasetSummary]:
+async def _dataset(stub: Stub, **request: Any) -> tuple[bytes, pb.ExportDatasetSummary]:
     replies = [r async for r in stub.ExportDataset(pb.ExportDatasetRequest(**request), timeout=10)]
     assert replies[-1].HasField("summary") and not replies[-1].chunk
     return b"".join(r.chunk for r in replies), replies[-1].summary
@@ -178,7 +179,9 @@ async def test_training_export_naming_an_eval_task_is_refused(stub: Stub) -> Non
         (lambda s: s.GetTrajectory(pb.GetTrajectoryRequest(), timeout=5), "INVALID_ARGUMENT", "trajectory_id is empty"),
         (lambda s: s.GetTrajectory(pb.GetTrajectoryRequest(trajectory_id="nope"), timeout=5), "NOT_FOUND", "'nope'"),
         (
-            lambda s: s.GetTrajectory(pb.GetTrajectoryRequest(trajectory_id="t0", view=9), timeout=5),
+            lambda s: s.GetTrajectory(
+                pb.GetTrajectoryRequest(trajectory_id="t0", view=cast(pb.TrajectoryView, 9)), timeout=5
+            ),
             "INVALID_ARGUMENT",
             "not a TrajectoryView",
         ),
@@ -201,13 +204,14 @@ async def test_training_export_naming_an_eval_task_is_refused(stub: Stub) -> Non
         ),
         (
             lambda s: s.ListTrajectories(
-                pb.ListTrajectoriesRequest(filter=pb.TrajectoryFilter(stop_reasons=[42])), timeout=5
+                pb.ListTrajectoriesRequest(filter=pb.TrajectoryFilter(stop_reasons=[cast(tpb.StopReason, 42)])),
+                timeout=5,
             ),
             "INVALID_ARGUMENT",
             "not a StopReason",
         ),
         (
-            lambda s: s.QueryStats(pb.QueryStatsRequest(group_by=77), timeout=5),
+            lambda s: s.QueryStats(pb.QueryStatsRequest(group_by=cast(pb.StatsGroupBy, 77)), timeout=5),
             "INVALID_ARGUMENT",
             "not a StatsGroupBy",
         ),

@@ -77,7 +77,8 @@ async def test_scripted_fixes_resolve_every_task(client: AsyncSandboxClient) -> 
     for result in results:
         traj = result.trajectory
         assert traj.stop_reason == tpb.STOP_REASON_SUBMITTED, traj.stop_detail
-        assert result.grade is not None and result.grade.resolved, (traj.task_id, result.grade.log_tail)
+        assert result.grade is not None, traj.task_id
+        assert result.grade.resolved, (traj.task_id, result.grade.log_tail)
         assert traj.final_patch.startswith("diff --git") and "tests/" not in traj.final_patch
         assert [s.action_status for s in traj.steps] == [tpb.ACTION_STATUS_OK] * 3 + [tpb.ACTION_STATUS_SUBMITTED]
         assert (

@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any, cast
 
 import grpc
 import openai
 import pytest
 import pytest_asyncio
+from openai.types.chat import ChatCompletionFunctionToolParam, ChatCompletionMessageParam
 
 from orchard.inference.v1 import inference_pb2 as pb
 from orchard.inference.v1 import inference_pb2_grpc
@@ -22,8 +24,8 @@ from orchard.services.inference.settings import InferenceSettings
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(120)]
 
 MODEL = "SmolLM2-135M-Instruct"
-FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
-WEATHER_TOOL = {
+FRANCE: list[ChatCompletionMessageParam] = [{"role": "user", "content": "What is the capital of France?"}]
+WEATHER_TOOL: ChatCompletionFunctionToolParam = {
     "type": "function",
     "function": {
         "name": "get_weather",
@@ -103,6 +105,7 @@ async def test_chat_streaming(api: Endpoint) -> None:
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == whole.choices[0].message.content
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == whole.choices[0].finish_reason
+    assert whole.usage is not None
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
 
 
@@ -114,6 +117,7 @@ async def test_completions(api: Endpoint) -> None:
     )
     choice = reply.choices[0]
     assert "Paris" in choice.text
+    assert reply.usage is not None
     assert choice.logprobs is not None and len(choice.logprobs.tokens or []) == reply.usage.completion_tokens
     assert "".join(choice.logprobs.tokens or []) == choice.text
     several = await api.client.completions.create(
@@ -133,14 +137,14 @@ async def test_tool_call(api: Endpoint) -> None:
     SmolLM2-135M does not call tools zero-shot; one earlier call in the conversation is enough for it to follow
     the format, and that earlier call also exercises rendering calls for a template without tool support.
     """
-    example = {
+    example: ChatCompletionMessageParam = {
         "role": "assistant",
         "content": None,
         "tool_calls": [
             {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Berlin"}'}}
         ],
     }
-    messages = [
+    messages: list[ChatCompletionMessageParam] = [
         {"role": "user", "content": "What is the weather in Berlin?"},
         example,
         {"role": "user", "content": "What is the weather in Paris?"},
@@ -151,7 +155,8 @@ async def test_tool_call(api: Endpoint) -> None:
     choice = reply.choices[0]
     assert choice.finish_reason == "tool_calls", choice.message.content
     assert not choice.message.content
-    call = choice.message.tool_calls[0]  # type: ignore[index]
+    assert choice.message.tool_calls, choice.message
+    call = choice.message.tool_calls[0]
     assert call.type == "function" and call.id.startswith("call_")
     assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Paris"}
     stream = await api.client.chat.completions.create(
@@ -164,8 +169,8 @@ async def test_tool_call(api: Endpoint) -> None:
     ]
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
     # The call's result goes back into the conversation; the model answers in text.
-    follow = messages + [
-        choice.message.model_dump(exclude_none=True),
+    follow: list[ChatCompletionMessageParam] = messages + [
+        cast(ChatCompletionMessageParam, choice.message.model_dump(exclude_none=True)),
         {"role": "tool", "tool_call_id": call.id, "content": '{"temp_c": 18}'},
     ]
     answer = await api.client.chat.completions.create(
@@ -252,7 +257,7 @@ async def test_bodies_that_are_not_json_objects_are_400(api: Endpoint, raw: byte
     assert status == 400 and needle in answer["error"]["message"], answer
 
 
-async def _post(api: Endpoint, path: str, raw: bytes) -> tuple[int, dict[str, object]]:
+async def _post(api: Endpoint, path: str, raw: bytes) -> tuple[int, dict[str, Any]]:
     import aiohttp
 
     async with aiohttp.ClientSession() as session:

@@ -135,7 +135,8 @@ async def test_score_discriminates(svc: Service) -> None:
 async def test_stream_chat_matches_unary(svc: Service) -> None:
     """StreamChat's deltas add up to the unary reply, then one summary ends the stream."""
     unary = await svc.stub.Chat(pb.ChatRequest(messages=FRANCE, sampling=sampling(max_tokens=12)), timeout=60)
-    deltas, summaries = [], []
+    deltas: list[pb.StreamChatResponse] = []
+    summaries: list[pb.StreamChatResponse] = []
     async for msg in svc.stub.StreamChat(
         pb.StreamChatRequest(messages=FRANCE, sampling=sampling(max_tokens=12), return_prompt_token_ids=True),
         timeout=60,

@@ -13,6 +13,7 @@ import aiohttp
 import openai
 import pytest
 import pytest_asyncio
+from openai.types.chat import ChatCompletionMessageParam
 
 from orchard.services.inference.server import build, start_gateway
 from orchard.services.inference.settings import InferenceSettings
@@ -23,7 +24,7 @@ from orchard.services.proxy.settings import ProxySettings
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(120)]
 
 MODEL = "SmolLM2-135M-Instruct"
-FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
+FRANCE: list[ChatCompletionMessageParam] = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 @dataclass

@@ -257,7 +257,12 @@ async def test_cross_tenant_calls_answer_as_unknown_ids(start_env: StartEnv, tal
             ("GetExec", stub.GetExec(pb.GetExecRequest(exec_id=eid), metadata=bob)),
             ("WaitExec", stub.WaitExec(pb.WaitExecRequest(exec_id=eid), metadata=bob)),
             ("CancelExec", stub.CancelExec(pb.CancelExecRequest(exec_id=eid), metadata=bob)),
-            ("ReadExecOutput", stub.ReadExecOutput(pb.ReadExecOutputRequest(exec_id=eid, stream=1), metadata=bob)),
+            (
+                "ReadExecOutput",
+                stub.ReadExecOutput(
+                    pb.ReadExecOutputRequest(exec_id=eid, stream=pb.OUTPUT_STREAM_STDOUT), metadata=bob
+                ),
+            ),
             ("GetSnapshot", stub.GetSnapshot(pb.GetSnapshotRequest(snapshot_id=snap_id), metadata=bob)),
             ("DeleteSnapshot", stub.DeleteSnapshot(pb.DeleteSnapshotRequest(snapshot_id=snap_id), metadata=bob)),
             (

@@ -86,7 +86,8 @@ async def test_quality_one_resolves_every_task(client: AsyncSandboxClient) -> No
     for task, result in zip(tasks, results, strict=True):
         traj = result.trajectory
         assert traj.stop_reason == tpb.STOP_REASON_SUBMITTED, traj.stop_detail
-        assert result.grade is not None and result.grade.resolved, (traj.task_id, result.grade.log_tail)
+        assert result.grade is not None, traj.task_id
+        assert result.grade.resolved, (traj.task_id, result.grade.log_tail)
         assert traj.final_patch == task.patch
         assert traj.policy.model == traj.policy.weights_version == "reference-q1.00"
         assert traj.rewards[0].value == 1.0 and traj.metadata["verify_status"] == "resolved"

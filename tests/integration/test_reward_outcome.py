@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 import pytest
@@ -44,10 +45,10 @@ async def reward(env: EnvServer) -> AsyncIterator[reward_pb2_grpc.RewardServiceS
     await server.stop()
 
 
-def request(patch: str, **fields: object) -> pb.ComputeOutcomeRewardRequest:
+def request(patch: str, **fields: Any) -> pb.ComputeOutcomeRewardRequest:
     return pb.ComputeOutcomeRewardRequest(
         task_set="toyrepair", task_id=LEAP.instance_id, patch=patch, stop_reason=tpb.STOP_REASON_SUBMITTED, **fields
-    )  # type: ignore[arg-type]
+    )
 
 
 async def test_gold_patch_resolves_and_empty_patch_does_not(reward: reward_pb2_grpc.RewardServiceStub) -> None:

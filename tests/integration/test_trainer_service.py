@@ -10,6 +10,7 @@ import os
 import re
 import signal
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -157,7 +158,7 @@ async def test_a_restarted_service_resumes_its_running_job(tiny: Path, data: Pat
 async def test_bad_requests_get_clear_statuses(tiny: Path, data: Path, tmp_path: Path) -> None:
     async with trainer_service(tmp_path / "jobs") as stub:
 
-        async def code(config: pb.JobConfig, **kw: object) -> tuple[grpc.StatusCode, str]:
+        async def code(config: pb.JobConfig, **kw: Any) -> tuple[grpc.StatusCode, str]:
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await stub.CreateJob(pb.CreateJobRequest(config=config, **kw))
             return err.value.code(), err.value.details()

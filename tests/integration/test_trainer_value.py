@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -114,7 +115,7 @@ async def experience(tmp_path: Path, nats_server: NatsServer) -> AsyncIterator[s
     await server.stop()
 
 
-def value_config(**value: object) -> pb.JobConfig:
+def value_config(**value: Any) -> pb.JobConfig:
     return pb.JobConfig(
         kind=pb.JOB_KIND_VALUE,
         dataset=pb.DatasetSource(experience=epb.TrajectoryFilter(run_ids=["run-0", "run-1"])),
@@ -163,12 +164,12 @@ async def test_value_job_learns_from_the_experience_store(tmp_path: Path, experi
     port = await server.start()
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            stub = value_pb2_grpc.ValueServiceStub(channel)
-            loaded = await stub.LoadModel(vpb.LoadModelRequest(checkpoint_path=checkpoint.path))
+            value_stub = value_pb2_grpc.ValueServiceStub(channel)
+            loaded = await value_stub.LoadModel(vpb.LoadModelRequest(checkpoint_path=checkpoint.path))
             assert loaded.model.version == checkpoint.version and loaded.model.job == "jobs/value-1"
             assert loaded.model.metrics["auc"] == m["auc"]
             group = [candidate("fresh", n, held, resolved=n == 2)[-1].rollout_finished.trajectory for n in range(4)]
-            ranked = await stub.Rerank(
+            ranked = await value_stub.Rerank(
                 vpb.RerankRequest(
                     task_id=f"task-{held}",
                     candidates=[vpb.Candidate(candidate_id=t.trajectory_id, trajectory=t) for t in group],

@@ -7,6 +7,7 @@ import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -71,7 +72,7 @@ async def trainer_service(jobs_dir: Path, **overrides: object) -> AsyncIterator[
         await server.stop()
 
 
-def sft_config(model: Path, dataset: Path, **hyper: object) -> pb.JobConfig:
+def sft_config(model: Path, dataset: Path, **hyper: Any) -> pb.JobConfig:
     return pb.JobConfig(
         kind=pb.JOB_KIND_SFT,
         base_model=str(model),

@@ -8,7 +8,7 @@ import contextlib
 import logging
 import os
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Self
@@ -145,7 +145,7 @@ class AsyncExecHandle:
         response = await self._transport.unary("CancelExec", pb.CancelExecRequest(exec_id=self.job_id), idempotent=True)
         return await complete_output(self._transport, response.exec)
 
-    async def stream(self) -> AsyncIterator[tuple[str, bytes]]:
+    async def stream(self) -> AsyncGenerator[tuple[str, bytes], None]:
         """Yield ("stdout" | "stderr", chunk) from the first byte on, as the command writes; ends when it ends."""
         request = pb.StreamExecRequest(exec_id=self.job_id)
         async for event in self._transport.server_stream("StreamExec", request, timeout=self.timeout + EXEC_MARGIN_S):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import sys
+from typing import Any
 
 import pytest
 
@@ -17,7 +18,7 @@ from orchard.tasks.assistant import load_tasks
 sys.path.insert(0, str(SCRIPTS))
 import claw_state
 
-MESSAGE = {
+MESSAGE: dict[str, Any] = {
     "id": "m2",
     "folder": "INBOX",
     "from": "Zoë Ünal <zoe@acme.test>",
@@ -84,6 +85,7 @@ def test_the_in_sandbox_tool_table_and_the_specs_are_the_task_vocabulary() -> No
         for node in ast.parse(source).body
         if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", "") == "TOOLS"
     )
+    assert table is not None
     assert ast.literal_eval(table) == VOCABULARY
     specs = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
     assert list(specs) == list(VOCABULARY)

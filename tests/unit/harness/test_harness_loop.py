@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import cast
 
 import pytest
 
@@ -26,6 +26,7 @@ from orchard.harness import (
 )
 from orchard.harness.model import Sample
 from orchard.harness.scripted import IM_END, LOGPROB, decode
+from orchard.sdk import AsyncSandboxClient
 from orchard.tasks import load_instances
 from orchard.types.v1 import types_pb2 as tpb
 
@@ -40,7 +41,7 @@ class EchoHarness(Harness):
 
     name = "echo"
     task_set = "unit"
-    tools: ClassVar[list[tpb.ToolDefinition]] = [
+    tools = [
         tool("echo", "Echo text.", {"text": {"type": "string"}}, ["text"]),
         tool("submit", "Submit.", {}, []),
     ]
@@ -157,8 +158,8 @@ async def test_runner_bounds_concurrency() -> None:
         instances,
         4,
         loop=loop,
-        client=None,
-        grade_patches=False,  # type: ignore[arg-type]
+        client=cast(AsyncSandboxClient, None),  # no sandbox: the echo harness needs none and nothing is graded
+        grade_patches=False,
         make_harness=lambda i: EchoHarness(i.instance_id),
         concurrency=3,
     )

@@ -57,6 +57,7 @@ def test_js_skew_with_lambda_one_is_reverse_kl_and_stays_under_its_bound() -> No
 def test_surrogate_gradients(kind: OpdLoss, grad: float) -> None:
     ls = torch.tensor(LOG(0.5), requires_grad=True)
     token_loss(ls, torch.tensor(LOG(0.25)), kind).backward()
+    assert ls.grad is not None
     assert ls.grad.item() == pytest.approx(grad)
 
 
@@ -66,6 +67,7 @@ def test_tool_tokens_contribute_no_gradient(kind: OpdLoss) -> None:
     lt = torch.log(torch.tensor([[0.25, 0.6, 0.1, 0.3]]))
     mask = torch.tensor([[1.0, 0.0, 1.0, 0.0]])
     opd_loss(ls, lt, mask, kind).backward()
+    assert ls.grad is not None
     assert ls.grad[0, 1] == 0 and ls.grad[0, 3] == 0 and ls.grad[0, 0] != 0 and ls.grad[0, 2] != 0
 
 

@@ -89,6 +89,7 @@ def test_sft_loss_is_the_mean_over_trained_tokens() -> None:
     loss = sft_loss(logprobs, mask)
     assert loss.item() == pytest.approx((1 + 3 + 5) / 3)
     loss.backward()
+    assert logprobs.grad is not None
     assert (logprobs.grad == -mask / 3).all()
 
 
@@ -96,4 +97,5 @@ def test_sft_loss_with_an_empty_mask_is_zero_without_gradient() -> None:
     logprobs = torch.tensor([[-1.0, -2.0]], requires_grad=True)
     loss = sft_loss(logprobs, torch.zeros(1, 2))
     loss.backward()
+    assert logprobs.grad is not None
     assert loss.item() == 0.0 and (logprobs.grad == 0).all()

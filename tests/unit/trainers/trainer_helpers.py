@@ -21,7 +21,7 @@ def make_trajectory(prompt: list[int], steps: list[tuple[list[int], list[int]]])
 def tiny_lm(vocab: int = 32, seed: int = 0, hidden: int = 32, layers: int = 2) -> LlamaForCausalLM:
     """A small random-init Llama with sdpa attention (which honours 4-D packing masks)."""
     torch.manual_seed(seed)
-    config = LlamaConfig(
+    config = LlamaConfig(  # type: ignore[call-arg]  # transformers' typed __init__ omits the kwargs it takes
         vocab_size=vocab,
         hidden_size=hidden,
         intermediate_size=2 * hidden,

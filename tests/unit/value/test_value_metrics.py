@@ -3,6 +3,8 @@ normalisation and clusters, the ranking rule, AUC, ECE and the best@N / random@N
 
 from __future__ import annotations
 
+from typing import cast
+
 import pytest
 
 from orchard.value import metrics as vm
@@ -58,7 +60,7 @@ def test_best_random_and_pass_at_n() -> None:
     assert vm.pass_at_n(cands, 2) == 1.0
     assert vm.random_at_n(cands, 4) == pytest.approx((0.25 + 0.5) / 2)  # b has only 2
     report = vm.best_of_n_report(cands, (1, 2, 4, 8))
-    assert [row["n"] for row in report["curve"]] == [1, 2, 4]  # no task has 8
+    assert [row["n"] for row in cast(list[dict[str, object]], report["curve"])] == [1, 2, 4]  # no task has 8
     assert report["pass@1"] == pytest.approx(2 / 6) and report["auc"] == pytest.approx(7 / 8)
     table = vm.format_best_of_n(report)
     assert "  2      50.0%      50.0%     100.0%" in table and "AUC 0.875" in table
@@ -114,6 +116,7 @@ def test_the_report_carries_the_majority_vote_and_the_margin() -> None:
     assert vm.best_at_n(cands, 4, tie_margin=0.0) == 0.0
     assert vm.best_at_n(cands, 4, tie_margin=0.05) == 1.0
     report = vm.best_of_n_report(cands, (1, 2, 4), tie_margin=0.0)
-    assert report["tie_margin"] == 0.0 and [row["vote"] for row in report["curve"]] == [0.0, 0.0, 1.0]
+    curve = cast(list[dict[str, object]], report["curve"])
+    assert report["tie_margin"] == 0.0 and [row["vote"] for row in curve] == [0.0, 0.0, 1.0]
     table = vm.format_best_of_n(report)
     assert "tie margin 0" in table and "vote@N" in table

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from orchard.chat.templates import _with_tool_preamble
@@ -52,7 +54,7 @@ def test_parse_tool_calls(text: str, content: str, calls: list[tuple[str, str]])
 def test_tool_preamble_and_history() -> None:
     """Templates without tools get a system preamble; earlier calls become <tool_call> blocks."""
     tool = {"type": "function", "function": {"name": "search", "description": "Search.", "parameters": {}}}
-    messages = [
+    messages: list[dict[str, Any]] = [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "hi"},
         {

@@ -103,7 +103,7 @@ def test_system_prompt_lists_the_rubric_and_the_schema() -> None:
     assert "R2 Self-test relevance (weight 0.18)" in prompt and '"R7": <0.0-1.0>' in prompt
 
 
-def outcome(status: int, value: float) -> tpb.Reward:
+def outcome(status: tpb.OutcomeStatus, value: float) -> tpb.Reward:
     return tpb.Reward(kind=tpb.REWARD_KIND_OUTCOME, value=value, outcome=tpb.OutcomeDetails(status=status))
 
 
@@ -137,7 +137,7 @@ def item(out: tpb.Reward, alpha: float = 0.5) -> JudgeInput:
     ("status", "r_bin"),
     [(tpb.OUTCOME_STATUS_RESOLVED, 1.0), (tpb.OUTCOME_STATUS_UNRESOLVED, -1.0), (tpb.OUTCOME_STATUS_TRUNCATED, -1.0)],
 )
-async def test_reward_mix_across_outcomes(status: int, r_bin: float) -> None:
+async def test_reward_mix_across_outcomes(status: tpb.OutcomeStatus, r_bin: float) -> None:
     models = ScriptedModels(
         chat_reply=f"```json\n{json.dumps({'reasoning': 'ok', 'scores': {**SCORES, 'R1': 0.77}})}\n```"
     )
