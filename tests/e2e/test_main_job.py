@@ -249,16 +249,16 @@ def test_main_job(tmp_path: Path) -> None:
                 timeout=2400,
             )
             assert learn.returncode == 0, learn.stdout + learn.stderr[-20000:]
-            table = learn.stdout[learn.stdout.index("learning on toyrepair: 6 training tasks, 2 held out") :]
-            print(table)  # the figures, for whoever runs this
+            learned = learn.stdout[learn.stdout.index("learning on toyrepair: 6 training tasks, 2 held out") :]
+            print(learned)  # the figures, for whoever runs this
             report = json.loads((tmp_path / "runs" / "main-e2e-learn" / "learning.json").read_text())
             stages = {s["stage"]: s for s in report["stages"]}
             assert list(stages) == ["base", "distilled", "rl", "best-of-4"]
-            assert [line.split()[0] for line in table.splitlines()[2:6]] == list(stages)
+            assert [line.split()[0] for line in learned.splitlines()[2:6]] == list(stages)
             assert stages["base"]["model"] == "orchard-student" and stages["base"]["train"] == 0.0
             # Learning: distillation lifts the training tasks' pass@1 from nothing by a margin (0.54 to 0.83 measured
             # at seed 0; bench/learning_run.py has the spread over seeds); the held-out tasks are reported beside.
-            assert stages["distilled"]["train"] >= DISTILLED_AT_LEAST, table
+            assert stages["distilled"]["train"] >= DISTILLED_AT_LEAST, learned
             assert all(s["held_out"] is not None for s in stages.values())
             # The RL job took real gradient steps on signal, on-policy: (nearly) every step kept groups with both
             # outcomes, with non-zero advantages, and the trainer's log-probs of the sampled tokens are the
@@ -266,8 +266,8 @@ def test_main_job(tmp_path: Path) -> None:
             rl = report["rl"]
             assert len(rl["reward_per_step"]) == RL_STEPS
             kept = [k > 0 for k in rl["groups_kept_per_step"]]
-            assert sum(kept) >= RL_STEPS - 1, table  # one step may draw no group with both outcomes
-            assert all(a > 0 for a, k in zip(rl["advantage_abs_mean_per_step"], kept, strict=True) if k), table
+            assert sum(kept) >= RL_STEPS - 1, learned  # one step may draw no group with both outcomes
+            assert all(a > 0 for a, k in zip(rl["advantage_abs_mean_per_step"], kept, strict=True) if k), learned
             assert rl["logprob_diff_max"] < 1e-3
             assert all(k >= 0 for k in rl["kl_per_step"]) and any(k > 0 for k in rl["kl_per_step"])
             assert (tmp_path / "runs" / "main-e2e-learn" / "learning.png").stat().st_size > 1000

@@ -13,6 +13,7 @@ import signal
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -93,7 +94,7 @@ def test_sampled_logprobs_equal_the_full_forward_at_sampled_tokens(tiny: Path) -
         (tpb.OUTCOME_STATUS_ERROR, None),
     ],
 )
-def test_outcome_value_maps_each_status(status: int, expected: float | None) -> None:
+def test_outcome_value_maps_each_status(status: tpb.OutcomeStatus, expected: float | None) -> None:
     reward = tpb.Reward(kind=tpb.REWARD_KIND_OUTCOME, outcome=tpb.OutcomeDetails(status=status))
     assert rl_job.outcome_value(reward, (2.0, 0.0, -1.0)) == expected
 
@@ -164,9 +165,9 @@ async def policy(tiny: Path) -> AsyncIterator[Inference]:
     await server.stop()
 
 
-def rl_config(model: Path, steps: int, **rl: object) -> pb.JobConfig:
+def rl_config(model: Path, steps: int, **rl: Any) -> pb.JobConfig:
     """A short RL job on ToyRepair: one prompt, a group of two two-turn rollouts of 8-token replies per step."""
-    fields = {
+    fields: dict[str, Any] = {
         "group_size": 2,
         "prompts_per_step": 1,
         "group_filter": pb.GROUP_FILTER_NONE,
@@ -182,7 +183,7 @@ def rl_config(model: Path, steps: int, **rl: object) -> pb.JobConfig:
         dataset=pb.DatasetSource(path="toyrepair"),
         hyperparameters=pb.Hyperparameters(max_steps=steps, learning_rate=0.05, weight_decay=2.0, seed=11),
         rl=pb.RlConfig(**fields),
-    )  # type: ignore[arg-type]
+    )
 
 
 async def run_job(
@@ -371,12 +372,12 @@ async def test_a_killed_rl_worker_resumes_from_its_checkpoint(
     assert served.weights_version == "rl-crash-step-2"
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{experience_port}") as channel:
-            stub = experience_pb2_grpc.ExperienceServiceStub(channel)
+            store_stub = experience_pb2_grpc.ExperienceServiceStub(channel)
             request = epb.ListTrajectoriesRequest(
                 filter=epb.TrajectoryFilter(run_ids=["rl-crash"]), view=epb.TRAJECTORY_VIEW_BASIC
             )
             for _ in range(100):  # the store takes the events a moment after they were published
-                finished = (await stub.ListTrajectories(request, timeout=10)).trajectories
+                finished = (await store_stub.ListTrajectories(request, timeout=10)).trajectories
                 if len(finished) >= 4:
                     break
                 await asyncio.sleep(0.1)

@@ -52,6 +52,7 @@ def test_policy_loss_asymmetric_clipping(adv: float, ratio: float, loss: float, 
     value, _ = policy_loss(logp, torch.zeros(1, 1), torch.tensor([adv]), torch.ones(1, 1))
     assert value.item() == pytest.approx(loss, rel=1e-6)
     value.backward()
+    assert logp.grad is not None
     if flows is not None:
         assert (logp.grad.abs() > 0).item() == flows
 
@@ -70,6 +71,7 @@ def test_masked_tokens_get_no_gradient_and_stats_count_clips() -> None:
     logp = torch.log(torch.tensor([[1.5, 1.0, 1.0]])).requires_grad_(True)
     loss, stats = policy_loss(logp, torch.zeros(1, 3), torch.tensor([1.0]), torch.tensor([[1.0, 1.0, 0.0]]))
     loss.backward()
+    assert logp.grad is not None
     assert logp.grad[0].tolist() == pytest.approx([0.0, -0.5, 0.0])
     assert stats.clip_fraction == 0.5 and stats.mean_ratio == pytest.approx(1.25)
 
