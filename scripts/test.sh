@@ -3,4 +3,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
-exec .venv/bin/python -m pytest tests -p no:cacheprovider -q --durations=25 "$@"
+# Two workers (pytest-xdist), a module to one worker so module fixtures (servers, models) start once.
+exec .venv/bin/python -m pytest tests -p no:cacheprovider -q --durations=25 -n "${ORCHARD_TEST_WORKERS:-2}" --dist loadscope "$@"

@@ -31,7 +31,7 @@ class HarnessRolloutSource:
         self,
         loop: AgentLoop,
         client: AsyncSandboxClient,
-        make_harness: HarnessFactory,
+        make_harness: HarnessFactory[TaskInstance],
         *,
         concurrency: int = 4,
         test_timeout_s: float = 600.0,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
-from typing import Any, cast
+from typing import Any
 
 import pytest
 from env_helpers import EnvServer, needs_image, needs_sandboxes
@@ -24,7 +24,6 @@ from orchard.harness import (
 from orchard.harness.assistant import AssistantHarness, AssistantScriptModel
 from orchard.harness.reference import tool_call
 from orchard.sdk import AsyncSandboxClient
-from orchard.tasks import TaskInstance
 from orchard.tasks.assistant import AssistantTask, grade, load_tasks
 
 pytestmark = [needs_sandboxes, needs_image("claw"), pytest.mark.slow, pytest.mark.timeout(300)]
@@ -220,11 +219,8 @@ async def test_the_bundled_solutions_pass_on_the_real_servers_and_doing_nothing_
     assert len(tasks) == 15
     async with AsyncSandboxClient(f"127.0.0.1:{env.server.port}") as client:
 
-        def harness(task: Any) -> AssistantHarness:
+        def harness(task: AssistantTask) -> AssistantHarness:
             return AssistantHarness(task, client)
-
-        # run_rollouts is annotated for repository tasks but runs any task whose harness judges it, as these do.
-        runnable = cast(list[TaskInstance], tasks)
 
         loop = AgentLoop(
             AssistantScriptModel(tasks),
@@ -232,14 +228,14 @@ async def test_the_bundled_solutions_pass_on_the_real_servers_and_doing_nothing_
             SamplingConfig(max_step_tokens=4096),
             run_id="claw-script",
         )
-        solved = await run_rollouts(runnable, 1, loop=loop, client=client, make_harness=harness, concurrency=4)
+        solved = await run_rollouts(tasks, 1, loop=loop, client=client, make_harness=harness, concurrency=4)
         idle = AgentLoop(
             ScriptedModel(lambda prompt, step: tool_call("finish", answer=""), name="idle"),
             Limits(max_steps=2, max_tokens=400_000),
             SamplingConfig(max_step_tokens=512),
             run_id="claw-idle",
         )
-        idled = await run_rollouts(runnable, 1, loop=idle, client=client, make_harness=harness, concurrency=4)
+        idled = await run_rollouts(tasks, 1, loop=idle, client=client, make_harness=harness, concurrency=4)
         left = [s async for s in client.list_sandboxes()]
 
     failed = {

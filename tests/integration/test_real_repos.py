@@ -286,5 +286,7 @@ def test_rollout_and_eval_on_the_same_file(
         "pagerkit-less",
         "--env-address",
         env_address,
+        "--report",
+        str(tmp_path / "gold-report.json"),
     )
     assert gold_one.returncode == 0 and "resolved 1/1" in gold_one.stdout, gold_one.stdout + gold_one.stderr

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import AsyncIterator
-from typing import cast
 
 import pytest
 from env_helpers import EnvServer
@@ -17,15 +16,12 @@ from env_helpers import EnvServer
 from orchard.harness import AgentLoop, Limits, ListSink, SamplingConfig, ScriptedModel, run_rollouts
 from orchard.harness.web import WebHarness, WebScriptModel
 from orchard.sdk import AsyncSandboxClient
-from orchard.tasks import TaskInstance
 from orchard.tasks.web import SiteServer, WebTask, load_tasks
 from orchard.types.v1 import types_pb2 as tpb
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 TASKS = load_tasks() + load_tasks("miniwob")  # the bundled sites, and MiniWoB++ pages served locally
 PNG = b"\x89PNG\r\n\x1a\n"
-# run_rollouts is annotated for repository tasks (TaskInstance), but it runs any task with an instance_id whose
-# harness judges its own rollouts, as WebHarness does: the casts below say so.
 
 
 @pytest.fixture
@@ -53,12 +49,12 @@ async def test_the_scripted_policy_completes_every_bundled_and_miniwob_task(env:
             run_id="web-it",
         )
         results = await run_rollouts(
-            cast(list[TaskInstance], TASKS),
+            TASKS,
             1,
             loop=loop,
             client=client,
             concurrency=4,
-            make_harness=lambda t: WebHarness(cast(WebTask, t), client, site),
+            make_harness=lambda t: WebHarness(t, client, site),
         )
         left = [s async for s in client.list_sandboxes()]
     failed = {
@@ -111,11 +107,11 @@ async def test_a_text_policy_finds_its_way_by_the_accessibility_tree(env: EnvSer
                 SamplingConfig(max_step_tokens=512),
             )
             [result] = await run_rollouts(
-                [cast(TaskInstance, target)],
+                [target],
                 1,
                 loop=loop,
                 client=client,
-                make_harness=lambda t: WebHarness(cast(WebTask, t), client, site),
+                make_harness=lambda t: WebHarness(t, client, site),
             )
             assert result.grade is not None and result.grade.resolved is succeeds, result.grade
             assert result.trajectory.final_answer == ("" if succeeds else "not found")
@@ -132,11 +128,11 @@ async def test_screenshots_reach_the_model_as_png_images(env: EnvServer, site: s
             SamplingConfig(max_step_tokens=4096),
         )
         [result] = await run_rollouts(
-            [cast(TaskInstance, target)],
+            [target],
             1,
             loop=loop,
             client=client,
-            make_harness=lambda t: WebHarness(cast(WebTask, t), client, site, observe="both"),
+            make_harness=lambda t: WebHarness(t, client, site, observe="both"),
         )
     traj = result.trajectory
     assert result.grade is not None and result.grade.resolved, result.grade
@@ -166,11 +162,11 @@ async def test_bad_actions_come_back_as_observations(env: EnvServer, site: str) 
             SamplingConfig(max_step_tokens=512),
         )
         [result] = await run_rollouts(
-            [cast(TaskInstance, target)],
+            [target],
             1,
             loop=loop,
             client=client,
-            make_harness=lambda t: WebHarness(cast(WebTask, t), client, site, action_timeout_s=1),
+            make_harness=lambda t: WebHarness(t, client, site, action_timeout_s=1),
         )
     traj = result.trajectory
     assert traj.stop_reason == tpb.STOP_REASON_SUBMITTED, traj.stop_detail

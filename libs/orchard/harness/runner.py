@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import Protocol, TypeVar
 
 from orchard import events, outcomes
 from orchard.harness.base import Harness
@@ -25,7 +26,16 @@ class RolloutResult:
     grade: GradeResult | None
 
 
-HarnessFactory = Callable[[TaskInstance], Harness]
+class Task(Protocol):
+    """What the runner needs of any task: its id. Repository tasks (TaskInstance) are graded by the runner; web and
+    assistant tasks are judged by their harness (`Harness.outcome`)."""
+
+    @property
+    def instance_id(self) -> str: ...
+
+
+TaskT = TypeVar("TaskT", bound=Task)
+HarnessFactory = Callable[[TaskT], Harness]
 OnResult = Callable[[RolloutResult], Awaitable[None] | None]
 
 
@@ -50,8 +60,8 @@ def ungraded(trajectory: tpb.Trajectory) -> tuple[GradeResult, tpb.Reward]:
 async def run_one(
     loop: AgentLoop,
     client: AsyncSandboxClient,
-    make_harness: HarnessFactory,
-    instance: TaskInstance,
+    make_harness: HarnessFactory[TaskT],
+    instance: TaskT,
     sample: int,
     *,
     grade_patches: bool = True,
@@ -72,6 +82,11 @@ async def run_one(
         result = replace(own, sample_index=sample)  # the harness judged its own rollout (a web task's check)
         reward = result.to_reward(source=f"orchard.harness.{harness.name}", name="task_check")
     elif trajectory.stop_reason == tpb.STOP_REASON_SUBMITTED:
+        if not isinstance(instance, TaskInstance):
+            raise TypeError(
+                f"task {instance.instance_id!r} is not a repository task, and its harness {harness.name!r} "
+                "judged nothing (Harness.outcome returned None)"
+            )
         result = await grade(
             client, instance, trajectory.final_patch, sample_index=sample, test_timeout_s=test_timeout_s
         )
@@ -85,12 +100,12 @@ async def run_one(
 
 
 async def run_rollouts(
-    instances: list[TaskInstance],
+    instances: Sequence[TaskT],
     k: int,
     *,
     loop: AgentLoop,
     client: AsyncSandboxClient,
-    make_harness: HarnessFactory,
+    make_harness: HarnessFactory[TaskT],
     concurrency: int = 4,
     grade_patches: bool = True,
     on_result: OnResult | None = None,
@@ -102,7 +117,7 @@ async def run_rollouts(
     """
     slots = asyncio.Semaphore(concurrency)
 
-    async def one(instance: TaskInstance, sample: int) -> RolloutResult:
+    async def one(instance: TaskT, sample: int) -> RolloutResult:
         async with slots:
             done = await run_one(
                 loop, client, make_harness, instance, sample, grade_patches=grade_patches, test_timeout_s=test_timeout_s

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import cast
 
 import pytest
@@ -25,9 +26,11 @@ from orchard.harness import (
     tool,
 )
 from orchard.harness.model import Sample
+from orchard.harness.runner import run_one
 from orchard.harness.scripted import IM_END, LOGPROB, decode
 from orchard.sdk import AsyncSandboxClient
 from orchard.tasks import load_instances
+from orchard.tasks.grading import GradeResult
 from orchard.types.v1 import types_pb2 as tpb
 
 pytestmark = pytest.mark.timeout(30)
@@ -168,6 +171,34 @@ async def test_runner_bounds_concurrency() -> None:
         (i.instance_id, s) for i in instances for s in range(4)
     ]
     assert all(r.trajectory.stop_reason == tpb.STOP_REASON_SUBMITTED for r in results)
+
+
+@dataclass(frozen=True)
+class NamedTask:
+    """A task that is not a repository task: an id and nothing to grade it by."""
+
+    instance_id: str
+
+
+class JudgingHarness(EchoHarness):
+    """Judges its own rollout, as the web and assistant harnesses do."""
+
+    def outcome(self) -> GradeResult | None:
+        return GradeResult(self.task_id, patch_exists=False, patch_applied=False, resolved=True)
+
+
+async def test_runner_takes_any_task_its_harness_judges_and_refuses_to_guess_a_grade() -> None:
+    """Tasks of any kind run; one whose harness judges it is graded by it, and a submitted non-repository task whose
+    harness judges nothing is an error naming the task (never graded as a repository task)."""
+    loop = AgentLoop(ScriptedModel(replay([SUBMIT])), run_id="run")
+    no_client = cast(AsyncSandboxClient, None)  # nothing reaches a sandbox: the harness judges, or the runner refuses
+    [judged] = await run_rollouts(
+        [NamedTask("web-1")], 1, loop=loop, client=no_client, make_harness=lambda t: JudgingHarness(t.instance_id)
+    )
+    assert judged.grade is not None and judged.grade.resolved
+    assert judged.trajectory.rewards[-1].name == "task_check"
+    with pytest.raises(TypeError, match="task 'web-2' is not a repository task"):
+        await run_one(loop, no_client, lambda t: EchoHarness(t.instance_id), NamedTask("web-2"), 0)
 
 
 @pytest.mark.parametrize(
