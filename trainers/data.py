@@ -28,7 +28,7 @@ from orchard.chat.templates import render
 from orchard.chat.tools import tool_spec
 from orchard.errors import FailedPrecondition, InvalidArgument, OrchardError
 from orchard.experience.v1 import experience_pb2 as epb
-from orchard.tasks.instance import load_instances, resolve_source
+from orchard.tasks.instance import eval_task_ids
 from orchard.trainer.v1 import trainer_pb2 as pb
 from orchard.trainers.sft import Sample
 from orchard.types.v1 import types_pb2 as tpb
@@ -142,16 +142,6 @@ async def load_dataset(source: pb.DatasetSource, experience_address: str, *, all
             "check the filter or the file"
         )
     return data
-
-
-def eval_task_ids(source: str) -> set[str]:
-    """The task ids of an evaluation set: a task file (or bundled set), or a .txt list of ids, one per line, "#"
-    starting a comment (the experience service's format)."""
-    if source.endswith(".txt"):
-        [path] = resolve_source(source)  # a .txt is a file, never a bundled set
-        lines = path.read_text(encoding="utf-8").splitlines()
-        return {task for line in lines if (task := line.split("#", 1)[0].strip())}
-    return {i.instance_id for i in load_instances(source)}
 
 
 def decontaminate(data: Dataset, eval_task_files: list[str]) -> None:

@@ -44,7 +44,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     add_task_arguments(p)
     p.set_defaults(func=cmd_env_build)
 
-    tasks = sub.add_parser("tasks", help="check task sets")
+    tasks = sub.add_parser("tasks", help="check task sets, and synthesize them from repositories")
     tsub = tasks.add_subparsers(dest="action", required=True)
     p = tsub.add_parser(
         "validate",
@@ -62,6 +62,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
         help="retries of a grade that failed for the infrastructure (a sandbox or the service), not for the patch",
     )
     p.set_defaults(func=cmd_validate)
+    from orchard.cli.synthesize import add_parser as add_synthesize
+
+    add_synthesize(tsub)
 
 
 def load(args: argparse.Namespace) -> list[TaskInstance]:

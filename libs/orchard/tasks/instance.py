@@ -191,3 +191,13 @@ def _validated(path: Path, records: list[tuple[int, object]], where: str) -> lis
             instance = instance.model_copy(update={"repo_dir": path.parent / instance.repo_dir})
         instances.append(instance)
     return instances
+
+
+def eval_task_ids(source: str) -> set[str]:
+    """The task ids of an evaluation set: a task file (or bundled set), or a .txt list of ids, one per line, "#"
+    starting a comment (the experience service's format)."""
+    if source.endswith(".txt"):
+        [path] = resolve_source(source)  # a .txt is a file, never a bundled set
+        lines = path.read_text(encoding="utf-8").splitlines()
+        return {task for line in lines if (task := line.split("#", 1)[0].strip())}
+    return {i.instance_id for i in load_instances(source)}

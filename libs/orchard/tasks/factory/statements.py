@@ -1,0 +1,54 @@
+"""Problem statements for synthesized tasks, written from what the failing tests report: their names and their
+assertion output, never the diff or a line the bug changed (nor a line that quotes the library's source)."""
+
+from __future__ import annotations
+
+import re
+
+MAX_TESTS = 8
+MAX_ERROR_LINES = 12
+_ADDRESS = re.compile(r"0x[0-9a-fA-F]{4,}")  # object reprs: `<function f at 0x7f...>` differs run to run
+_SECTION = re.compile(r"^_{3,} (.+?) _{3,}$")
+
+
+def failure_lines(log: str, tests: list[str]) -> list[str]:
+    """The `E   ...` lines pytest printed for the failing tests (the first few), addresses masked."""
+    wanted = {t.split("::")[-1] for t in tests}
+    lines: list[str] = []
+    current = ""
+    for raw in log.splitlines():
+        if (section := _SECTION.match(raw.strip())) is not None:
+            current = section.group(1).split(".")[-1].split("::")[-1]
+            continue
+        if current and raw.startswith("E ") and (current in wanted or current.split("[")[0] in wanted):
+            line = _ADDRESS.sub("0x...", raw[1:].strip())
+            if line and line not in lines:
+                lines.append(line)
+    return lines
+
+
+def leaks(text: str, changed: tuple[str, ...]) -> bool:
+    """Whether `text` quotes a changed line (either side of the diff) or a substantial part of one."""
+    return any(line in text for line in changed if len(line) >= 4)
+
+
+def template(repo: str, failing: list[str], log: str, changed: tuple[str, ...]) -> str:
+    """The statement: what fails and how, in the tests' words; lines that quote the change are dropped."""
+    files = sorted({t.split("::", 1)[0] for t in failing})
+    errors = [line for line in failure_lines(log, failing) if not leaks(line, changed)][:MAX_ERROR_LINES]
+    shown = failing[:MAX_TESTS]
+    parts = [
+        f"Something in `{repo}` is broken: {len(failing)} test{'s' if len(failing) != 1 else ''} in "
+        f"{', '.join(f'`{f}`' for f in files)} fail{'s' if len(failing) == 1 else ''}.",
+        "",
+        "Failing tests:",
+        *(f"- `{t}`" for t in shown),
+        *([f"- ... and {len(failing) - len(shown)} more"] if len(failing) > len(shown) else []),
+    ]
+    if errors:
+        parts += ["", "What they report:", "", "```", *errors, "```"]
+    parts += ["", "The tests are right; fix the library so that they pass, without breaking the other tests."]
+    statement = "\n".join(parts) + "\n"
+    if leaks(statement, changed):  # a test's own name can quote the line; such a task is not made
+        raise ValueError("the statement would quote a changed line")
+    return statement

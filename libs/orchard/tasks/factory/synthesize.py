@@ -1,0 +1,437 @@
+"""The task factory: SWE-bench-style tasks from a repository, by injecting bugs and keeping those tests catch.
+
+    source (sdist or git) -> environment built once (snapshot) -> the test suite run twice at base (stable tests)
+      -> candidate bugs (mutations.py), round-robin over functions, in a seeded order
+        -> each tried in a fork of the base snapshot, a few at a time, within a time budget: the test files that
+           name the changed function run with the bug
+          -> kept: some stable test fails (FAIL_TO_PASS), the rest of those files' stable tests pass (PASS_TO_PASS);
+             deduplicated, capped per function -> a parentless commit with the bug, the revert as gold patch,
+             a statement from the failing tests' output
+
+Which candidates are kept is decided in candidate order, never in the order trials finish, so the same source,
+options and seed make the same set (as long as the budget lets the same candidates run).
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import json
+import os
+import random
+import re
+import shlex
+import statistics
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from orchard.errors import FailedPrecondition, OrchardError
+from orchard.sdk import AsyncSandboxClient
+from orchard.tasks.environments import builder_for
+from orchard.tasks.envspec import EnvSpec
+from orchard.tasks.factory import statements
+from orchard.tasks.factory.mutations import STRATEGIES, Mutation, functions, mutations
+from orchard.tasks.factory.source import Source, files_at, read_at, task_commit
+from orchard.tasks.instance import DEFAULT_TEST_CMD, TaskInstance, eval_task_ids, load_instances
+from orchard.tasks.logparse import parse_log_pytest_v2, passed
+from orchard.tasks.repo import SANDBOX_ENV
+
+Progress = Callable[[str], None]
+_TEST_FILE = re.compile(r"(^|/)(test_[^/]*|[^/]*_test)\.py$")
+_NOT_SOURCE = re.compile(
+    r"(^|/)(tests?|testing|docs?|examples?|benchmarks?|\.[^/]+)/|(^|/)(setup|conftest|versioneer|_version)\.py$"
+)
+_HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+\d+(?:,\d+)? @@(.*)$", re.MULTILINE)
+_DIFF_FILE = re.compile(r"^diff --git a/(\S+) b/", re.MULTILINE)
+SANDBOX_TTL_S = 3600.0
+
+
+@dataclass(frozen=True)
+class Options:
+    strategies: tuple[str, ...] = STRATEGIES
+    max_candidates: int = 0
+    """Try at most this many candidates (0: as many as the budget allows)."""
+    budget_s: float = 1800.0
+    """No trial starts after this many seconds (the running ones finish)."""
+    concurrency: int = 2
+    max_per_function: int = 3
+    seed: int = 0
+    test_timeout_s: float = 300.0
+    exclude_tasks: tuple[str, ...] = ()
+    """Evaluation sets whose functions and tests stay out (decontamination)."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    index: int
+    mutation: Mutation
+    test_files: tuple[str, ...]
+
+
+@dataclass
+class Trial:
+    candidate: Candidate
+    fail_to_pass: list[str] = field(default_factory=list)
+    pass_to_pass: list[str] = field(default_factory=list)
+    log: str = ""
+    seconds: float = 0.0
+    ran: bool = False
+    """False for a candidate skipped without a sandbox (its function had its tasks already)."""
+    reason: str = ""
+    """Why it is not a task ("" when it is one)."""
+
+
+@dataclass
+class Result:
+    """What a synthesis made: the task records (SWE-bench fields, Orchard's repo_dir and environment) and a summary."""
+
+    records: list[dict[str, Any]]
+    summary: dict[str, Any]
+
+
+def is_test_file(path: str) -> bool:
+    return bool(_TEST_FILE.search(path))
+
+
+def is_source_file(path: str) -> bool:
+    return path.endswith(".py") and not is_test_file(path) and not _NOT_SOURCE.search(path)
+
+
+class Synthesizer:
+    """One synthesis on one env service."""
+
+    def __init__(
+        self,
+        client: AsyncSandboxClient,
+        source: Source,
+        spec: EnvSpec,
+        options: Options,
+        *,
+        progress: Progress | None = None,
+    ) -> None:
+        self.client = client
+        self.source = source
+        self.spec = spec
+        self.options = options
+        self.progress = progress or (lambda message: None)
+        self.command = spec.test_cmd or DEFAULT_TEST_CMD
+        self.base = TaskInstance(
+            instance_id=f"{source.name}-base",
+            repo=source.name,
+            base_commit=source.base_commit,
+            problem_statement="(the base state a synthesis starts from)",
+            FAIL_TO_PASS=["(none)"],
+            repo_dir=source.repo_dir,
+            environment=spec,
+        )
+        self.discarded: Counter[str] = Counter()
+
+    # ---- the base ----
+
+    async def _run_tests(self, snapshot: str, files: list[str], mutation: Mutation | None = None) -> tuple[str, bool]:
+        """Run the test command on `files` in a fork of the snapshot (with the mutation's file in place)."""
+        sandbox = await self.client.create_sandbox(
+            from_snapshot=snapshot, env=SANDBOX_ENV, timeout=SANDBOX_TTL_S, labels={"orchard.role": "synthesis"}
+        )
+        async with sandbox:
+            if mutation is not None:
+                await sandbox.upload_content(mutation.source, f"{self.base.workdir}/{mutation.path}")
+            command = f"{self.command} {' '.join(shlex.quote(f) for f in files)}"
+            run = await sandbox.exec(
+                command, cwd=self.base.workdir, env=SANDBOX_ENV, timeout=self.options.test_timeout_s
+            )
+        return run.stdout + run.stderr, run.timed_out
+
+    async def base_tests(self, snapshot: str, test_files: list[str]) -> tuple[set[str], dict[str, Any]]:
+        """The tests that pass at base in two runs (the others are flaky or failing, and never graded)."""
+        self.progress(f"running the {len(test_files)} test files at base, twice")
+        (first, late1), (second, late2) = await asyncio.gather(
+            self._run_tests(snapshot, test_files), self._run_tests(snapshot, test_files)
+        )
+        if late1 or late2:
+            raise FailedPrecondition(
+                f"the test suite ran past {self.options.test_timeout_s:g}s at base; raise --test-timeout"
+            )
+        runs = [parse_log_pytest_v2(first), parse_log_pytest_v2(second)]
+        if not runs[0]:
+            raise FailedPrecondition(
+                f"`{self.command}` printed no test results at base (the command needs pytest's -rA): {first[-1500:]}"
+            )
+        names = set(runs[0]) | set(runs[1])
+        stable = {t for t in names if all(passed(t, r) for r in runs)}
+        flaky = sorted(t for t in names if passed(t, runs[0]) != passed(t, runs[1]))
+        failing = sorted(t for t in names if not any(passed(t, r) for r in runs))
+        return stable, {"stable": len(stable), "flaky": flaky, "failing": len(failing)}
+
+    # ---- candidates ----
+
+    def excluded(self) -> tuple[set[tuple[str, str]], set[str], set[str]]:
+        """What the evaluation sets hold: (file, function) pairs their gold patches change, their tests, their ids."""
+        functions_out: set[tuple[str, str]] = set()
+        tests_out: set[str] = set()
+        ids_out: set[str] = set()
+        for path in self.options.exclude_tasks:
+            ids_out |= eval_task_ids(path)
+            if path.endswith(".txt"):
+                continue
+            for instance in load_instances(path):
+                tests_out |= set(instance.fail_to_pass) | set(instance.pass_to_pass)
+                functions_out |= self._patched_functions(instance.patch)
+        return functions_out, tests_out, ids_out
+
+    def _patched_functions(self, patch: str) -> set[tuple[str, str]]:
+        """The (file, function) pairs of this repository a patch changes: by the lines its hunks replace, and by the
+        function git names in each hunk's header."""
+        found: set[tuple[str, str]] = set()
+        pieces = _DIFF_FILE.split(patch)
+        for path, body in zip(pieces[1::2], pieces[2::2], strict=True):
+            try:
+                tree = ast.parse(read_at(self.source, path))
+            except (OrchardError, SyntaxError):
+                continue
+            spans = {name: (node.lineno, node.end_lineno or node.lineno) for name, node in functions(tree)}
+            for start, count, header in _HUNK.findall(body):
+                first, last = int(start), int(start) + max(int(count or 1), 1) - 1
+                for name, (lo, hi) in spans.items():
+                    if lo <= last and first <= hi or re.search(rf"\bdef {re.escape(name.split('.')[-1])}\b", header):
+                        found.add((path, name))
+        return found
+
+    def candidates(self, files: list[str], functions_out: set[tuple[str, str]]) -> list[Candidate]:
+        """Every mutation of the source files whose function some test file names, round-robin over functions in
+        a seeded order (so a budget cut still spreads over the repository)."""
+        tests = {f: read_at(self.source, f) for f in files if is_test_file(f)}
+        by_function: dict[tuple[str, str], list[Mutation]] = defaultdict(list)
+        for path in sorted(f for f in files if is_source_file(f)):
+            for mutation in mutations(path, read_at(self.source, path), self.options.strategies):
+                by_function[(path, mutation.function)].append(mutation)
+        rng = random.Random(self.options.seed)
+        order = sorted(by_function)
+        rng.shuffle(order)
+        scoped: dict[tuple[str, str], tuple[str, ...]] = {}
+        for key in order:
+            path, function = key
+            if key in functions_out:
+                self.discarded["in an evaluation set's gold patch (decontaminated)"] += len(by_function[key])
+                continue
+            names = [function.split(".")[-1], function.split(".")[0]] if "." in function else [function]
+            for name in names:
+                pattern = re.compile(rf"\b{re.escape(name)}\b")
+                found = tuple(f for f, text in tests.items() if pattern.search(text))
+                if found:
+                    scoped[key] = found
+                    break
+            else:
+                self.discarded["no test file names the function"] += len(by_function[key])
+            rng.shuffle(by_function[key])
+        result: list[Candidate] = []
+        rank = 0
+        while True:
+            added = False
+            for key in order:
+                if key in scoped and rank < len(by_function[key]):
+                    result.append(Candidate(len(result), by_function[key][rank], scoped[key]))
+                    added = True
+            if not added:
+                return result
+            rank += 1
+
+    # ---- trials ----
+
+    async def trial(self, snapshot: str, candidate: Candidate, stable: set[str]) -> Trial:
+        started = time.monotonic()
+        result = Trial(candidate, ran=True)
+        try:
+            log, late = await self._run_tests(snapshot, list(candidate.test_files), candidate.mutation)
+        except OrchardError as err:
+            result.reason = f"sandbox error ({type(err).__name__})"
+            result.log = str(err)
+            return result
+        result.seconds = time.monotonic() - started
+        result.log = log
+        if late:
+            result.reason = "the tests ran past the test timeout"
+            return result
+        statuses = parse_log_pytest_v2(log)
+        scoped = sorted(t for t in stable if t.split("::", 1)[0] in candidate.test_files)
+        result.fail_to_pass = [t for t in scoped if not passed(t, statuses)]
+        result.pass_to_pass = [t for t in scoped if passed(t, statuses)]
+        if not result.fail_to_pass:
+            result.reason = "no test caught it"
+        return result
+
+    async def run(self) -> Result:
+        started = time.monotonic()
+        options = self.options
+        self.progress(f"building the environment of {self.source.origin}")
+        prepared = await builder_for(self.client).prepare(self.base)
+        files = files_at(self.source)
+        test_files = [f for f in files if is_test_file(f)]
+        if not test_files:
+            raise FailedPrecondition(f"{self.source.origin} has no test files (test_*.py or *_test.py)")
+        functions_out, tests_out, ids_out = self.excluded()
+        stable, base_figures = await self.base_tests(prepared.snapshot_id, test_files)
+        stable -= tests_out
+        if not stable:
+            raise FailedPrecondition(f"no test of {self.source.origin} passes twice at base; nothing can catch a bug")
+        candidates = self.candidates(files, functions_out)
+        if options.max_candidates:
+            candidates = candidates[: options.max_candidates]
+        self.progress(
+            f"{len(stable)} stable tests at base; trying up to {len(candidates)} candidate bugs, "
+            f"{options.concurrency} at a time"
+        )
+        trials: dict[int, Trial] = {}
+        kept_so_far: Counter[tuple[str, str]] = Counter()
+        slots = asyncio.Semaphore(options.concurrency)
+        deadline = started + options.budget_s
+
+        async def one(candidate: Candidate) -> None:
+            async with slots:
+                key = (candidate.mutation.path, candidate.mutation.function)
+                if time.monotonic() > deadline:
+                    return
+                earlier = [c for c in candidates[: candidate.index] if (c.mutation.path, c.mutation.function) == key]
+                if all(c.index in trials for c in earlier) and kept_so_far[key] >= options.max_per_function:
+                    trials[candidate.index] = Trial(candidate, reason=f"function cap ({options.max_per_function})")
+                    return
+                done = await self.trial(prepared.snapshot_id, candidate, stable)
+                trials[candidate.index] = done
+                if not done.reason:
+                    kept_so_far[key] += 1
+                tried = len(trials)
+                self.progress(
+                    f"tried {tried}/{len(candidates)} candidates, {sum(not t.reason for t in trials.values())} "
+                    f"caught by tests, {time.monotonic() - started:.0f}s"
+                )
+
+        async with asyncio.TaskGroup() as group:
+            for candidate in candidates:
+                group.create_task(one(candidate))
+        records = self._select(candidates, trials, ids_out)
+        return Result(records, self._summary(candidates, trials, records, base_figures, time.monotonic() - started))
+
+    # ---- selection and output ----
+
+    def _select(self, candidates: list[Candidate], trials: dict[int, Trial], ids_out: set[str]) -> list[dict[str, Any]]:
+        """The tasks, decided in candidate order: caught, not a duplicate, under the function's cap."""
+        per_function: Counter[tuple[str, str]] = Counter()
+        seen: set[tuple[str, str, frozenset[str]]] = set()
+        records = []
+        for candidate in candidates:
+            trial = trials.get(candidate.index)
+            if trial is None:
+                self.discarded["not tried (budget spent)"] += 1
+                continue
+            mutation = candidate.mutation
+            key = (mutation.path, mutation.function)
+            if not trial.reason and (*key, frozenset(trial.fail_to_pass)) in seen:
+                trial.reason = "same failing tests as another bug in the function"
+            elif not trial.reason and per_function[key] >= self.options.max_per_function:
+                trial.reason = f"function cap ({self.options.max_per_function})"
+            task_id = self.task_id(mutation)
+            if not trial.reason and task_id in ids_out:
+                trial.reason = "its id is in an evaluation set (decontaminated)"
+            statement = ""
+            if not trial.reason:
+                try:
+                    statement = statements.template(
+                        self.source.name, trial.fail_to_pass, trial.log, mutation.removed + mutation.added
+                    )
+                except ValueError:
+                    trial.reason = "a statement would quote the change"
+            if trial.reason:
+                self.discarded[trial.reason] += 1
+                continue
+            seen.add((*key, frozenset(trial.fail_to_pass)))
+            per_function[key] += 1
+            commit, patch = task_commit(self.source, task_id, mutation.path, mutation.source)
+            records.append(
+                {
+                    "instance_id": task_id,
+                    "repo": self.source.name,
+                    "base_commit": commit,
+                    "problem_statement": statement,
+                    "patch": patch,
+                    "test_patch": "",
+                    "FAIL_TO_PASS": trial.fail_to_pass,
+                    "PASS_TO_PASS": trial.pass_to_pass,
+                    "version": self.source.base_commit[:12],
+                    "environment": self.spec.model_dump(mode="json"),
+                    "test_cmd": self.command,
+                    "synthesis": {
+                        "source": self.source.origin,
+                        "base_commit": self.source.base_commit,
+                        "strategy": mutation.strategy,
+                        "file": mutation.path,
+                        "function": mutation.function,
+                        "line": mutation.line,
+                        "seed": self.options.seed,
+                        "candidate": candidate.index,
+                    },
+                }
+            )
+        return sorted(records, key=lambda r: r["instance_id"])
+
+    def task_id(self, mutation: Mutation) -> str:
+        function = re.sub(r"[^A-Za-z0-9_]+", "-", mutation.function).strip("-")
+        return f"{self.source.name}-{function}-{mutation.strategy.replace('_', '-')}-{mutation.key[:8]}"
+
+    def _summary(
+        self,
+        candidates: list[Candidate],
+        trials: dict[int, Trial],
+        records: list[dict[str, Any]],
+        base: dict[str, Any],
+        seconds: float,
+    ) -> dict[str, Any]:
+        tried = [t for t in trials.values() if t.ran]
+        tried_by = Counter(t.candidate.mutation.strategy for t in tried)
+        kept_by = Counter(r["synthesis"]["strategy"] for r in records)
+        failing = [len(r["FAIL_TO_PASS"]) for r in records]
+        return {
+            "source": self.source.origin,
+            "base_commit": self.source.base_commit,
+            "environment": self.spec.key(),
+            "options": {**asdict(self.options), "strategies": list(self.options.strategies)},
+            "tests_at_base": base,
+            "candidates": len(candidates),
+            "tried": len(tried),
+            "kept": len(records),
+            "discarded": dict(sorted(self.discarded.items(), key=lambda kv: -kv[1])),
+            "per_strategy": {
+                s: {
+                    "tried": tried_by[s],
+                    "kept": kept_by[s],
+                    "kept_fraction": round(kept_by[s] / tried_by[s], 3) if tried_by[s] else None,
+                }
+                for s in self.options.strategies
+            },
+            "per_file": dict(sorted(Counter(r["synthesis"]["file"] for r in records).items())),
+            "seconds": round(seconds, 1),
+            "seconds_per_task": round(seconds / len(records), 1) if records else None,
+            "trial_seconds_median": round(statistics.median(t.seconds for t in tried if t.seconds), 2)
+            if any(t.seconds for t in tried)
+            else None,
+            "difficulty": {
+                "fail_to_pass_median": statistics.median(failing) if failing else None,
+                "fail_to_pass_1": sum(n == 1 for n in failing),
+                "fail_to_pass_2_to_5": sum(2 <= n <= 5 for n in failing),
+                "fail_to_pass_over_5": sum(n > 5 for n in failing),
+            },
+        }
+
+
+def write(result: Result, out: Path, source: Source) -> Path:
+    """The task file (JSON lines, `repo_dir` relative to it) and its summary beside it (<out>.summary.json)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    repo_dir = os.path.relpath(source.repo_dir.resolve(), out.parent.resolve())
+    lines = [json.dumps({**r, "repo_dir": repo_dir}, sort_keys=False) for r in result.records]
+    out.write_text("".join(line + "\n" for line in lines))
+    summary = out.with_name(out.name.removesuffix(".jsonl") + ".summary.json")
+    summary.write_text(json.dumps(result.summary, indent=2) + "\n")
+    return summary
