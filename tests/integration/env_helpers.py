@@ -4,10 +4,15 @@ running-server record, and StartExec/WaitExec shorthands over raw gRPC stubs."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
-from collections.abc import Awaitable, Callable
+import socket
+import subprocess
+import sys
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -23,6 +28,7 @@ from orchard.services.env.manager import SandboxManager
 from orchard.services.env.settings import EnvSettings
 
 HOST_IMAGE = "host"
+ORCHARD = str(Path(sys.executable).with_name("orchard"))
 DONE_STATES = {pb.EXEC_STATE_SUCCEEDED, pb.EXEC_STATE_FAILED, pb.EXEC_STATE_TIMED_OUT, pb.EXEC_STATE_CANCELLED}
 
 needs_sandboxes = pytest.mark.skipif(
@@ -105,3 +111,23 @@ async def run(stub: env_pb2_grpc.EnvServiceStub, sandbox_id: str, cmd: str | lis
     """StartExec, then WaitExec until done; returns the finished exec (see `start` for the arguments)."""
     started = await start(stub, sandbox_id, cmd, **kw)
     return await wait(stub, started.exec_id)
+
+
+@contextlib.contextmanager
+def served_env(state: Path) -> Iterator[str]:
+    """`orchard serve env` in a process of its own on `state` (its kept snapshots are the build cache) and a free
+    port; yields its address, and stops it after."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [ORCHARD, "serve", "env", "--port", str(port), "--state-dir", str(state), "--log-level", "WARNING"],
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            grpc.channel_ready_future(channel).result(timeout=60)
+        yield f"127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=120)

@@ -10,16 +10,13 @@ runs in a process of its own for the module, on one state dir: its kept snapshot
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import grpc
 import pytest
-from env_helpers import needs_sandboxes
+from env_helpers import ORCHARD, needs_sandboxes, served_env
 
 from orchard import AsyncSandboxClient
 from orchard.tasks import load_instances
@@ -28,7 +25,6 @@ from orchard.tasks.grading import grade
 
 pytestmark = [needs_sandboxes, pytest.mark.slow, pytest.mark.timeout(900)]
 
-ORCHARD = str(Path(sys.executable).with_name("orchard"))
 GIT = ["git", "-c", "user.email=dev@example.com", "-c", "user.name=dev"]
 
 CFGREAD = {
@@ -142,21 +138,8 @@ def task_file(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dic
 @pytest.fixture(scope="module")
 def env_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """`orchard serve env` for the module, on one state dir (its kept snapshots are the build cache)."""
-    state = tmp_path_factory.mktemp("env-state")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen(
-        [ORCHARD, "serve", "env", "--port", str(port), "--state-dir", str(state), "--log-level", "WARNING"],
-        stdout=subprocess.DEVNULL,
-    )
-    try:
-        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-            grpc.channel_ready_future(channel).result(timeout=60)
-        yield f"127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=120)
+    with served_env(tmp_path_factory.mktemp("env-state")) as address:
+        yield address
 
 
 def orchard(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:

@@ -9,6 +9,10 @@ MAX_TESTS = 8
 MAX_ERROR_LINES = 12
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]{4,}")  # object reprs: `<function f at 0x7f...>` differs run to run
 _SECTION = re.compile(r"^_{3,} (.+?) _{3,}$")
+_SPACE = re.compile(r"\s+")
+_KEYWORD = re.compile(r"^(return|yield|if|elif|while|for|assert|raise|del|not)\b\s*")
+MIN_QUOTE = 5
+"""Shorter code (`x`, `n+1`) is checked by the whole line only: the tests' own words would match it by chance."""
 
 
 def failure_lines(log: str, tests: list[str]) -> list[str]:
@@ -28,8 +32,15 @@ def failure_lines(log: str, tests: list[str]) -> list[str]:
 
 
 def leaks(text: str, changed: tuple[str, ...]) -> bool:
-    """Whether `text` quotes a changed line (either side of the diff) or a substantial part of one."""
-    return any(line in text for line in changed if len(line) >= 4)
+    """Whether `text` quotes a changed line (either side of the diff), or its expression without the statement's
+    keyword (`return x[n - 1]` quoted as `x[n - 1]`), spaces ignored."""
+    flat = _SPACE.sub("", text)
+    for line in changed:
+        code = line.split("#", 1)[0].strip()
+        core = _KEYWORD.sub("", code).rstrip(":")
+        if any(len(part) >= MIN_QUOTE and part in flat for part in (_SPACE.sub("", code), _SPACE.sub("", core))):
+            return True
+    return False
 
 
 def template(repo: str, failing: list[str], log: str, changed: tuple[str, ...]) -> str:

@@ -93,6 +93,17 @@ class Result:
     summary: dict[str, Any]
 
 
+def classify_base(logs: list[str]) -> tuple[set[str], dict[str, Any]]:
+    """The tests that passed in every base run (stable), and the figures: how many, which were flaky (passed in
+    some runs only) and how many failed in all. Only stable tests are ever graded."""
+    runs = [parse_log_pytest_v2(log) for log in logs]
+    names = set().union(*runs)
+    stable = {t for t in names if all(passed(t, r) for r in runs)}
+    flaky = sorted(t for t in names if t not in stable and any(passed(t, r) for r in runs))
+    failing = len(names) - len(stable) - len(flaky)
+    return stable, {"stable": len(stable), "flaky": flaky, "failing": failing}
+
+
 def is_test_file(path: str) -> bool:
     return bool(_TEST_FILE.search(path))
 
@@ -156,21 +167,18 @@ class Synthesizer:
             raise FailedPrecondition(
                 f"the test suite ran past {self.options.test_timeout_s:g}s at base; raise --test-timeout"
             )
-        runs = [parse_log_pytest_v2(first), parse_log_pytest_v2(second)]
-        if not runs[0]:
+        if not parse_log_pytest_v2(first):
             raise FailedPrecondition(
-                f"`{self.command}` printed no test results at base (the command needs pytest's -rA): {first[-1500:]}"
+                f"`{self.command}` printed no test results at base (the command needs pytest's -rA): "
+                f"{first[-1500:]}"
             )
-        names = set(runs[0]) | set(runs[1])
-        stable = {t for t in names if all(passed(t, r) for r in runs)}
-        flaky = sorted(t for t in names if passed(t, runs[0]) != passed(t, runs[1]))
-        failing = sorted(t for t in names if not any(passed(t, r) for r in runs))
-        return stable, {"stable": len(stable), "flaky": flaky, "failing": len(failing)}
+        return classify_base([first, second])
 
     # ---- candidates ----
 
     def excluded(self) -> tuple[set[tuple[str, str]], set[str], set[str]]:
-        """What the evaluation sets hold: (file, function) pairs their gold patches change, their tests, their ids."""
+        """What the evaluation sets hold: (file, function) pairs their gold patches change, the tests that check
+        those fixes (FAIL_TO_PASS), and their ids."""
         functions_out: set[tuple[str, str]] = set()
         tests_out: set[str] = set()
         ids_out: set[str] = set()
@@ -179,7 +187,7 @@ class Synthesizer:
             if path.endswith(".txt"):
                 continue
             for instance in load_instances(path):
-                tests_out |= set(instance.fail_to_pass) | set(instance.pass_to_pass)
+                tests_out |= set(instance.fail_to_pass)  # the tests that check its fix (PASS_TO_PASS only guard)
                 functions_out |= self._patched_functions(instance.patch)
         return functions_out, tests_out, ids_out
 
