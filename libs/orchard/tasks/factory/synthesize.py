@@ -169,8 +169,7 @@ class Synthesizer:
             )
         if not parse_log_pytest_v2(first):
             raise FailedPrecondition(
-                f"`{self.command}` printed no test results at base (the command needs pytest's -rA): "
-                f"{first[-1500:]}"
+                f"`{self.command}` printed no test results at base (the command needs pytest's -rA): {first[-1500:]}"
             )
         return classify_base([first, second])
 
