@@ -41,12 +41,19 @@ def label(n):
     return "big" if n > 100 else "small"
 
 
+def count_up(n):
+    i = 0
+    while i < n:
+        i += 1
+    return i
+
+
 def nobody_tests_this(x):
     return x + 1
 '''
 TESTS = """import pytest
 
-from shapes import area, clamp, label
+from shapes import area, clamp, count_up, label
 
 
 def test_area():
@@ -65,6 +72,10 @@ def test_clamp():
 
 def test_label_small():
     assert label(5) == "small"  # nothing at the boundary: a bug there goes uncaught
+
+
+def test_count_up():
+    assert count_up(3) == 3
 
 
 def test_known_broken():
@@ -118,14 +129,17 @@ def shapes_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_synthesized_from_a_written_repository_each_rule_holds(
     shapes_repo: Path, env_address: str, tmp_path: Path
 ) -> None:
-    options = ("--repo", str(shapes_repo), "--max-per-function", "2", "--seed", "1")
+    # A test run may take 8 s: the bugs that make count_up loop forever end there, not in minutes.
+    options = ("--repo", str(shapes_repo), "--max-per-function", "2", "--seed", "1", "--test-timeout", "8")
     records, summary, stdout = synthesize(tmp_path / "a" / "tasks.jsonl", env_address, *options)
     assert records and summary["kept"] == len(records), stdout
-    assert summary["tests_at_base"] == {"stable": 4, "flaky": [], "failing": 1}
+    base = summary["tests_at_base"]
+    assert (base["stable"], base["flaky"], base["failing"], base["trial_timeout_s"]) == (5, [], 1, 8)
+    assert summary["discarded"]["the tests ran past the trial timeout (a loop that never ends?)"] >= 1
     assert summary["discarded"]["no test caught it"] >= 1  # label's `>` made `>=`, for one
     assert summary["discarded"]["no test file names the function"] >= 1  # nobody_tests_this
     functions = [r["synthesis"]["function"] for r in records]
-    assert set(functions) <= {"area", "clamp", "label"} and max(functions.count(f) for f in functions) <= 2
+    assert set(functions) <= {"area", "clamp", "label", "count_up"} and max(functions.count(f) for f in functions) <= 2
     for record in records:
         graded = record["FAIL_TO_PASS"] + record["PASS_TO_PASS"]
         assert "tests/test_shapes.py::test_known_broken" not in graded

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -59,10 +60,12 @@ def add_parser(tsub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     )
     p.add_argument(
         "--writer",
-        choices=["template"],
+        choices=["template", "model"],
         default="template",
-        help="how problem statements are written: from the failing tests' names and output",
+        help="who writes the problem statements from the failing tests' names and output: a template, or the "
+        "model the inference service serves (its text is used only when it quotes no changed line)",
     )
+    p.add_argument("--inference-address", default="127.0.0.1:50052", help="the inference service, for --writer model")
     p.add_argument(
         "--env-address", default=None, help="the env service (default: ORCHARD_ENV_ADDRESS or 127.0.0.1:50051)"
     )
@@ -101,8 +104,10 @@ def _check(args: argparse.Namespace) -> str | None:
 
 
 async def synthesize(args: argparse.Namespace) -> int:
+    from orchard import clients
     from orchard.sdk import AsyncSandboxClient
     from orchard.tasks.factory import source as sources
+    from orchard.tasks.factory.statements import ModelWriter
     from orchard.tasks.factory.synthesize import Options, Synthesizer, write
 
     problem = _check(args)
@@ -124,9 +129,17 @@ async def synthesize(args: argparse.Namespace) -> int:
         seed=args.seed,
         test_timeout_s=args.test_timeout,
         exclude_tasks=tuple(args.exclude_tasks),
+        writer=args.writer,
     )
-    async with AsyncSandboxClient(args.env_address) as client:
-        result = await Synthesizer(client, source, spec, options, progress=line.update).run()
+    async with contextlib.AsyncExitStack() as stack:
+        client = await stack.enter_async_context(AsyncSandboxClient(args.env_address))
+        writer = None
+        if args.writer == "model":
+            inference = await stack.enter_async_context(
+                clients.connect("inference", args.inference_address, flag="--inference-address")
+            )
+            writer = ModelWriter(inference, seed=args.seed)
+        result = await Synthesizer(client, source, spec, options, progress=line.update, writer=writer).run()
     line.finish()
     summary_path = write(result, args.out, source)
     s = result.summary

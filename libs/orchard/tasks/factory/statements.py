@@ -4,6 +4,7 @@ assertion output, never the diff or a line the bug changed (nor a line that quot
 from __future__ import annotations
 
 import re
+from typing import Any
 
 MAX_TESTS = 8
 MAX_ERROR_LINES = 12
@@ -63,3 +64,54 @@ def template(repo: str, failing: list[str], log: str, changed: tuple[str, ...]) 
     if leaks(statement, changed):  # a test's own name can quote the line; such a task is not made
         raise ValueError("the statement would quote a changed line")
     return statement
+
+
+WRITER_SYSTEM = (
+    "You write bug reports for a Python library, as a user who hit the bug would. Describe the wrong behaviour the "
+    "failing tests show, in a few sentences. Do not suggest a fix and do not quote the library's source code."
+)
+
+
+class ModelWriter:
+    """Statements written by a model through the inference service (`--writer model`). What it writes is checked
+    like the template's: a text that quotes a changed line, or is too short to say anything, is not used (the
+    template's statement stands, and the task records which writer made its text)."""
+
+    MIN_CHARS = 40
+
+    def __init__(self, inference: Any, *, seed: int = 0, max_tokens: int = 256, temperature: float = 0.7) -> None:
+        self.inference = inference  # an orchard.clients transport to the inference service
+        self.seed = seed
+        self.max_tokens = max_tokens
+        self.temperature = temperature
+
+    async def write(self, repo: str, failing: list[str], log: str, changed: tuple[str, ...], index: int) -> str | None:
+        from orchard.inference.v1 import inference_pb2 as ipb
+        from orchard.types.v1 import types_pb2 as tpb
+
+        errors = [line for line in failure_lines(log, failing) if not leaks(line, changed)][:MAX_ERROR_LINES]
+        facts = "\n".join(
+            [
+                f"Library: {repo}",
+                "Failing tests:",
+                *(f"- {t}" for t in failing[:MAX_TESTS]),
+                "What they report:",
+                *errors,
+            ]
+        )
+        request = ipb.ChatRequest(
+            messages=[
+                tpb.Message(role=tpb.ROLE_SYSTEM, content=WRITER_SYSTEM),
+                tpb.Message(role=tpb.ROLE_USER, content=f"{facts}\n\nWrite the bug report."),
+            ],
+            sampling=ipb.SamplingParams(
+                temperature=self.temperature, max_tokens=self.max_tokens, seed=self.seed * 100_003 + index
+            ),
+            labels={"purpose": "task-factory-statement"},
+        )
+        response = await self.inference.unary("Chat", request, idempotent=True, timeout=300)
+        text = response.choices[0].message.content.strip() if response.choices else ""
+        if len(text) < self.MIN_CHARS or leaks(text, changed):
+            return None
+        names = "\n".join(f"- `{t}`" for t in failing[:MAX_TESTS])
+        return f"{text}\n\nFailing tests:\n{names}\n"

@@ -24,7 +24,7 @@ import shlex
 import statistics
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,6 +48,8 @@ _NOT_SOURCE = re.compile(
 _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+\d+(?:,\d+)? @@(.*)$", re.MULTILINE)
 _DIFF_FILE = re.compile(r"^diff --git a/(\S+) b/", re.MULTILINE)
 SANDBOX_TTL_S = 3600.0
+TRIAL_TIMEOUT_FACTOR = 5.0
+TRIAL_TIMEOUT_FLOOR_S = 20.0
 
 
 @dataclass(frozen=True)
@@ -61,8 +63,12 @@ class Options:
     max_per_function: int = 3
     seed: int = 0
     test_timeout_s: float = 300.0
+    """The most one test run may take: the base runs', and a trial's cap (a trial gets TRIAL_TIMEOUT_FACTOR times the
+    base run's time, at least TRIAL_TIMEOUT_FLOOR_S: a bug that loops forever must not hold a slot for minutes)."""
     exclude_tasks: tuple[str, ...] = ()
     """Evaluation sets whose functions and tests stay out (decontamination)."""
+    writer: str = "template"
+    """Who writes the problem statements: "template", or "model" (the ModelWriter given to the Synthesizer)."""
 
 
 @dataclass(frozen=True)
@@ -123,7 +129,11 @@ class Synthesizer:
         options: Options,
         *,
         progress: Progress | None = None,
+        writer: statements.ModelWriter | None = None,
     ) -> None:
+        if (writer is None) != (options.writer == "template"):
+            raise ValueError(f"writer {options.writer!r} needs a ModelWriter exactly when it is 'model'")
+        self.writer = writer
         self.client = client
         self.source = source
         self.spec = spec
@@ -140,10 +150,13 @@ class Synthesizer:
             environment=spec,
         )
         self.discarded: Counter[str] = Counter()
+        self.trial_timeout_s = options.test_timeout_s
 
     # ---- the base ----
 
-    async def _run_tests(self, snapshot: str, files: list[str], mutation: Mutation | None = None) -> tuple[str, bool]:
+    async def _run_tests(
+        self, snapshot: str, files: list[str], mutation: Mutation | None = None, timeout_s: float | None = None
+    ) -> tuple[str, bool]:
         """Run the test command on `files` in a fork of the snapshot (with the mutation's file in place)."""
         sandbox = await self.client.create_sandbox(
             from_snapshot=snapshot, env=SANDBOX_ENV, timeout=SANDBOX_TTL_S, labels={"orchard.role": "synthesis"}
@@ -153,13 +166,14 @@ class Synthesizer:
                 await sandbox.upload_content(mutation.source, f"{self.base.workdir}/{mutation.path}")
             command = f"{self.command} {' '.join(shlex.quote(f) for f in files)}"
             run = await sandbox.exec(
-                command, cwd=self.base.workdir, env=SANDBOX_ENV, timeout=self.options.test_timeout_s
+                command, cwd=self.base.workdir, env=SANDBOX_ENV, timeout=timeout_s or self.options.test_timeout_s
             )
         return run.stdout + run.stderr, run.timed_out
 
     async def base_tests(self, snapshot: str, test_files: list[str]) -> tuple[set[str], dict[str, Any]]:
         """The tests that pass at base in two runs (the others are flaky or failing, and never graded)."""
         self.progress(f"running the {len(test_files)} test files at base, twice")
+        started = time.monotonic()
         (first, late1), (second, late2) = await asyncio.gather(
             self._run_tests(snapshot, test_files), self._run_tests(snapshot, test_files)
         )
@@ -171,7 +185,15 @@ class Synthesizer:
             raise FailedPrecondition(
                 f"`{self.command}` printed no test results at base (the command needs pytest's -rA): {first[-1500:]}"
             )
-        return classify_base([first, second])
+        self.trial_timeout_s = min(
+            self.options.test_timeout_s, max(TRIAL_TIMEOUT_FLOOR_S, TRIAL_TIMEOUT_FACTOR * (time.monotonic() - started))
+        )
+        stable, figures = classify_base([first, second])
+        return stable, {
+            **figures,
+            "seconds": round(time.monotonic() - started, 2),
+            "trial_timeout_s": self.trial_timeout_s,
+        }
 
     # ---- candidates ----
 
@@ -253,7 +275,9 @@ class Synthesizer:
         started = time.monotonic()
         result = Trial(candidate, ran=True)
         try:
-            log, late = await self._run_tests(snapshot, list(candidate.test_files), candidate.mutation)
+            log, late = await self._run_tests(
+                snapshot, list(candidate.test_files), candidate.mutation, timeout_s=self.trial_timeout_s
+            )
         except OrchardError as err:
             result.reason = f"sandbox error ({type(err).__name__})"
             result.log = str(err)
@@ -261,7 +285,7 @@ class Synthesizer:
         result.seconds = time.monotonic() - started
         result.log = log
         if late:
-            result.reason = "the tests ran past the test timeout"
+            result.reason = "the tests ran past the trial timeout (a loop that never ends?)"
             return result
         statuses = parse_log_pytest_v2(log)
         scoped = sorted(t for t in stable if t.split("::", 1)[0] in candidate.test_files)
@@ -319,16 +343,40 @@ class Synthesizer:
         async with asyncio.TaskGroup() as group:
             for candidate in candidates:
                 group.create_task(one(candidate))
-        records = self._select(candidates, trials, ids_out)
+        selected = self._select(candidates, trials, ids_out)
+        if self.writer is not None:
+            await self._write_statements(selected)
+        records = sorted((record for record, _ in selected), key=lambda r: str(r["instance_id"]))
         return Result(records, self._summary(candidates, trials, records, base_figures, time.monotonic() - started))
+
+    async def _write_statements(self, selected: list[tuple[dict[str, Any], Trial]]) -> None:
+        """The model's statements in place of the template's, where the model's text is usable."""
+        assert self.writer is not None
+        for n, (record, trial) in enumerate(selected, 1):
+            self.progress(f"writing problem statements with the model: {n}/{len(selected)}")
+            mutation = trial.candidate.mutation
+            text = await self.writer.write(
+                self.source.name,
+                trial.fail_to_pass,
+                trial.log,
+                mutation.removed + mutation.added,
+                trial.candidate.index,
+            )
+            if text is None:
+                record["synthesis"]["writer"] = "template (the model's text quoted the change or said nothing)"
+            else:
+                record["problem_statement"] = text
+                record["synthesis"]["writer"] = "model"
 
     # ---- selection and output ----
 
-    def _select(self, candidates: list[Candidate], trials: dict[int, Trial], ids_out: set[str]) -> list[dict[str, Any]]:
+    def _select(
+        self, candidates: list[Candidate], trials: dict[int, Trial], ids_out: set[str]
+    ) -> list[tuple[dict[str, Any], Trial]]:
         """The tasks, decided in candidate order: caught, not a duplicate, under the function's cap."""
         per_function: Counter[tuple[str, str]] = Counter()
         seen: set[tuple[str, str, frozenset[str]]] = set()
-        records = []
+        records: list[tuple[dict[str, Any], Trial]] = []
         for candidate in candidates:
             trial = trials.get(candidate.index)
             if trial is None:
@@ -358,31 +406,35 @@ class Synthesizer:
             per_function[key] += 1
             commit, patch = task_commit(self.source, task_id, mutation.path, mutation.source)
             records.append(
-                {
-                    "instance_id": task_id,
-                    "repo": self.source.name,
-                    "base_commit": commit,
-                    "problem_statement": statement,
-                    "patch": patch,
-                    "test_patch": "",
-                    "FAIL_TO_PASS": trial.fail_to_pass,
-                    "PASS_TO_PASS": trial.pass_to_pass,
-                    "version": self.source.base_commit[:12],
-                    "environment": self.spec.model_dump(mode="json"),
-                    "test_cmd": self.command,
-                    "synthesis": {
-                        "source": self.source.origin,
-                        "base_commit": self.source.base_commit,
-                        "strategy": mutation.strategy,
-                        "file": mutation.path,
-                        "function": mutation.function,
-                        "line": mutation.line,
-                        "seed": self.options.seed,
-                        "candidate": candidate.index,
+                (
+                    {
+                        "instance_id": task_id,
+                        "repo": self.source.name,
+                        "base_commit": commit,
+                        "problem_statement": statement,
+                        "patch": patch,
+                        "test_patch": "",
+                        "FAIL_TO_PASS": trial.fail_to_pass,
+                        "PASS_TO_PASS": trial.pass_to_pass,
+                        "version": self.source.base_commit[:12],
+                        "environment": self.spec.model_dump(mode="json"),
+                        "test_cmd": self.command,
+                        "synthesis": {
+                            "source": self.source.origin,
+                            "base_commit": self.source.base_commit,
+                            "strategy": mutation.strategy,
+                            "file": mutation.path,
+                            "function": mutation.function,
+                            "line": mutation.line,
+                            "seed": self.options.seed,
+                            "candidate": candidate.index,
+                            "writer": "template",
+                        },
                     },
-                }
+                    trial,
+                )
             )
-        return sorted(records, key=lambda r: r["instance_id"])
+        return records
 
     def task_id(self, mutation: Mutation) -> str:
         function = re.sub(r"[^A-Za-z0-9_]+", "-", mutation.function).strip("-")
@@ -418,12 +470,12 @@ class Synthesizer:
                 }
                 for s in self.options.strategies
             },
+            "statements": dict(Counter(str(r["synthesis"]["writer"]) for r in records)),
             "per_file": dict(sorted(Counter(r["synthesis"]["file"] for r in records).items())),
             "seconds": round(seconds, 1),
             "seconds_per_task": round(seconds / len(records), 1) if records else None,
-            "trial_seconds_median": round(statistics.median(t.seconds for t in tried if t.seconds), 2)
-            if any(t.seconds for t in tried)
-            else None,
+            "trial_seconds_median": _median(t.seconds for t in tried if t.seconds),
+            "kept_trial_seconds_median": _median(t.seconds for t in tried if not t.reason),
             "difficulty": {
                 "fail_to_pass_median": statistics.median(failing) if failing else None,
                 "fail_to_pass_1": sum(n == 1 for n in failing),
@@ -431,6 +483,11 @@ class Synthesizer:
                 "fail_to_pass_over_5": sum(n > 5 for n in failing),
             },
         }
+
+
+def _median(values: Iterable[float]) -> float | None:
+    found = list(values)
+    return round(statistics.median(found), 2) if found else None
 
 
 def write(result: Result, out: Path, source: Source) -> Path:
