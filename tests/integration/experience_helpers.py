@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -139,3 +141,20 @@ async def publish_and_store(
     async with asyncio.timeout(timeout_s):
         while await store.count_events() < len(published):  # type: ignore[attr-defined]
             await asyncio.sleep(0.05)
+
+
+@contextlib.asynccontextmanager
+async def experience_service(nats_url: str, db: Path) -> AsyncIterator[str]:
+    """The experience service in this process, consuming `nats_url` into SQLite at `db`; yields its address."""
+    from orchard.services.experience.server import build
+    from orchard.services.experience.settings import ExperienceSettings
+
+    settings = ExperienceSettings(
+        port=0, nats_url=nats_url, store_url=f"sqlite:///{db}", log_format="text", grace_period_s=1
+    )
+    server, _ = await build(settings)
+    port = await server.start()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        await server.stop()

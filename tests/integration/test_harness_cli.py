@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from env_helpers import EnvServer, needs_image, needs_sandboxes
-from experience_helpers import NatsServer, free_port
+from experience_helpers import NatsServer, experience_service, free_port
 
 from orchard import events
 from orchard.cli import tasksets
@@ -31,8 +31,6 @@ from orchard.harness import (
     run_rollouts,
 )
 from orchard.sdk import AsyncSandboxClient
-from orchard.services.experience.server import build
-from orchard.services.experience.settings import ExperienceSettings
 from orchard.tasks import TaskInstance, load_instances, make_report
 from orchard.tasks.report import format_table
 
@@ -43,17 +41,8 @@ ORCHARD = Path(sys.executable).with_name("orchard")
 @pytest.fixture
 async def experience(tmp_path: Path, nats_server: NatsServer) -> AsyncIterator[str]:
     """The experience service consuming `nats_server` into SQLite; yields its address."""
-    settings = ExperienceSettings(
-        port=0,
-        nats_url=nats_server.url,
-        store_url=f"sqlite:///{tmp_path / 'e.db'}",
-        log_format="text",
-        grace_period_s=1,
-    )
-    server, _ = await build(settings)
-    port = await server.start()
-    yield f"127.0.0.1:{port}"
-    await server.stop()
+    async with experience_service(nats_server.url, tmp_path / "e.db") as address:
+        yield address
 
 
 def tool_call(name: str, **arguments: object) -> str:

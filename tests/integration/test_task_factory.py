@@ -6,14 +6,17 @@ small package's source distribution fetched through pip (pinned), whose tasks `o
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from env_helpers import ORCHARD, needs_sandboxes, served_env
+from experience_helpers import NatsServer, experience_service
 
 from orchard.tasks import load_instances
 from orchard.tasks.factory.statements import leaks
@@ -191,3 +194,76 @@ def test_synthesized_from_an_sdist_validate_and_rollout_take_them_as_they_are(en
         "--env-address", env_address, "--run-id", "factory-expert", "--out", str(tmp_path / "runs"),
     )  # fmt: skip
     assert rollout.returncode == 0 and "resolved 2/2" in rollout.stdout, rollout.stdout + rollout.stderr
+
+
+async def test_an_sft_job_trains_on_expert_rollouts_of_synthesized_tasks(
+    shapes_repo: Path, env_address: str, nats_server: NatsServer, tmp_path: Path
+) -> None:
+    """Synthesized tasks go through the rest of the stack as they are: `orchard rollout --policy expert` resolves
+    them in sandboxes and stores the rollouts, and an SFT job of the trainer service trains on that run (a tiny
+    model, so it takes seconds)."""
+    from trainer_service_helpers import tiny_model
+
+    from orchard.services.trainer import server as trainer_server
+    from orchard.services.trainer.settings import TrainerSettings
+
+    out = tmp_path / "shapes.jsonl"
+    records, _, _ = synthesize(out, env_address, "--repo", str(shapes_repo), "--max-candidates", "6", "--seed", "2")
+    ids = [r["instance_id"] for r in records[:3]]
+    async with experience_service(nats_server.url, tmp_path / "e.db") as experience:
+        rollout = await asyncio.to_thread(
+            orchard,
+            "rollout", "--tasks", str(out), "--ids", *ids, "--policy", "expert", "-n", "1",
+            "--env-address", env_address, "--nats-url", nats_server.url, "--run-id", "factory-sft",
+            "--out", str(tmp_path / "runs"),
+        )  # fmt: skip
+        assert rollout.returncode == 0 and f"resolved {len(ids)}/{len(ids)}" in rollout.stdout, (
+            rollout.stdout + rollout.stderr
+        )
+        trainer, _ = await trainer_server.build(
+            TrainerSettings(
+                port=0, jobs_dir=tmp_path / "jobs", log_format="text", grace_period_s=1, experience_address=experience
+            )
+        )
+        address = f"127.0.0.1:{await trainer.start()}"
+        try:
+            train = await asyncio.to_thread(
+                orchard,
+                "train", "--run", "factory-sft", "--epochs", "1", "--batch", "3", "--max-seq-len", "4096",
+                "--job-id", "factory-sft", "--trainer-address", address, "--base-model", str(tiny_model(tmp_path / "tiny")),
+            )  # fmt: skip
+        finally:
+            await trainer.stop()
+    assert train.returncode == 0, train.stdout + train.stderr
+    assert "job factory-sft SUCCEEDED in " in train.stdout and f"on {len(ids)} samples" in train.stdout, train.stdout
+
+
+async def test_the_model_writer_writes_statements_through_the_inference_service(
+    shapes_repo: Path, env_address: str, tmp_path: Path
+) -> None:
+    """`--writer model`: the embedded model writes the statements through a real inference service; a text is used
+    only when it quotes no changed line (else the template's stands), and the task says which writer made it."""
+    from orchard.services.inference.server import build
+    from orchard.services.inference.settings import InferenceSettings
+
+    server, _ = await build(InferenceSettings(port=0, log_format="text", grace_period_s=1.0))
+    port = await server.start()
+    try:
+        records, summary, stdout = await asyncio.to_thread(
+            synthesize,
+            tmp_path / "model.jsonl",
+            env_address,
+            "--repo", str(shapes_repo), "--max-candidates", "3", "--writer", "model",
+            "--inference-address", f"127.0.0.1:{port}",
+        )  # fmt: skip
+    finally:
+        await server.stop()
+    assert records, stdout
+    writers = [r["synthesis"]["writer"] for r in records]
+    assert "model" in writers, summary["statements"]
+    assert summary["statements"] == dict(Counter(writers))
+    for record in records:
+        assert not leaks(record["problem_statement"], changed_lines(record["patch"])), record["problem_statement"]
+        if record["synthesis"]["writer"] == "model":
+            assert record["problem_statement"].rstrip().endswith(f"`{record['FAIL_TO_PASS'][-1]}`")
+            assert not record["problem_statement"].startswith("Something in `shapes` is broken")

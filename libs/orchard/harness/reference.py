@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import random
 import re
+import subprocess
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from pathlib import Path
 from orchard.errors import InvalidArgument
 from orchard.harness.model import ModelError, Sample
 from orchard.harness.scripted import ScriptedModel
+from orchard.tasks.environments import is_git_repo
 from orchard.tasks.instance import TaskInstance
 from orchard.types.v1 import types_pb2 as tpb
 
@@ -393,8 +395,16 @@ def edits(task: TaskInstance) -> list[Edit]:
 
 
 def _base_text(task: TaskInstance, path: str) -> str | None:
-    """The file at the task's base state, when the task has a local copy of its repository."""
-    if task.repo_dir is None or not (task.repo_dir / path).is_file():
+    """The file at the task's base state, when the task has a local copy of its repository: at `base_commit` for a
+    git repository (its work tree may hold another commit, a synthesized task's fixed one), else the file itself."""
+    if task.repo_dir is None:
+        return None
+    if task.base_commit and is_git_repo(task.repo_dir):
+        shown = subprocess.run(
+            ["git", "-C", str(task.repo_dir), "show", f"{task.base_commit}:{path}"], capture_output=True, check=False
+        )
+        return shown.stdout.decode(errors="replace") if shown.returncode == 0 else None
+    if not (task.repo_dir / path).is_file():
         return None
     return (task.repo_dir / path).read_text(errors="replace")
 

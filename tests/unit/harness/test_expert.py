@@ -56,6 +56,28 @@ def test_edits_keep_context_where_the_changed_line_is_not_unique(tmp_path: Path)
     assert edits(task) == [("m.py", "def g():\n    return 1", "def g():\n    return 2")]
 
 
+def test_edits_read_a_git_repository_at_its_base_commit_not_its_work_tree(tmp_path: Path) -> None:
+    """A synthesized task's repository has the fixed file in its work tree and the buggy one at base_commit: the
+    context that makes an edit unique comes from base_commit's file (there the removed line appears twice)."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.com"]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / "m.py").write_text("def f(n):\n    i = 0\n    return i\n    while i < n:\n        i += 1\n    return i\n")
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "buggy"], check=True)
+    buggy = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    (repo / "m.py").write_text("def f(n):\n    i = 0\n    while i < n:\n        i += 1\n    return i\n")
+    subprocess.run([*git, "commit", "-q", "-am", "fixed"], check=True)
+    patch = (
+        "diff --git a/m.py b/m.py\n--- a/m.py\n+++ b/m.py\n@@ -1,6 +1,5 @@\n def f(n):\n     i = 0\n-    return i\n"
+        "     while i < n:\n         i += 1\n     return i\n"
+    )
+    task = TASKS[0].model_copy(update={"instance_id": "git", "patch": patch, "repo_dir": repo, "base_commit": buggy})
+    # From the work tree's file, `    return i` alone would look unique; in the buggy file it is there twice.
+    assert edits(task) == [("m.py", "    i = 0\n    return i\n    while i < n:", "    i = 0\n    while i < n:")]
+
+
 def test_a_patch_that_deletes_a_file_is_refused() -> None:
     patch = "diff --git a/m.py b/m.py\ndeleted file mode 100644\n--- a/m.py\n+++ /dev/null\n@@ -1 +0,0 @@\n-x = 1\n"
     task = TASKS[0].model_copy(update={"instance_id": "del", "patch": patch})

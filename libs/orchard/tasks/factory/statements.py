@@ -79,7 +79,7 @@ class ModelWriter:
 
     MIN_CHARS = 40
 
-    def __init__(self, inference: Any, *, seed: int = 0, max_tokens: int = 256, temperature: float = 0.7) -> None:
+    def __init__(self, inference: Any, *, seed: int = 0, max_tokens: int = 160, temperature: float = 0.7) -> None:
         self.inference = inference  # an orchard.clients transport to the inference service
         self.seed = seed
         self.max_tokens = max_tokens
