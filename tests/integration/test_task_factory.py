@@ -242,7 +242,9 @@ async def test_the_model_writer_writes_statements_through_the_inference_service(
     shapes_repo: Path, env_address: str, tmp_path: Path
 ) -> None:
     """`--writer model`: the embedded model writes the statements through a real inference service; a text is used
-    only when it quotes no changed line (else the template's stands), and the task says which writer made it."""
+    only when it quotes no changed line (else the template's stands), and the task says which writer made it. And the
+    model_rewrite strategy: the model is asked for a bug in two functions, and every reply is counted, usable or not
+    (a 135M model's rewrite seldom is)."""
     from orchard.services.inference.server import build
     from orchard.services.inference.settings import InferenceSettings
 
@@ -254,11 +256,14 @@ async def test_the_model_writer_writes_statements_through_the_inference_service(
             tmp_path / "model.jsonl",
             env_address,
             "--repo", str(shapes_repo), "--max-candidates", "3", "--writer", "model",
+            "--strategies", "compare,boolean,model_rewrite", "--model-rewrites", "2",
             "--inference-address", f"127.0.0.1:{port}",
         )  # fmt: skip
     finally:
         await server.stop()
     assert records, stdout
+    assert sum(summary["model_rewrites"].values()) == 2, summary["model_rewrites"]
+    assert "model_rewrite" in summary["per_strategy"]
     writers = [r["synthesis"]["writer"] for r in records]
     assert "model" in writers, summary["statements"]
     assert summary["statements"] == dict(Counter(writers))

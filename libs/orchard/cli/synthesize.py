@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 
 def add_parser(tsub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    from orchard.tasks.factory.mutations import STRATEGIES
+    from orchard.tasks.factory.mutations import MODEL_STRATEGY, STRATEGIES
 
     p = tsub.add_parser(
         "synthesize",
@@ -43,7 +43,11 @@ def add_parser(tsub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     p.add_argument(
         "--strategies",
         default=",".join(STRATEGIES),
-        help=f"comma-separated, of: {', '.join(STRATEGIES)} (default all)",
+        help=f"comma-separated, of: {', '.join(STRATEGIES)} (default all of those), and {MODEL_STRATEGY} (the "
+        "served model rewrites a function with a bug in it; needs the inference service)",
+    )
+    p.add_argument(
+        "--model-rewrites", type=int, default=8, help=f"with {MODEL_STRATEGY}: functions the model rewrites (default 8)"
     )
     p.add_argument("--budget", type=float, default=30.0, help="minutes; no trial starts after them (default 30)")
     p.add_argument("--max-candidates", type=int, default=0, help="try at most this many bugs (default: no cap)")
@@ -65,7 +69,11 @@ def add_parser(tsub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
         help="who writes the problem statements from the failing tests' names and output: a template, or the "
         "model the inference service serves (its text is used only when it quotes no changed line)",
     )
-    p.add_argument("--inference-address", default="127.0.0.1:50052", help="the inference service, for --writer model")
+    p.add_argument(
+        "--inference-address",
+        default="127.0.0.1:50052",
+        help="the inference service, for --writer model and the model_rewrite strategy",
+    )
     p.add_argument(
         "--env-address", default=None, help="the env service (default: ORCHARD_ENV_ADDRESS or 127.0.0.1:50051)"
     )
@@ -85,12 +93,12 @@ def _spec(text: str) -> EnvSpec:
 
 
 def _check(args: argparse.Namespace) -> str | None:
-    from orchard.tasks.factory.mutations import STRATEGIES
+    from orchard.tasks.factory.mutations import MODEL_STRATEGY, STRATEGIES
 
-    unknown = [s for s in args.strategies.split(",") if s and s not in STRATEGIES]
+    unknown = [s for s in args.strategies.split(",") if s and s not in (*STRATEGIES, MODEL_STRATEGY)]
     if unknown:
-        return f"unknown strategies {unknown}; choose from {', '.join(STRATEGIES)}"
-    for name in ("budget", "concurrency", "max_per_function", "test_timeout"):
+        return f"unknown strategies {unknown}; choose from {', '.join((*STRATEGIES, MODEL_STRATEGY))}"
+    for name in ("budget", "concurrency", "max_per_function", "test_timeout", "model_rewrites"):
         if getattr(args, name) <= 0:
             return f"--{name.replace('_', '-')} must be positive"
     if args.max_candidates < 0:
@@ -107,6 +115,8 @@ async def synthesize(args: argparse.Namespace) -> int:
     from orchard import clients
     from orchard.sdk import AsyncSandboxClient
     from orchard.tasks.factory import source as sources
+    from orchard.tasks.factory.mutations import MODEL_STRATEGY
+    from orchard.tasks.factory.rewrites import ModelRewriter
     from orchard.tasks.factory.statements import ModelWriter
     from orchard.tasks.factory.synthesize import Options, Synthesizer, write
 
@@ -130,16 +140,19 @@ async def synthesize(args: argparse.Namespace) -> int:
         test_timeout_s=args.test_timeout,
         exclude_tasks=tuple(args.exclude_tasks),
         writer=args.writer,
+        model_rewrites=args.model_rewrites,
     )
     async with contextlib.AsyncExitStack() as stack:
         client = await stack.enter_async_context(AsyncSandboxClient(args.env_address))
-        writer = None
-        if args.writer == "model":
+        writer, rewriter = None, None
+        if args.writer == "model" or MODEL_STRATEGY in options.strategies:
             inference = await stack.enter_async_context(
                 clients.connect("inference", args.inference_address, flag="--inference-address")
             )
-            writer = ModelWriter(inference, seed=args.seed)
-        result = await Synthesizer(client, source, spec, options, progress=line.update, writer=writer).run()
+            writer = ModelWriter(inference, seed=args.seed) if args.writer == "model" else None
+            rewriter = ModelRewriter(inference, seed=args.seed) if MODEL_STRATEGY in options.strategies else None
+        synthesizer = Synthesizer(client, source, spec, options, progress=line.update, writer=writer, rewriter=rewriter)
+        result = await synthesizer.run()
     line.finish()
     summary_path = write(result, args.out, source)
     s = result.summary
@@ -152,6 +165,8 @@ async def synthesize(args: argparse.Namespace) -> int:
     for name, row in s["per_strategy"].items():
         if row["tried"]:
             print(f"{name:<18}{row['tried']:>7}{row['kept']:>7}{100 * row['kept_fraction']:>7.0f}%")
+    if s["model_rewrites"]:
+        print("model rewrites: " + "; ".join(f"{reason}: {n}" for reason, n in s["model_rewrites"].items()))
     if s["discarded"]:
         print("discarded: " + "; ".join(f"{reason}: {n}" for reason, n in s["discarded"].items()))
     print(

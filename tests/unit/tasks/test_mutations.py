@@ -4,10 +4,11 @@ byte), parsing, and changing the program; the lines it changed recorded for the 
 from __future__ import annotations
 
 import ast
+import textwrap
 
 import pytest
 
-from orchard.tasks.factory.mutations import STRATEGIES, mutations
+from orchard.tasks.factory.mutations import STRATEGIES, Mutation, mutations, rewrite_mutation
 
 SOURCE = '''"""A module."""
 
@@ -109,3 +110,39 @@ def test_non_ascii_text_keeps_its_columns() -> None:
     found = {m.added: m.strategy for m in mutations("m.py", source)}
     assert found[('return s[x + 1] == "ü"',)] == "off_by_one"
     assert found[('return s[x] != "ü"',)] == "compare"
+
+
+REPLY = """Here it is:
+```python
+    def put(self, key, value):
+        if key is not None:
+            raise ValueError("no key")
+        self.items = dict(key, value)
+        return True
+```
+"""
+
+
+def test_a_models_rewrite_becomes_a_bug_in_place() -> None:
+    """The reply's function replaces the method at the method's indentation; the rest of the file stays."""
+    found = rewrite_mutation("pkg/mod.py", SOURCE, "Box.put", REPLY)
+    assert isinstance(found, Mutation) and found.strategy == "model_rewrite" and found.function == "Box.put"
+    assert found.removed == ("if key is None:",) and found.added == ("if key is not None:",)
+    assert found.source == SOURCE.replace("if key is None:", "if key is not None:")
+
+
+@pytest.mark.parametrize(
+    ("reply", "reason"),
+    [
+        ("I would change the comparison.", "no code block in the reply"),
+        ("```python\ndef put(self, key:\n```", "the rewrite does not parse"),
+        ("```python\ndef take(self, key, value):\n    return 1\n```", "the reply is not one function named put"),
+        (
+            "```python\nclass Box:\n    def put(self, key, value):\n        return 1\n```",
+            "the reply is not one function named put",
+        ),
+        ("```\n" + textwrap.dedent(SOURCE.split("class Box:\n")[1]) + "```", "the rewrite changes nothing"),
+    ],
+)
+def test_replies_that_make_no_bug_say_why(reply: str, reason: str) -> None:
+    assert rewrite_mutation("pkg/mod.py", SOURCE, "Box.put", reply) == reason

@@ -11,6 +11,9 @@ Strategies (each a name in `STRATEGIES`):
 - remove_statement: a call, assignment or raise removed
 - remove_branch: an `if` without `else` removed
 - early_return: `return x` copied to just after the first assignment of `x`
+
+and, through a model (synthesize.py asks it), model_rewrite: the function as the model rewrote it with a bug in it
+(`rewrite_mutation` turns its reply into a Mutation, or says why it cannot be one).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import ast
 import difflib
 import hashlib
 import re
+import textwrap
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -55,6 +59,7 @@ _ARITHMETIC = {
 }
 # The operator's own text in the gap between two operands: a word operator as a word, a symbol not part of a longer
 # one (`*` is not the first half of `**`, `/` not of `//`, `<` not of `<<`).
+MODEL_STRATEGY = "model_rewrite"
 _OPERATOR = {
     "<": r"(?<![<>=!])<(?![<=])",
     "<=": r"<=",
@@ -357,3 +362,38 @@ def _early_returns(function: ast.FunctionDef | ast.AsyncFunctionDef, text: _Text
                 indent = text.text(text.starts[statement.lineno - 1], text.span(statement)[0])
                 yield _Edit("early_return", lines[1], lines[1], f"{indent}return {name}\n")
             return
+
+
+_CODE_BLOCK = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
+
+
+def rewrite_mutation(path: str, source: str, function: str, reply: str) -> Mutation | str:
+    """A model's rewrite of one function (its reply: the function in a ```python block) as a bug in the file, or why
+    it cannot be one: no code, not the same function, a file that no longer parses, or no change to the program."""
+    found = _CODE_BLOCK.search(reply)
+    if found is None:
+        return "no code block in the reply"
+    try:
+        tree = ast.parse(source)
+        code = textwrap.dedent(found.group(1)).strip("\n") + "\n"
+        rewritten = ast.parse(code)
+    except SyntaxError:
+        return "the rewrite does not parse"
+    target = dict(functions(tree)).get(function)
+    name = function.split(".")[-1]
+    defs = [n for n in rewritten.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name]
+    if target is None or len(defs) != 1:
+        return f"the reply is not one function named {name}"
+    lines = source.splitlines(keepends=True)
+    indent = lines[target.lineno - 1][: target.col_offset]
+    new_def = code.splitlines(keepends=True)[defs[0].lineno - 1 : defs[0].end_lineno]
+    body = "".join(indent + line if line.strip() else line for line in new_def)
+    mutated = "".join(lines[: target.lineno - 1]) + body + "".join(lines[target.end_lineno or target.lineno :])
+    try:
+        changed = ast.dump(ast.parse(mutated)) != ast.dump(tree)
+    except SyntaxError:
+        return "the file does not parse with the rewrite in it"
+    if not changed:
+        return "the rewrite changes nothing"
+    first, removed, added = _changed_lines(source, mutated)
+    return Mutation("model_rewrite", path, function, first, mutated, removed, added)

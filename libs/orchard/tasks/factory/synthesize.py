@@ -34,7 +34,8 @@ from orchard.sdk import AsyncSandboxClient
 from orchard.tasks.environments import builder_for
 from orchard.tasks.envspec import EnvSpec
 from orchard.tasks.factory import statements
-from orchard.tasks.factory.mutations import STRATEGIES, Mutation, functions, mutations
+from orchard.tasks.factory.mutations import MODEL_STRATEGY, STRATEGIES, Mutation, functions, mutations
+from orchard.tasks.factory.rewrites import ModelRewriter
 from orchard.tasks.factory.source import Source, files_at, read_at, task_commit
 from orchard.tasks.instance import DEFAULT_TEST_CMD, TaskInstance, eval_task_ids, load_instances
 from orchard.tasks.logparse import parse_log_pytest_v2, passed
@@ -69,6 +70,17 @@ class Options:
     """Evaluation sets whose functions and tests stay out (decontamination)."""
     writer: str = "template"
     """Who writes the problem statements: "template", or "model" (the ModelWriter given to the Synthesizer)."""
+    model_rewrites: int = 8
+    """With the model_rewrite strategy: how many functions the model is asked to put a bug in."""
+
+
+@dataclass(frozen=True)
+class _Plan:
+    order: list[tuple[str, str]]
+    """(file, function) in the seeded order."""
+    by_function: dict[tuple[str, str], list[Mutation]]
+    scoped: dict[tuple[str, str], tuple[str, ...]]
+    """The test files that name each function (a function without any is never tried)."""
 
 
 @dataclass(frozen=True)
@@ -130,10 +142,15 @@ class Synthesizer:
         *,
         progress: Progress | None = None,
         writer: statements.ModelWriter | None = None,
+        rewriter: ModelRewriter | None = None,
     ) -> None:
         if (writer is None) != (options.writer == "template"):
             raise ValueError(f"writer {options.writer!r} needs a ModelWriter exactly when it is 'model'")
+        if (rewriter is None) == (MODEL_STRATEGY in options.strategies):
+            raise ValueError(f"the {MODEL_STRATEGY} strategy needs a ModelRewriter, and only it does")
         self.writer = writer
+        self.rewriter = rewriter
+        self.rewrites: dict[str, int] = {}
         self.client = client
         self.source = source
         self.spec = spec
@@ -233,10 +250,20 @@ class Synthesizer:
     def candidates(self, files: list[str], functions_out: set[tuple[str, str]]) -> list[Candidate]:
         """Every mutation of the source files whose function some test file names, round-robin over functions in
         a seeded order (so a budget cut still spreads over the repository)."""
+        return self._round_robin(self._plan(files, functions_out))
+
+    def _plan(self, files: list[str], functions_out: set[tuple[str, str]]) -> _Plan:
+        """The functions in a seeded order, each with its bugs (in a seeded order) and the test files naming it."""
         tests = {f: read_at(self.source, f) for f in files if is_test_file(f)}
         by_function: dict[tuple[str, str], list[Mutation]] = defaultdict(list)
         for path in sorted(f for f in files if is_source_file(f)):
-            for mutation in mutations(path, read_at(self.source, path), self.options.strategies):
+            text = read_at(self.source, path)
+            try:
+                for name, _ in functions(ast.parse(text)):  # every function, for the model too: not only those
+                    by_function[(path, name)] = []  # a procedural strategy has a bug for
+            except SyntaxError:
+                continue
+            for mutation in mutations(path, text, self.options.strategies):
                 by_function[(path, mutation.function)].append(mutation)
         rng = random.Random(self.options.seed)
         order = sorted(by_function)
@@ -245,7 +272,8 @@ class Synthesizer:
         for key in order:
             path, function = key
             if key in functions_out:
-                self.discarded["in an evaluation set's gold patch (decontaminated)"] += len(by_function[key])
+                if by_function[key]:
+                    self.discarded["in an evaluation set's gold patch (decontaminated)"] += len(by_function[key])
                 continue
             names = [function.split(".")[-1], function.split(".")[0]] if "." in function else [function]
             for name in names:
@@ -255,15 +283,38 @@ class Synthesizer:
                     scoped[key] = found
                     break
             else:
-                self.discarded["no test file names the function"] += len(by_function[key])
+                if by_function[key]:
+                    self.discarded["no test file names the function"] += len(by_function[key])
             rng.shuffle(by_function[key])
+        return _Plan(order, by_function, scoped)
+
+    async def _ask_for_rewrites(self, plan: _Plan) -> dict[str, int]:
+        """The model's bugs for the first `model_rewrites` functions of the plan, each first in its function's list
+        (so it is tried before the procedural ones); returns how many replies were usable and why the rest were not."""
+        assert self.rewriter is not None
+        outcome: Counter[str] = Counter()
+        targets = [key for key in plan.order if key in plan.scoped][: self.options.model_rewrites]
+        for n, (path, function) in enumerate(targets):
+            self.progress(f"asking the model for a bug in {path}:{function} ({n + 1}/{len(targets)})")
+            proposal = await self.rewriter.propose(path, read_at(self.source, path), function, n)
+            if isinstance(proposal, Mutation):
+                if proposal.source in {m.source for m in plan.by_function[(path, function)]}:
+                    outcome["the same as a procedural bug"] += 1
+                    continue
+                plan.by_function[(path, function)].insert(0, proposal)
+                outcome["usable"] += 1
+            else:
+                outcome[proposal] += 1
+        return dict(outcome)
+
+    def _round_robin(self, plan: _Plan) -> list[Candidate]:
         result: list[Candidate] = []
         rank = 0
         while True:
             added = False
-            for key in order:
-                if key in scoped and rank < len(by_function[key]):
-                    result.append(Candidate(len(result), by_function[key][rank], scoped[key]))
+            for key in plan.order:
+                if key in plan.scoped and rank < len(plan.by_function[key]):
+                    result.append(Candidate(len(result), plan.by_function[key][rank], plan.scoped[key]))
                     added = True
             if not added:
                 return result
@@ -309,7 +360,10 @@ class Synthesizer:
         stable -= tests_out
         if not stable:
             raise FailedPrecondition(f"no test of {self.source.origin} passes twice at base; nothing can catch a bug")
-        candidates = self.candidates(files, functions_out)
+        plan = self._plan(files, functions_out)
+        if self.rewriter is not None:
+            self.rewrites = await self._ask_for_rewrites(plan)
+        candidates = self._round_robin(plan)
         if options.max_candidates:
             candidates = candidates[: options.max_candidates]
         self.progress(
@@ -470,6 +524,7 @@ class Synthesizer:
                 }
                 for s in self.options.strategies
             },
+            "model_rewrites": self.rewrites,
             "statements": dict(Counter(str(r["synthesis"]["writer"]) for r in records)),
             "per_file": dict(sorted(Counter(r["synthesis"]["file"] for r in records).items())),
             "seconds": round(seconds, 1),
