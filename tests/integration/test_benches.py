@@ -38,6 +38,8 @@ def run_bench(script: str, args: list[str], key: str) -> dict[str, Any]:
         ("env_stress.py", ["--sandboxes", "12", "--concurrency", "4", "--image", "host"], "success_rate"),
         ("env_network.py", ["--creates", "2"], "create_ready_with_policy"),
         ("env_fork.py", ["--snapshots", "1", "--creates", "2", "--image", "host"], "images"),
+        ("env_peers.py", ["--rounds", "1", "--block", "4", "--create-block", "1"], "exec_true_p50_ms"),
+        ("task_factory.py", ["--max-candidates", "4"], "tasks_per_hour"),
     ],
 )
 def test_benchmark_prints_one_json_object(script: str, args: list[str], key: str) -> None:
@@ -45,6 +47,10 @@ def test_benchmark_prints_one_json_object(script: str, args: list[str], key: str
     report = run_bench(script, args, key)
     if key == "success_rate":
         assert report["success_rate"] == 1.0, report
+    if key == "tasks_per_hour":
+        assert report["tried"] == 4 and report["validated"] == report["kept"] > 0, report
+    if key == "exec_true_p50_ms":
+        assert {"orchard_sdk_exec", "subprocess_run", "bwrap_per_command", "swerex_execute"} <= set(report[key])
 
 
 @pytest.mark.skipif(
