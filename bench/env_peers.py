@@ -1,5 +1,5 @@
 """Orchard Env against what users would pick instead, alternated in blocks within one run (so load drifts hit every
-contender alike): exec of `true` through the sync SDK (a string, so `bash -c true` in the sandbox; and as argv, no shell) against a bare `subprocess.run(["true"])`, `bash -c true`,
+contender alike): exec of `true` through the sync SDK (a string and an argv: the service runs both as `bash -c` in the sandbox) against a bare `subprocess.run(["true"])`, `bash -c true`,
 bubblewrap per command (the namespaces a sandbox has), `podman exec` into a running container and SWE-ReX (its
 remote `execute`, and a bash session); create → first exec → delete against `podman run --rm` and bwrap. Starts
 its own env service and `swerex-remote`; the podman image is python:3.11-slim's rootfs, imported once. Prints one
@@ -143,7 +143,7 @@ def main() -> None:
                 def orchard_exec() -> None:
                     assert sandbox.exec("true").exit_code == 0
 
-                def orchard_argv() -> None:  # argv, no shell: what the service and the agent cost beyond bash
+                def orchard_argv() -> None:  # argv: the service joins it with shell quoting, so bash -c runs it too
                     assert sandbox.exec(["true"]).exit_code == 0
 
                 execs: dict[str, Callable[[], object]] = {
