@@ -131,3 +131,8 @@ def served_env(state: Path) -> Iterator[str]:
     finally:
         proc.terminate()
         proc.wait(timeout=120)
+
+
+def orchard(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    """The `orchard` command with these arguments, its output captured as text (it may fail: the caller checks)."""
+    return subprocess.run([ORCHARD, *args], capture_output=True, text=True, timeout=timeout, check=False)

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from env_helpers import ORCHARD, needs_sandboxes, served_env
+from env_helpers import needs_sandboxes, orchard, served_env
 
 from orchard import AsyncSandboxClient
 from orchard.tasks import load_instances
@@ -140,10 +140,6 @@ def env_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """`orchard serve env` for the module, on one state dir (its kept snapshots are the build cache)."""
     with served_env(tmp_path_factory.mktemp("env-state")) as address:
         yield address
-
-
-def orchard(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([ORCHARD, *args], capture_output=True, text=True, timeout=timeout, check=False)
 
 
 def test_env_build_then_validate(

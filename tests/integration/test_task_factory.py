@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from env_helpers import ORCHARD, needs_sandboxes, served_env
+from env_helpers import needs_sandboxes, orchard, served_env
 from experience_helpers import NatsServer, experience_service
 
 from orchard.tasks import load_instances
@@ -90,10 +90,6 @@ def test_known_broken():
 def env_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     with served_env(tmp_path_factory.mktemp("env-state")) as address:
         yield address
-
-
-def orchard(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([ORCHARD, *args], capture_output=True, text=True, timeout=timeout, check=False)
 
 
 def synthesize(out: Path, env_address: str, *args: str) -> tuple[list[dict[str, Any]], dict[str, Any], str]:
