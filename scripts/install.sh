@@ -10,13 +10,14 @@ cd "$(dirname "$0")/.."
 #    (composed services find each other by name; without it experience cannot resolve "nats"), postgresql (the
 #    experience service's PostgreSQL store; its tests start their own server, the package's own cluster is left alone),
 #    chromium (browser sandboxes drive it through Playwright), libseccomp2 (the local backend compiles its sandboxes'
-#    seccomp filter with it), runsc (gVisor: ISOLATION_GVISOR sandboxes on the docker backend).
+#    seccomp filter with it), runsc (gVisor: ISOLATION_GVISOR sandboxes on the docker backend), cargo (Debian's
+#    Rust toolchain builds the native agent, agent-rs/; a rustup cargo on PATH does as well).
 missing=()
 for pair in bwrap:bubblewrap debootstrap:debootstrap git:git nft:nftables ip:iproute2 mkfs.ext4:e2fsprogs \
             nsenter:util-linux losetup:mount openssl:openssl podman:podman runc:runc \
             /usr/lib/cni/dnsname:golang-github-containernetworking-plugin-dnsname \
             pg_ctlcluster:postgresql chromium:chromium runsc:runsc \
-            /usr/lib/x86_64-linux-gnu/libseccomp.so.2:libseccomp2; do
+            /usr/lib/x86_64-linux-gnu/libseccomp.so.2:libseccomp2 cargo:cargo; do
   what="${pair%%:*}"
   if [[ "$what" == /* ]]; then [[ -e "$what" ]] || missing+=("${pair#*:}")
   else command -v "$what" >/dev/null 2>&1 || missing+=("${pair#*:}"); fi
@@ -43,6 +44,9 @@ fi
 .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps miniwob==1.1.0 2>&1 \
   | grep -v '^WARNING: Location' || true
 .venv/bin/orchard --help >/dev/null
+# The native agent: the docker and kubernetes backends bind it into sandboxes, and the tests that use it would
+# otherwise skip. build_agent.sh does nothing when the binary is newer than its sources.
+bash scripts/build_agent.sh >/dev/null
 
 # 3. The default sandbox image (debootstrap, about a minute the first time, cached after).
 .venv/bin/orchard image build python:3.11-slim

@@ -11,7 +11,8 @@ use crate::sys;
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsString;
 use std::io::{self, Read, Write};
-use std::os::fd::AsRawFd;
+use std::fs::File;
+use std::os::unix::io::AsRawFd;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -65,14 +66,27 @@ impl Agent {
     fn members(&self, sid: i32, rid: i64) -> Vec<i32> {
         let needle = format!("{}={}", EXEC_MARK, self.mark(rid)).into_bytes();
         let mut found = Vec::new();
-        let Ok(entries) = std::fs::read_dir("/proc") else { return found };
+        // match, not let-else (Rust 1.65): Debian 12's rustc is 1.63.
+        let entries = match std::fs::read_dir("/proc") {
+            Ok(entries) => entries,
+            Err(_) => return found,
+        };
         for entry in entries.flatten() {
-            let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
+            let pid = match entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) {
+                Some(pid) => pid,
+                None => continue,
+            };
             if self.not_commands.contains(&pid) {
                 continue;
             }
-            let Ok(stat) = std::fs::read(format!("/proc/{}/stat", pid)) else { continue };
-            let Some(close) = stat.iter().rposition(|&b| b == b')') else { continue };
+            let stat = match std::fs::read(format!("/proc/{}/stat", pid)) {
+                Ok(stat) => stat,
+                Err(_) => continue,
+            };
+            let close = match stat.iter().rposition(|&b| b == b')') {
+                Some(close) => close,
+                None => continue,
+            };
             let fields: Vec<&[u8]> = stat[close + 1..].split(|b| b.is_ascii_whitespace()).filter(|f| !f.is_empty()).collect();
             if fields.len() < 4 || fields[0] == b"Z" {
                 continue; // state ppid pgrp session ...; a zombie is dead already
@@ -147,7 +161,10 @@ fn find_program(name: &str, path_var: Option<&OsString>) -> Result<String, Strin
     let mut denied: Option<String> = None;
     for folder in path_var.split(':') {
         let path = if folder.is_empty() || folder.ends_with('/') { format!("{}{}", folder, name) } else { format!("{}/{}", folder, name) };
-        let Ok(meta) = std::fs::metadata(&path) else { continue };
+        let meta = match std::fs::metadata(&path) {
+            Ok(meta) => meta,
+            Err(_) => continue,
+        };
         if meta.is_file() && sys::executable(&path) {
             return Ok(path);
         }
@@ -159,11 +176,12 @@ fn find_program(name: &str, path_var: Option<&OsString>) -> Result<String, Strin
     }
 }
 
+/// The pipes are Files from sys::pipe (std::io::pipe is newer than Debian's rustc).
 struct Started {
     child: std::process::Child,
-    out_r: io::PipeReader,
-    err_r: io::PipeReader,
-    stdin_w: Option<io::PipeWriter>,
+    out_r: File,
+    err_r: File,
+    stdin_w: Option<File>,
 }
 
 fn spawn(agent: &Agent, rid: i64, header: &Value, has_stdin: bool) -> Result<Started, StartError> {
@@ -211,10 +229,10 @@ fn spawn(agent: &Agent, rid: i64, header: &Value, has_stdin: bool) -> Result<Sta
     }
     let program = find_program(&argv[0], env.get(std::ffi::OsStr::new("PATH"))).map_err(StartError::Cannot)?;
     let pipe_err = |e: io::Error| StartError::Request(Failure::os(&e, "pipe").without_name());
-    let (out_r, out_w) = io::pipe().map_err(pipe_err)?;
-    let (err_r, err_w) = io::pipe().map_err(pipe_err)?;
+    let (out_r, out_w) = sys::pipe().map_err(pipe_err)?;
+    let (err_r, err_w) = sys::pipe().map_err(pipe_err)?;
     let (stdin, stdin_w) = if has_stdin {
-        let (r, w) = io::pipe().map_err(pipe_err)?;
+        let (r, w) = sys::pipe().map_err(pipe_err)?;
         (Stdio::from(r), Some(w))
     } else {
         (Stdio::null(), None)
@@ -342,7 +360,7 @@ fn wait_child(agent: &Agent, job: &Job, child: &mut std::process::Child, deadlin
 }
 
 /// Send what the command writes to one pipe (up to the cap; the rest is only counted); its total.
-fn forward(mut pipe: io::PipeReader, head: &Value, cap: u64, out: &Out, exited: &AtomicBool, stop: &AtomicBool) -> u64 {
+fn forward(mut pipe: File, head: &Value, cap: u64, out: &Out, exited: &AtomicBool, stop: &AtomicBool) -> u64 {
     let raw_head = head.dumps();
     let mut buf = vec![0u8; CHUNK];
     let mut total = 0u64;
@@ -382,7 +400,7 @@ fn forward(mut pipe: io::PipeReader, head: &Value, cap: u64, out: &Out, exited: 
 
 /// Write the command's stdin as its pipe takes it, then close it. EPIPE (the command did not read it all)
 /// is its business.
-fn feed(pipe: io::PipeWriter, body: Vec<u8>, stop: &AtomicBool) {
+fn feed(pipe: File, body: Vec<u8>, stop: &AtomicBool) {
     let mut pipe = pipe;
     let mut rest: &[u8] = &body;
     while !rest.is_empty() && !stop.load(Ordering::Relaxed) {

@@ -132,7 +132,7 @@ pub fn write_part(header: &Value, body: &[u8]) -> Result<Vec<(&'static str, Valu
         other => other.dumps(),
     };
     let temp = format!("{}.orchard-upload-{}", path, upload);
-    if header.get("abort").is_some_and(|v| v.truthy()) {
+    if header.get("abort").map_or(false, Value::truthy) {
         let _ = fs::remove_file(&temp);
         return Ok(vec![("size", Value::Int(0))]);
     }
@@ -158,7 +158,7 @@ pub fn write_part(header: &Value, body: &[u8]) -> Result<Vec<(&'static str, Valu
             path, size, expected
         )));
     }
-    if header.get("last").is_some_and(|v| v.truthy()) {
+    if header.get("last").map_or(false, Value::truthy) {
         let mode = header.get("mode").filter(|v| v.truthy()).and_then(|v| v.as_i64()).unwrap_or(0o644);
         let result = fs::set_permissions(&temp, fs::Permissions::from_mode(mode as u32))
             .and_then(|_| fs::rename(&temp, path));

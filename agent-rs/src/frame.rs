@@ -141,16 +141,27 @@ impl Out {
                 }
             }
             let mut slices: Vec<io::IoSlice> = batch.iter().map(|f| io::IoSlice::new(f)).collect();
-            let mut bufs = &mut slices[..];
+            // slices[first..] are left to write; slices[first] starts at batch[first][offset..].
+            let (mut first, mut offset) = (0, 0);
             let written: usize = batch.iter().map(|f| f.len()).sum();
             let mut failed = false;
-            while !bufs.is_empty() {
-                match sink.write_vectored(bufs) {
+            while first < slices.len() {
+                match sink.write_vectored(&slices[first..]) {
                     Ok(0) => {
                         failed = true;
                         break;
                     }
-                    Ok(n) => io::IoSlice::advance_slices(&mut bufs, n),
+                    Ok(n) => {
+                        // IoSlice::advance_slices by hand: it is Rust 1.81, Debian 12's rustc is 1.63.
+                        offset += n;
+                        while first < slices.len() && offset >= batch[first].len() {
+                            offset -= batch[first].len();
+                            first += 1;
+                        }
+                        if first < slices.len() {
+                            slices[first] = io::IoSlice::new(&batch[first][offset..]);
+                        }
+                    }
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                     Err(_) => {
                         failed = true; // EPIPE (the runtime ignores SIGPIPE): the manager is gone

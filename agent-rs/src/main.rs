@@ -56,7 +56,10 @@ fn memory() -> Vec<(String, Value)> {
     let mut found = Vec::new();
     if let Ok(text) = std::fs::read_to_string("/proc/self/smaps_rollup") {
         for line in text.lines() {
-            let Some((key, rest)) = line.split_once(':') else { continue };
+            let (key, rest) = match line.split_once(':') {
+                Some(pair) => pair,
+                None => continue,
+            };
             if ["Rss", "Pss", "Private_Dirty", "Private_Clean"].contains(&key) {
                 if let Some(kib) = rest.split_whitespace().next().and_then(|n| n.parse::<i64>().ok()) {
                     found.push((format!("{}_kib", key.to_lowercase()), Value::Int(kib)));

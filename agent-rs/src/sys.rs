@@ -1,7 +1,11 @@
 //! The few libc calls std does not wrap (std links libc already: these are declarations, not crates).
+//! Paths and calls are those of Rust 1.63, Debian 12's rustc: std::os::raw and std::os::unix::io, not
+//! std::ffi's c_int (1.64) or std::os::fd (1.66).
 
-use std::ffi::c_int;
+use std::fs::File;
 use std::io;
+use std::os::raw::{c_char, c_int};
+use std::os::unix::io::{FromRawFd, OwnedFd};
 
 #[repr(C)]
 struct PollFd {
@@ -14,9 +18,10 @@ extern "C" {
     fn setsid() -> c_int;
     fn kill(pid: c_int, sig: c_int) -> c_int;
     fn poll(fds: *mut PollFd, nfds: u64, timeout: c_int) -> c_int;
-    fn access(path: *const std::ffi::c_char, mode: c_int) -> c_int;
+    fn access(path: *const c_char, mode: c_int) -> c_int;
     fn syscall(number: i64, ...) -> i64;
     fn fcntl(fd: c_int, cmd: c_int, ...) -> c_int;
+    fn pipe2(fds: *mut c_int, flags: c_int) -> c_int;
     fn umask(mask: u32) -> u32;
     fn sigemptyset(set: *mut SigSet) -> c_int;
     fn sigaddset(set: *mut SigSet, sig: c_int) -> c_int;
@@ -74,6 +79,7 @@ const SYS_PIDFD_OPEN: i64 = 434;
 const F_GETFD: c_int = 1;
 const F_SETFD: c_int = 2;
 const FD_CLOEXEC: c_int = 1;
+const O_CLOEXEC: c_int = 0o2000000;
 pub const O_NONBLOCK: i32 = 0o4000;
 
 pub fn new_session() -> io::Result<()> {
@@ -113,13 +119,22 @@ pub fn executable(path: &str) -> bool {
 }
 
 /// A pidfd for child pid (Linux 5.3+): readable once it has ended.
-pub fn pidfd_open(pid: i32) -> Option<std::os::fd::OwnedFd> {
-    use std::os::fd::FromRawFd;
+pub fn pidfd_open(pid: i32) -> Option<OwnedFd> {
     let fd = unsafe { syscall(SYS_PIDFD_OPEN, pid as i64, 0i64) };
     if fd < 0 {
         return None;
     }
-    Some(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
+    Some(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// A pipe as (reader, writer), both ends close-on-exec so no command inherits them (what std::io::pipe
+/// does; that is Rust 1.87).
+pub fn pipe() -> io::Result<(File, File)> {
+    let mut fds: [c_int; 2] = [-1, -1];
+    if unsafe { pipe2(fds.as_mut_ptr(), O_CLOEXEC) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(unsafe { (File::from_raw_fd(fds[0]), File::from_raw_fd(fds[1])) })
 }
 
 /// Make every inherited fd above stdio close-on-exec, so none leaks into the commands.

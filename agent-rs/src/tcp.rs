@@ -50,11 +50,12 @@ fn hello_ok(stream: &mut TcpStream, token: &str) -> bool {
     if stream.read_exact(&mut raw).is_err() {
         return false;
     }
-    let Ok(header) = std::str::from_utf8(&raw).map_err(|e| e.to_string()).and_then(json::loads) else {
-        return false;
+    let header = match std::str::from_utf8(&raw).map_err(|e| e.to_string()).and_then(json::loads) {
+        Ok(header) => header,
+        Err(_) => return false,
     };
     header.get("op").and_then(Value::as_str) == Some("hello")
-        && header.get("token").and_then(Value::as_str).is_some_and(|t| same(t.as_bytes(), token.as_bytes()))
+        && header.get("token").and_then(Value::as_str).map_or(false, |t| same(t.as_bytes(), token.as_bytes()))
 }
 
 impl crate::Stream for TcpStream {
@@ -99,7 +100,10 @@ pub fn serve_tcp(addr: &str) -> ! {
         })
         .expect("signal thread");
     for conn in listener.incoming() {
-        let Ok(stream) = conn else { continue };
+        let stream = match conn {
+            Ok(stream) => stream,
+            Err(_) => continue,
+        };
         if OPEN.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS {
             OPEN.fetch_sub(1, Ordering::SeqCst);
             let _ = stream.shutdown(Shutdown::Both);
