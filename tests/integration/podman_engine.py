@@ -93,6 +93,7 @@ class PodmanEngine:
         service = subprocess.Popen(
             ["podman", *flags, "system", "service", "--time=0", f"unix://{socket}"],
             env=self.env,
+            cwd=self.dir,  # conmon writes an `oom` file into its working dir when an exec is OOM-killed
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
