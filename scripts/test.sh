@@ -3,7 +3,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
-# Two workers (pytest-xdist), a module to one worker so module fixtures (servers, models) start once; modules go
-# in collection order (not xdist's biggest-first), so the longest test, the main job (tests/e2e, collected
-# first), starts at once instead of last.
-exec .venv/bin/python -m pytest tests -p no:cacheprovider -q --durations=25 -n "${ORCHARD_TEST_WORKERS:-2}" --dist loadscope --no-loadscope-reorder "$@"
+# Two workers (pytest-xdist), a module to one worker so module fixtures (servers, models) start once. (Starting the
+# main job first, --no-loadscope-reorder, was measured: 17.6 min against 16.9 with xdist's biggest-module-first.)
+exec .venv/bin/python -m pytest tests -p no:cacheprovider -q --durations=25 -n "${ORCHARD_TEST_WORKERS:-2}" --dist loadscope "$@"
