@@ -190,6 +190,11 @@ def test_synthesized_from_an_sdist_validate_and_rollout_take_them_as_they_are(en
         "--env-address", env_address, "--run-id", "factory-expert", "--out", str(tmp_path / "runs"),
     )  # fmt: skip
     assert rollout.returncode == 0 and "resolved 2/2" in rollout.stdout, rollout.stdout + rollout.stderr
+    evaluated = orchard(
+        "eval", str(tmp_path / "runs" / "factory-expert" / "trajectories.jsonl"), "--tasks", str(out),
+        "--env-address", env_address, "--regrade",
+    )  # fmt: skip
+    assert evaluated.returncode == 0 and "resolved 2/2" in evaluated.stdout, evaluated.stdout + evaluated.stderr
 
 
 async def test_an_sft_job_trains_on_expert_rollouts_of_synthesized_tasks(
