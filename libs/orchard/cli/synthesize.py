@@ -139,7 +139,6 @@ async def synthesize(args: argparse.Namespace) -> int:
         seed=args.seed,
         test_timeout_s=args.test_timeout,
         exclude_tasks=tuple(args.exclude_tasks),
-        writer=args.writer,
         model_rewrites=args.model_rewrites,
     )
     async with contextlib.AsyncExitStack() as stack:

@@ -133,6 +133,12 @@ def patched_files(patch: str) -> list[str]:
     return list(dict.fromkeys(_DIFF_FILE.findall(patch)))
 
 
+def file_diffs(patch: str) -> list[tuple[str, str]]:
+    """A git diff cut into (file, the diff's text for that file after its `diff --git` line), in order."""
+    pieces = _DIFF_FILE.split(patch)
+    return list(zip(pieces[1::2], pieces[2::2], strict=True))
+
+
 async def grade(
     client: AsyncSandboxClient,
     instance: TaskInstance,

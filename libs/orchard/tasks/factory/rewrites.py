@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 from typing import Any
 
+from orchard.tasks.factory.ask import ask
 from orchard.tasks.factory.mutations import Mutation, functions, rewrite_mutation
 
 REWRITE_SYSTEM = (
@@ -26,25 +27,19 @@ class ModelRewriter:
 
     async def propose(self, path: str, source: str, function: str, index: int) -> Mutation | str:
         """The model's bug in `function` of the file, or why its reply is none."""
-        from orchard.inference.v1 import inference_pb2 as ipb
-        from orchard.types.v1 import types_pb2 as tpb
-
         node = dict(functions(ast.parse(source))).get(function)
         if node is None:
             return f"no function {function} in {path}"
         code = ast.get_source_segment(source, node, padded=True) or ""
-        request = ipb.ChatRequest(
-            messages=[
-                tpb.Message(role=tpb.ROLE_SYSTEM, content=REWRITE_SYSTEM),
-                tpb.Message(role=tpb.ROLE_USER, content=f"```python\n{code}\n```"),
-            ],
-            sampling=ipb.SamplingParams(
-                temperature=self.temperature,
-                max_tokens=min(1024, 64 + 2 * len(code) // 3),  # about the function's own length, and some slack
-                seed=self.seed * 100_003 + index,
-            ),
-            labels={"purpose": "task-factory-rewrite"},
+        choice = await ask(
+            self.inference,
+            REWRITE_SYSTEM,
+            f"```python\n{code}\n```",
+            seed=self.seed,
+            index=index,
+            temperature=self.temperature,
+            max_tokens=min(1024, 64 + 2 * len(code) // 3),  # about the function's own length, and some slack
+            purpose="task-factory-rewrite",
+            timeout_s=600,
         )
-        response = await self.inference.unary("Chat", request, idempotent=True, timeout=600)
-        reply = response.choices[0].text if response.choices else ""
-        return rewrite_mutation(path, source, function, reply)
+        return rewrite_mutation(path, source, function, choice.text if choice is not None else "")

@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from orchard.tasks.factory.ask import ask
+
 MAX_TESTS = 8
 MAX_ERROR_LINES = 12
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]{4,}")  # object reprs: `<function f at 0x7f...>` differs run to run
@@ -86,9 +88,6 @@ class ModelWriter:
         self.temperature = temperature
 
     async def write(self, repo: str, failing: list[str], log: str, changed: tuple[str, ...], index: int) -> str | None:
-        from orchard.inference.v1 import inference_pb2 as ipb
-        from orchard.types.v1 import types_pb2 as tpb
-
         errors = [line for line in failure_lines(log, failing) if not leaks(line, changed)][:MAX_ERROR_LINES]
         facts = "\n".join(
             [
@@ -99,18 +98,18 @@ class ModelWriter:
                 *errors,
             ]
         )
-        request = ipb.ChatRequest(
-            messages=[
-                tpb.Message(role=tpb.ROLE_SYSTEM, content=WRITER_SYSTEM),
-                tpb.Message(role=tpb.ROLE_USER, content=f"{facts}\n\nWrite the bug report."),
-            ],
-            sampling=ipb.SamplingParams(
-                temperature=self.temperature, max_tokens=self.max_tokens, seed=self.seed * 100_003 + index
-            ),
-            labels={"purpose": "task-factory-statement"},
+        choice = await ask(
+            self.inference,
+            WRITER_SYSTEM,
+            f"{facts}\n\nWrite the bug report.",
+            seed=self.seed,
+            index=index,
+            temperature=self.temperature,
+            max_tokens=self.max_tokens,
+            purpose="task-factory-statement",
+            timeout_s=300,
         )
-        response = await self.inference.unary("Chat", request, idempotent=True, timeout=300)
-        text = response.choices[0].message.content.strip() if response.choices else ""
+        text = choice.message.content.strip() if choice is not None else ""
         if len(text) < self.MIN_CHARS or leaks(text, changed):
             return None
         names = "\n".join(f"- `{t}`" for t in failing[:MAX_TESTS])

@@ -37,6 +37,7 @@ from orchard.tasks.factory import statements
 from orchard.tasks.factory.mutations import MODEL_STRATEGY, STRATEGIES, Mutation, functions, mutations
 from orchard.tasks.factory.rewrites import ModelRewriter
 from orchard.tasks.factory.source import Source, files_at, read_at, task_commit
+from orchard.tasks.grading import file_diffs
 from orchard.tasks.instance import DEFAULT_TEST_CMD, TaskInstance, eval_task_ids, load_instances
 from orchard.tasks.logparse import parse_log_pytest_v2, passed
 from orchard.tasks.repo import SANDBOX_ENV
@@ -47,7 +48,6 @@ _NOT_SOURCE = re.compile(
     r"(^|/)(tests?|testing|docs?|examples?|benchmarks?|\.[^/]+)/|(^|/)(setup|conftest|versioneer|_version)\.py$"
 )
 _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+\d+(?:,\d+)? @@(.*)$", re.MULTILINE)
-_DIFF_FILE = re.compile(r"^diff --git a/(\S+) b/", re.MULTILINE)
 SANDBOX_TTL_S = 3600.0
 TRIAL_TIMEOUT_FACTOR = 5.0
 TRIAL_TIMEOUT_FLOOR_S = 20.0
@@ -68,8 +68,6 @@ class Options:
     base run's time, at least TRIAL_TIMEOUT_FLOOR_S: a bug that loops forever must not hold a slot for minutes)."""
     exclude_tasks: tuple[str, ...] = ()
     """Evaluation sets whose functions and tests stay out (decontamination)."""
-    writer: str = "template"
-    """Who writes the problem statements: "template", or "model" (the ModelWriter given to the Synthesizer)."""
     model_rewrites: int = 8
     """With the model_rewrite strategy: how many functions the model is asked to put a bug in."""
 
@@ -141,11 +139,9 @@ class Synthesizer:
         options: Options,
         *,
         progress: Progress | None = None,
-        writer: statements.ModelWriter | None = None,
+        writer: statements.ModelWriter | None = None,  # None: the template writes the statements
         rewriter: ModelRewriter | None = None,
     ) -> None:
-        if (writer is None) != (options.writer == "template"):
-            raise ValueError(f"writer {options.writer!r} needs a ModelWriter exactly when it is 'model'")
         if (rewriter is None) == (MODEL_STRATEGY in options.strategies):
             raise ValueError(f"the {MODEL_STRATEGY} strategy needs a ModelRewriter, and only it does")
         self.writer = writer
@@ -233,8 +229,7 @@ class Synthesizer:
         """The (file, function) pairs of this repository a patch changes: by the lines its hunks replace, and by the
         function git names in each hunk's header."""
         found: set[tuple[str, str]] = set()
-        pieces = _DIFF_FILE.split(patch)
-        for path, body in zip(pieces[1::2], pieces[2::2], strict=True):
+        for path, body in file_diffs(patch):
             try:
                 tree = ast.parse(read_at(self.source, path))
             except (OrchardError, SyntaxError):
@@ -374,14 +369,17 @@ class Synthesizer:
         kept_so_far: Counter[tuple[str, str]] = Counter()
         slots = asyncio.Semaphore(options.concurrency)
         deadline = started + options.budget_s
+        of_function: dict[tuple[str, str], list[int]] = defaultdict(list)  # candidate indices, in order
+        for c in candidates:
+            of_function[(c.mutation.path, c.mutation.function)].append(c.index)
 
         async def one(candidate: Candidate) -> None:
             async with slots:
                 key = (candidate.mutation.path, candidate.mutation.function)
                 if time.monotonic() > deadline:
                     return
-                earlier = [c for c in candidates[: candidate.index] if (c.mutation.path, c.mutation.function) == key]
-                if all(c.index in trials for c in earlier) and kept_so_far[key] >= options.max_per_function:
+                earlier = (i for i in of_function[key] if i < candidate.index)
+                if all(i in trials for i in earlier) and kept_so_far[key] >= options.max_per_function:
                     trials[candidate.index] = Trial(candidate, reason=f"function cap ({options.max_per_function})")
                     return
                 done = await self.trial(prepared.snapshot_id, candidate, stable)
