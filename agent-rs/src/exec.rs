@@ -26,19 +26,28 @@ const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(200);
 const POLL_MS: i32 = 50; // how often blocked helpers look at their stop flag
 const THREAD_STACK: usize = 128 * 1024;
 
-/// What every exec shares: the frame writer, the running jobs, the agent's tag and environment.
+/// What every exec and terminal shares: the frame writer, the running jobs (and the terminals among them,
+/// until their exit frame), the agent's tag and environment.
 pub struct Agent {
     pub out: Arc<Out>,
     pub jobs: Mutex<HashMap<i64, Arc<Job>>>,
+    pub ptys: Mutex<HashMap<i64, Arc<crate::pty::Terminal>>>,
     pub tag: String,
     pub base_env: Vec<(OsString, OsString)>,
     pub not_commands: Vec<i32>,
 }
 
+/// A running command (an exec's, or a terminal's program): what cancel and kill_all need.
 pub struct Job {
     pid: i32,
     rid: i64,
     reasons: Mutex<Vec<Value>>,
+}
+
+impl Job {
+    pub fn new(pid: i32, rid: i64) -> Arc<Job> {
+        Arc::new(Job { pid, rid, reasons: Mutex::new(Vec::new()) })
+    }
 }
 
 impl Agent {
@@ -59,6 +68,15 @@ impl Agent {
         let jobs: Vec<Arc<Job>> = self.jobs.lock().unwrap().values().cloned().collect();
         for job in jobs {
             self.kill_tree(job.pid, job.rid);
+        }
+    }
+
+    /// Kill every terminal's program: nobody can type into them or take their output any more (the
+    /// connection that opened them is gone).
+    pub fn kill_terminals(&self) {
+        let rids: Vec<i64> = self.ptys.lock().unwrap().keys().cloned().collect();
+        for rid in rids {
+            self.cancel(rid, s("closed"));
         }
     }
 
@@ -139,9 +157,9 @@ fn exit_frame(rid: i64, code: i64, totals: [u64; 2], reason: Value, error: Value
     ])
 }
 
-enum StartError {
-    Cannot(String),     // exit 127 with "cannot start: ..."
-    Request(Failure),   // a malformed request: an error frame
+pub enum StartError {
+    Cannot(String),   // the program cannot start: exit 127, saying why
+    Request(Failure), // a malformed request: an error frame
 }
 
 fn os_message(err: &io::Error, name: &str) -> String {
@@ -176,15 +194,36 @@ fn find_program(name: &str, path_var: Option<&OsString>) -> Result<String, Strin
     }
 }
 
-/// The pipes are Files from sys::pipe (std::io::pipe is newer than Debian's rustc).
-struct Started {
-    child: std::process::Child,
-    out_r: File,
-    err_r: File,
-    stdin_w: Option<File>,
+/// What a command (an exec's or a terminal's) runs: checked, and ready for a Command.
+pub struct Launch {
+    argv: Vec<String>,
+    env: BTreeMap<OsString, OsString>,
+    cwd: Option<String>,
+    program: String,
 }
 
-fn spawn(agent: &Agent, rid: i64, header: &Value, has_stdin: bool) -> Result<Started, StartError> {
+impl Launch {
+    /// The command in its own session (so its whole tree can be found, and killed, by session id); stdio and
+    /// any further pre_exec hooks are the caller's.
+    pub fn command(&self) -> Command {
+        let mut command = Command::new(&self.program);
+        command.arg0(&self.argv[0]).args(&self.argv[1..]).env_clear().envs(&self.env);
+        if let Some(cwd) = &self.cwd {
+            command.current_dir(cwd);
+        }
+        unsafe {
+            command.pre_exec(sys::new_session);
+        }
+        command
+    }
+
+    pub fn spawn(&self, command: &mut Command) -> Result<std::process::Child, StartError> {
+        command.spawn().map_err(|err| StartError::Cannot(os_message(&err, &self.program)))
+    }
+}
+
+/// Check a request's argv, env (over the agent's own and `defaults`) and cwd, and find its program.
+pub fn prepare(agent: &Agent, rid: i64, header: &Value, defaults: &[(&str, &str)]) -> Result<Launch, StartError> {
     let argv: Vec<String> = match field(header, "argv").map_err(StartError::Request)? {
         Value::Arr(items) => items
             .iter()
@@ -197,11 +236,14 @@ fn spawn(agent: &Agent, rid: i64, header: &Value, has_stdin: bool) -> Result<Sta
         return Err(StartError::Cannot("argv is empty".into()));
     }
     let mut env: BTreeMap<OsString, OsString> = agent.base_env.iter().cloned().collect();
+    for (key, value) in defaults {
+        env.insert(key.into(), value.into());
+    }
     if let Some(Value::Obj(items)) = header.get("env") {
         for (key, value) in items {
             let value = match value {
                 Value::Str(text) => text.clone(),
-                _ => return Err(StartError::Cannot("expected str, bytes or os.PathLike object".into())),
+                _ => return Err(StartError::Request(Failure::Internal("TypeError: env values must be strings".into()))),
             };
             if key.contains('\0') || value.contains('\0') {
                 return Err(StartError::Cannot("embedded null byte".into()));
@@ -216,8 +258,8 @@ fn spawn(agent: &Agent, rid: i64, header: &Value, has_stdin: bool) -> Result<Sta
     if argv.iter().any(|a| a.contains('\0')) {
         return Err(StartError::Cannot("embedded null byte".into()));
     }
-    let cwd = header.get("cwd").and_then(Value::as_str).filter(|c| !c.is_empty());
-    if let Some(cwd) = cwd {
+    let cwd = header.get("cwd").and_then(Value::as_str).filter(|c| !c.is_empty()).map(str::to_string);
+    if let Some(cwd) = &cwd {
         if cwd.contains('\0') {
             return Err(StartError::Cannot("embedded null byte".into()));
         }
@@ -228,6 +270,19 @@ fn spawn(agent: &Agent, rid: i64, header: &Value, has_stdin: bool) -> Result<Sta
         }
     }
     let program = find_program(&argv[0], env.get(std::ffi::OsStr::new("PATH"))).map_err(StartError::Cannot)?;
+    Ok(Launch { argv, env, cwd, program })
+}
+
+/// The pipes are Files from sys::pipe (std::io::pipe is newer than Debian's rustc).
+struct Started {
+    child: std::process::Child,
+    out_r: File,
+    err_r: File,
+    stdin_w: Option<File>,
+}
+
+fn spawn(agent: &Agent, rid: i64, header: &Value, has_stdin: bool) -> Result<Started, StartError> {
+    let launch = prepare(agent, rid, header, &[])?;
     let pipe_err = |e: io::Error| StartError::Request(Failure::os(&e, "pipe").without_name());
     let (out_r, out_w) = sys::pipe().map_err(pipe_err)?;
     let (err_r, err_w) = sys::pipe().map_err(pipe_err)?;
@@ -237,17 +292,9 @@ fn spawn(agent: &Agent, rid: i64, header: &Value, has_stdin: bool) -> Result<Sta
     } else {
         (Stdio::null(), None)
     };
-    let mut command = Command::new(&program);
-    command.arg0(&argv[0]).args(&argv[1..]).env_clear().envs(&env);
+    let mut command = launch.command();
     command.stdin(stdin).stdout(out_w).stderr(err_w);
-    if let Some(cwd) = cwd {
-        command.current_dir(cwd);
-    }
-    // Its own session, so its whole tree can be found (and killed) by session id.
-    unsafe {
-        command.pre_exec(sys::new_session);
-    }
-    let child = command.spawn().map_err(|err| StartError::Cannot(os_message(&err, &program)))?;
+    let child = launch.spawn(&mut command)?;
     drop(command); // our copies of its ends of the pipes: its end of file is ours
     Ok(Started { child, out_r, err_r, stdin_w })
 }
@@ -275,7 +322,7 @@ fn run(agent: &Arc<Agent>, rid: i64, header: &Value, body: Vec<u8>) {
     };
     let Started { mut child, out_r, err_r, stdin_w } = started;
     let pid = child.id() as i32;
-    let job = Arc::new(Job { pid, rid, reasons: Mutex::new(Vec::new()) });
+    let job = Job::new(pid, rid);
     agent.jobs.lock().unwrap().insert(rid, job.clone());
 
     let exited = Arc::new(AtomicBool::new(false)); // output then drains regardless of the manager's pace
@@ -415,15 +462,6 @@ fn feed(pipe: File, body: Vec<u8>, stop: &AtomicBool) {
             Ok(n) => rest = &rest[n..],
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(_) => return,
-        }
-    }
-}
-
-impl Failure {
-    fn without_name(self) -> Failure {
-        match self {
-            Failure::Os { errno, .. } => Failure::Os { errno, filename: None },
-            other => other,
         }
     }
 }

@@ -1,5 +1,5 @@
-//! write/read/list/stat, with the same reply shapes and errors as the Python agent. Each is bounded (the
-//! manager moves files in chunks of at most 1 MiB; files open non-blocking, so a FIFO cannot hang us).
+//! write/read/list/stat, with the reply shapes and errors of PROTOCOL.md. Each is bounded (the manager moves
+//! files in chunks of at most 1 MiB; files open non-blocking, so a FIFO cannot hang us).
 
 use crate::json::{obj, s, Value};
 use std::fs::{self, File, OpenOptions};
@@ -8,9 +8,11 @@ use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 
 use crate::sys::{strerror, O_NONBLOCK};
 
-/// Why a request failed: an OSError (errno, filename) or anything else (Python's "Type: message").
+/// Why a request failed: an OS error (errno, and the file it names), one whose text is not strerror's, or
+/// anything else ("Type: message"). See PROTOCOL.md, "Errors".
 pub enum Failure {
     Os { errno: i32, filename: Option<String> },
+    OsText { errno: i32, message: String },
     Internal(String),
 }
 
@@ -28,12 +30,12 @@ impl Failure {
         match self {
             Failure::Os { errno, filename: Some(name) } => format!("{}: {}", strerror(*errno), name),
             Failure::Os { errno, filename: None } => strerror(*errno),
-            Failure::Internal(message) => message.clone(),
+            Failure::OsText { message, .. } | Failure::Internal(message) => message.clone(),
         }
     }
     pub fn reply(&self, rid: &Value) -> Value {
         match self {
-            Failure::Os { errno, .. } => obj(vec![
+            Failure::Os { errno, .. } | Failure::OsText { errno, .. } => obj(vec![
                 ("id", rid.clone()),
                 ("ev", s("error")),
                 ("kind", s("os")),
@@ -185,7 +187,8 @@ pub fn read_part(header: &Value) -> Result<(Vec<(&'static str, Value)>, Vec<u8>)
         return Err(Failure::errno(21, path)); // EISDIR
     }
     if !meta.is_file() {
-        return Err(Failure::errno(19, path)); // ENODEV: /dev/zero would stream forever, a FIFO block a reader
+        // ENODEV: /dev/zero would stream forever, a FIFO block a reader
+        return Err(Failure::OsText { errno: 19, message: format!("not a regular file: {}", path) });
     }
     let mut data = Vec::new();
     let mut chunk = vec![0u8; left.min(1 << 20)];
@@ -200,7 +203,7 @@ pub fn read_part(header: &Value) -> Result<(Vec<(&'static str, Value)>, Vec<u8>)
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(Failure::os(&e, "").strip_name()),
+            Err(e) => return Err(Failure::os(&e, "").without_name()),
         }
     }
     let head = vec![
@@ -212,8 +215,8 @@ pub fn read_part(header: &Value) -> Result<(Vec<(&'static str, Value)>, Vec<u8>)
 }
 
 impl Failure {
-    /// os.pread's errors name no file.
-    fn strip_name(self) -> Failure {
+    /// The same error without the file it names (errors of calls on an open fd name none).
+    pub fn without_name(self) -> Failure {
         match self {
             Failure::Os { errno, .. } => Failure::Os { errno, filename: None },
             other => other,

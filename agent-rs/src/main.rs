@@ -1,17 +1,18 @@
-//! Orchard's in-sandbox agent as one static binary: the protocol of services/env/agent/agent.py (frames of
-//! u32 total length, u32 header length, JSON header, raw body, over stdin/stdout), for images with no
-//! Python. Standard library only. Ops: ping, exec, cancel, write, read, list, stat, info; pty ops answer
-//! an error for now.
+//! Orchard's in-sandbox agent as one static binary, standard library only: frames (u32 total length, u32
+//! header length, JSON header, raw body) over stdin/stdout, a unix socket or TCP. Every op, frame and error
+//! is written down in ../PROTOCOL.md: ping, exec, cancel, pty, pty_input, pty_resize, pty_ack, write, read,
+//! list, stat, info.
 //!
-//! Threads instead of the Python agent's event loop: the main thread reads requests and answers the
-//! bounded ones (files) itself; each exec has a thread (plus one per pipe); one writer thread owns stdout,
-//! fed by a queue, so frames stay whole and each request's frames stay in order.
+//! Threads, not an event loop: the main thread reads requests and answers the bounded ones (files, terminal
+//! input and sizes) itself; each exec has a thread (plus one per pipe), each terminal one; one writer thread
+//! owns stdout, fed by a queue, so frames stay whole and each request's frames stay in order.
 //!
 //! `orchard-agent` serves one manager on stdin/stdout and ends with it (its commands too).
 //! `orchard-agent --listen PATH` serves the same protocol on a unix socket at PATH instead (mode 0600; a
 //! stale socket there is replaced), one connection at a time, each opened by its own ready frame. When a
-//! connection closes, its commands keep running but their frames are dropped; the next connection starts
-//! afresh (new request ids, new exec marks). SIGTERM kills every command, removes PATH and exits 0.
+//! connection closes, its commands keep running but their frames are dropped, and its terminals are killed;
+//! the next connection starts afresh (new request ids, new exec marks). SIGTERM kills every command, removes
+//! PATH and exits 0.
 //! `orchard-agent --listen-tcp HOST:PORT` serves it over TCP to managers that send the shared token first
 //! (see tcp.rs). `orchard-agent --install DEST` copies this binary to DEST (mode 0755) and exits: how a
 //! Kubernetes init container puts the agent into a sandbox image from an image holding nothing else.
@@ -20,6 +21,7 @@ mod exec;
 mod files;
 mod frame;
 mod json;
+mod pty;
 mod sys;
 mod tcp;
 
@@ -110,8 +112,28 @@ fn handle(agent: &Arc<exec::Agent>, header: Value, body: Vec<u8>) {
                 items.push(("ev".into(), s("ok")));
                 Value::Obj(items)
             }
-            "pty" | "pty_input" | "pty_resize" | "pty_ack" => {
-                return Err(Failure::Internal("pty is not supported by this agent yet".into()));
+            "pty" => {
+                let id = rid.as_i64().ok_or_else(|| Failure::Internal("TypeError: id must be an integer".into()))?;
+                pty::start(agent, id, &header)?; // replies with its own events
+                return Ok(Value::Null);
+            }
+            "pty_input" | "pty_resize" | "pty_ack" => {
+                let target = field(&header, "target")?;
+                let term = target.as_i64().and_then(|t| agent.ptys.lock().unwrap().get(&t).cloned());
+                if let Some(term) = term {
+                    match op.as_str() {
+                        "pty_input" => {
+                            term.type_input(rid.clone(), body.clone(), agent); // answered once typed
+                            return Ok(Value::Null);
+                        }
+                        "pty_resize" => {
+                            let (rows, cols) = pty::window(&header)?;
+                            term.resize(rows, cols).map_err(|e| Failure::os(&e, "").without_name())?;
+                        }
+                        _ => term.ack(files::int_field(&header, "consumed")?),
+                    }
+                }
+                with_id(vec![], &rid) // a terminal that has ended: nothing to do
             }
             _ => return Err(Failure::Internal(format!("ValueError: unknown op '{}'", op))),
         })
@@ -134,6 +156,7 @@ fn new_agent(out: Arc<frame::Out>) -> Arc<exec::Agent> {
     let agent = Arc::new(exec::Agent {
         out,
         jobs: Mutex::new(HashMap::new()),
+        ptys: Mutex::new(HashMap::new()),
         tag: random_tag(),
         base_env: exec::env_snapshot(),
         not_commands: vec![own, parent, 1],
@@ -242,6 +265,7 @@ fn serve_connection(mut stream: impl Stream) -> std::io::Result<()> {
     let served = serve(&agent, &mut stream);
     stream.end(); // a writer blocked on a full socket fails now
     agent.out.close(); // the running commands' frames are dropped from here on
+    agent.kill_terminals(); // nobody can type into them or take their output any more
     served
 }
 

@@ -8,10 +8,10 @@ use std::os::raw::{c_char, c_int};
 use std::os::unix::io::{FromRawFd, OwnedFd};
 
 #[repr(C)]
-struct PollFd {
-    fd: c_int,
-    events: i16,
-    revents: i16,
+pub struct PollFd {
+    pub fd: c_int,
+    pub events: i16,
+    pub revents: i16,
 }
 
 extern "C" {
@@ -27,6 +27,8 @@ extern "C" {
     fn sigaddset(set: *mut SigSet, sig: c_int) -> c_int;
     fn pthread_sigmask(how: c_int, set: *const SigSet, old: *mut SigSet) -> c_int;
     fn sigwait(set: *const SigSet, sig: *mut c_int) -> c_int;
+    fn ioctl(fd: c_int, request: u64, ...) -> c_int;
+    fn eventfd(initval: u32, flags: c_int) -> c_int;
 }
 
 /// glibc's sigset_t: 1024 bits.
@@ -75,9 +77,20 @@ pub fn with_umask<T>(mask: u32, f: impl FnOnce() -> T) -> T {
 pub const SIGKILL: c_int = 9;
 pub const POLLIN: i16 = 0x1;
 pub const POLLOUT: i16 = 0x4;
+pub const POLLERR: i16 = 0x8;
+pub const POLLHUP: i16 = 0x10;
 const SYS_PIDFD_OPEN: i64 = 434;
 const F_GETFD: c_int = 1;
 const F_SETFD: c_int = 2;
+const F_GETFL: c_int = 3;
+const F_SETFL: c_int = 4;
+const O_RDWR: c_int = 2;
+const O_NOCTTY: c_int = 0o400;
+const TIOCSWINSZ: u64 = 0x5414;
+const TIOCSCTTY: u64 = 0x540e;
+const TIOCGPTN: u64 = 0x8004_5430;
+const TIOCSPTLCK: u64 = 0x4004_5431;
+const TIOCGPTPEER: u64 = 0x5441;
 const FD_CLOEXEC: c_int = 1;
 const O_CLOEXEC: c_int = 0o2000000;
 pub const O_NONBLOCK: i32 = 0o4000;
@@ -97,9 +110,14 @@ pub fn sigkill(pid: i32) {
 
 /// Wait until fd is ready for `events` or timeout_ms passes (-1: no limit). Ok(true) when ready (or hung up).
 pub fn wait_fd(fd: i32, events: i16, timeout_ms: i32) -> io::Result<bool> {
-    let mut entry = PollFd { fd, events, revents: 0 };
+    let mut entry = [PollFd { fd, events, revents: 0 }];
+    Ok(wait_fds(&mut entry, timeout_ms)? > 0)
+}
+
+/// poll(2) over several fds (their revents set); how many are ready, 0 when timeout_ms passed first.
+pub fn wait_fds(fds: &mut [PollFd], timeout_ms: i32) -> io::Result<usize> {
     loop {
-        let n = unsafe { poll(&mut entry, 1, timeout_ms) };
+        let n = unsafe { poll(fds.as_mut_ptr(), fds.len() as u64, timeout_ms) };
         if n < 0 {
             let err = io::Error::last_os_error();
             if err.kind() == io::ErrorKind::Interrupted {
@@ -107,7 +125,7 @@ pub fn wait_fd(fd: i32, events: i16, timeout_ms: i32) -> io::Result<bool> {
             }
             return Err(err);
         }
-        return Ok(n > 0);
+        return Ok(n as usize);
     }
 }
 
@@ -162,4 +180,66 @@ pub fn strerror(errno: i32) -> String {
         Some(at) => text[..at].to_string(),
         None => text,
     }
+}
+
+fn check(result: c_int) -> io::Result<c_int> {
+    if result < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(result)
+    }
+}
+
+/// A new pseudo-terminal as (master, slave), both close-on-exec and neither the agent's controlling terminal:
+/// /dev/ptmx, unlocked, and its peer opened through the master (TIOCGPTPEER, Linux 4.13+: no path lookup), else
+/// by its /dev/pts name. What glibc's openpty does, without libutil (not in every static libc).
+pub fn openpty() -> io::Result<(File, File)> {
+    use std::os::unix::fs::OpenOptionsExt;
+    use std::os::unix::io::AsRawFd;
+    let open = |path: &str| std::fs::OpenOptions::new().read(true).write(true).custom_flags(O_NOCTTY).open(path);
+    let master = open("/dev/ptmx")?;
+    let fd = master.as_raw_fd();
+    let unlock: c_int = 0;
+    check(unsafe { ioctl(fd, TIOCSPTLCK, &unlock as *const c_int) })?;
+    let peer = unsafe { ioctl(fd, TIOCGPTPEER, (O_RDWR | O_NOCTTY | O_CLOEXEC) as u64) };
+    if peer >= 0 {
+        return Ok((master, unsafe { File::from_raw_fd(peer) }));
+    }
+    let mut number: u32 = 0;
+    check(unsafe { ioctl(fd, TIOCGPTN, &mut number as *mut u32) })?;
+    let slave = open(&format!("/dev/pts/{}", number))?;
+    Ok((master, slave))
+}
+
+#[repr(C)]
+struct WinSize {
+    rows: u16,
+    cols: u16,
+    x_pixels: u16,
+    y_pixels: u16,
+}
+
+/// Set a terminal's size (the kernel sends SIGWINCH to its foreground process group).
+pub fn set_window_size(fd: i32, rows: u16, cols: u16) -> io::Result<()> {
+    let size = WinSize { rows, cols, x_pixels: 0, y_pixels: 0 };
+    check(unsafe { ioctl(fd, TIOCSWINSZ, &size as *const WinSize) })?;
+    Ok(())
+}
+
+/// In a new session's leader (a pre_exec hook): make the terminal on fd 0 its controlling terminal.
+pub fn take_terminal() -> io::Result<()> {
+    check(unsafe { ioctl(0, TIOCSCTTY, 0u64) })?;
+    Ok(())
+}
+
+pub fn set_nonblocking(fd: i32) -> io::Result<()> {
+    let flags = check(unsafe { fcntl(fd, F_GETFL) })?;
+    check(unsafe { fcntl(fd, F_SETFL, flags | O_NONBLOCK) })?;
+    Ok(())
+}
+
+/// A non-blocking, close-on-exec eventfd: a counter one thread bumps to wake another from poll.
+pub fn event_fd() -> io::Result<File> {
+    let fd = check(unsafe { eventfd(0, O_CLOEXEC | O_NONBLOCK) })?;
+    Ok(unsafe { File::from_raw_fd(fd) })
 }

@@ -1,4 +1,4 @@
-"""The manager's side of the in-sandbox agent protocol (framing in agent/agent.py)."""
+"""The manager's side of the in-sandbox agent protocol: agent-rs/PROTOCOL.md (framing in agent/agent.py)."""
 
 from __future__ import annotations
 

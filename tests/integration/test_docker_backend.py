@@ -21,6 +21,7 @@ import pytest
 from env_helpers import EnvServer, StartEnv, duration, run
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from podman_engine import PodmanEngine, skip_unless_podman
+from test_env_pty import open_term
 from test_env_service import REPO_SETUP, download, rpc_error, upload
 
 from orchard.env.v1 import env_pb2 as pb
@@ -378,6 +379,25 @@ async def test_snapshots_are_committed_images(podman: str, start_env: StartEnv) 
     assert [tag.rpartition(":")[2] for tag in _snapshot_images(podman)] == ["a", "b"]  # b stacks deleted a
     await stub.DeleteSnapshot(pb.DeleteSnapshotRequest(snapshot_id="b"), timeout=30)
     assert _snapshot_images(podman) == []
+
+
+async def test_terminal_in_a_container(podman: str, start_env: StartEnv) -> None:
+    """OpenPty on a container: bash on a /dev/pts terminal of the asked size, input, a resize, and its exit code;
+    a program that cannot start says why and exits 127."""
+    env = await _start_docker(start_env, podman)
+    sid = await _create(env)
+    term = await open_term(env.stub, sid, rows=30, cols=100)
+    await term.send(b"echo hi-$((1+1)); tty; stty size\n")
+    await term.until(rb"hi-2")
+    await term.until(rb"/dev/pts/\d+")
+    await term.until(rb"[\r\n]30 100\r")
+    await term.resize(50, 132)
+    await term.send(b"stty size; exit 3\n")
+    await term.until(rb"[\r\n]50 132\r")
+    assert await term.until_end() == 3
+    term = await open_term(env.stub, sid, argv=["no-such-program"])
+    await term.until(rb"cannot start 'no-such-program'")
+    assert await term.until_end() == 127
 
 
 async def test_gvisor_isolation_runs_on_a_user_space_kernel(engine: PodmanEngine, start_env: StartEnv) -> None:

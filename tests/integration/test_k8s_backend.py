@@ -17,6 +17,7 @@ import grpc
 import pytest
 from env_helpers import EnvServer, StartEnv, duration, run
 from k8s_fake_api import FakeKubernetes
+from test_env_pty import open_term
 from test_env_service import download, upload
 
 from orchard.env.v1 import env_pb2 as pb
@@ -73,7 +74,7 @@ async def eventually(check: Any, timeout: float = 10.0) -> None:
 
 
 async def test_sandbox_pod_lifecycle(fake: FakeKubernetes, start_env: StartEnv, tmp_path: Path) -> None:
-    """Create makes a labelled pod with requests = limits; exec, files and a patch go over the Pod IP; the
+    """Create makes a labelled pod with requests = limits; exec, files, a patch and a terminal go over the Pod IP; the
     create waits on the watch (no pod GETs or lists); delete removes the pod and its agent."""
     env = await start_k8s_env(start_env, fake, tmp_path)
     stub = env.stub
@@ -124,6 +125,11 @@ async def test_sandbox_pod_lifecycle(fake: FakeKubernetes, start_env: StartEnv, 
     patch = "--- a/a.txt\n+++ b/a.txt\n@@ -1,2 +1,2 @@\n one\n-two\n+TWO\n"
     applied = await stub.ApplyPatch(pb.ApplyPatchRequest(sandbox_id=sid, patch=patch), timeout=30)
     assert list(applied.files) == ["a.txt"] and (work / "a.txt").read_text() == "one\nTWO\n"
+    term = await open_term(stub, sid, argv=["sh", "-c", "stty size; read x; echo got-$x; exit 4"], rows=30, cols=90)
+    await term.until(rb"30 90\r")
+    await term.send(b"typed\n")
+    await term.until(rb"got-typed")
+    assert await term.until_end() == 4  # a terminal over the Pod IP
 
     agent = fake.procs[NS, meta["name"]]
     await stub.DeleteSandbox(pb.DeleteSandboxRequest(sandbox_id=sid), timeout=30)

@@ -3,9 +3,10 @@
 It speaks length-prefixed frames over a byte stream (stdin/stdout locally) so starting a command costs a
 fork, not a new sandbox. Standard library only, Python >= 3.9: it runs on the image's own interpreter.
 
-Frame: u32 total length, u32 header length, JSON header, then raw body bytes (total = 4 + header + body).
-Requests carry {"id": int, "op": str, ...}; every reply carries the same id. An exec replies with a
-stream of events ("out" chunks, then "exit"); every other op replies once with "ok" or "error".
+The protocol (every op, frame and error) is written down in agent-rs/PROTOCOL.md; the native agent there
+speaks the same. Frame: u32 total length, u32 header length, JSON header, then raw body bytes (total = 4 +
+header + body). Requests carry {"id": int, "op": str, ...}; every reply carries the same id. An exec replies
+with a stream of events ("out" chunks, then "exit"); every other op replies once with "ok" or "error".
 
 A "pty" op runs a program on a pseudo-terminal and replies like an exec ("out" chunks, no fd, then "exit").
 Ops aimed at it by "target" id: "pty_input" (body: keystrokes), "pty_resize" (rows, cols), "pty_ack"

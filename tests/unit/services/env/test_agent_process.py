@@ -294,12 +294,13 @@ async def test_reading_a_fifo_does_not_hang_the_agent(agent: Agent, tmp_path: Pa
     """Files open non-blocking: a FIFO with no writer fails at once instead of stopping the agent."""
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
-    with pytest.raises(OrchardError):
+    with pytest.raises(FailedPrecondition, match=f"^not a regular file: {fifo}$"):
         await asyncio.wait_for(agent.client.call("read", path=str(fifo), offset=0, length=10), 5)
+    with pytest.raises(FailedPrecondition, match="^not a regular file: /dev/zero$"):
+        await agent.client.call("read", path="/dev/zero", offset=0, length=10)
     await agent.client.call("ping")
 
 
-@python_only("the native agent has no pty yet (it answers pty ops with an error)")
 async def test_pty_is_the_controlling_terminal(agent: Agent) -> None:
     """A pty program has its terminal as controlling tty, gets typed input, and reports its exit."""
     session = await agent.client.open_pty(
@@ -310,6 +311,134 @@ async def test_pty_is_the_controlling_terminal(agent: Agent) -> None:
     async for event in session:
         output += event.data
     assert b"got=hello" in output and session.exit_code == 4
+
+
+async def pty_output(session: agent_client.PtySession) -> bytes:
+    output = b""
+    async for event in session:
+        output += event.data
+    return output
+
+
+async def test_pty_size_resize_and_env(agent: Agent) -> None:
+    """The terminal starts at the requested size, a resize shows (the program gets SIGWINCH), TERM is set,
+    and the request's env and cwd apply."""
+    session = await agent.client.open_pty(
+        ["sh", "-c", "stty size; echo $TERM $FOO $(pwd); read x; stty size"],
+        cwd="/tmp",
+        env={"FOO": "bar"},
+        rows=30,
+        cols=100,
+    )
+    assert isinstance(await session.started(), int)
+    output = b""
+    async for event in session:
+        output += event.data
+        if output.endswith(b"/tmp\r\n"):
+            break
+    assert output == b"30 100\r\nxterm-256color bar /tmp\r\n", output
+    await session.resize(40, 120)
+    await session.send_input(b"\n")
+    assert (await pty_output(session)).endswith(b"40 120\r\n")
+    assert (session.exit_code, session.signal) == (0, None)
+
+
+async def test_pty_input_waits_for_room_and_keeps_order(agent: Agent) -> None:
+    """Input larger than the terminal's buffer is written as the program reads it, every byte in order."""
+    session = await agent.client.open_pty(
+        ["sh", "-c", "stty raw -echo; head -c 300000 | md5sum"], cwd="/", env={}, rows=24, cols=80
+    )
+    data = bytes(range(256)) * 1000 + b"x" * 44_000
+    await session.started()
+    await asyncio.sleep(0.2)  # stty has switched the terminal to raw (no line editing, no signals) by now
+    await asyncio.gather(session.send_input(data[:150_000]), session.send_input(data[150_000:]))
+    import hashlib
+
+    output = await pty_output(session)
+    assert hashlib.md5(data).hexdigest().encode() in output, output
+    assert session.exit_code == 0
+
+
+async def test_pty_cannot_start(agent: Agent) -> None:
+    """A program that cannot start: no started event, the reason on the terminal, exit 127."""
+    session = await agent.client.open_pty(["no-such-program"], cwd="/", env={}, rows=24, cols=80)
+    assert await session.started() is None
+    output = await pty_output(session)
+    assert output == b"cannot start 'no-such-program': No such file or directory: no-such-program\r\n"
+    assert session.exit_code == 127
+    session = await agent.client.open_pty(["true"], cwd="/no-such-dir", env={}, rows=24, cols=80)
+    assert await pty_output(session) == b"cannot start 'true': No such file or directory: /no-such-dir\r\n"
+    await agent.client.call("ping")
+
+
+async def test_pty_kill_ends_the_tree_with_its_signal(agent: Agent) -> None:
+    """kill (what closing a session does) kills the program's whole tree, what left its session too; the exit
+    says which signal; input and resizes to the ended session are answered, and do nothing."""
+    session = await agent.client.open_pty(
+        ["sh", "-c", "setsid sleep 60 & echo ready; exec sleep 60"], cwd="/", env={}, rows=24, cols=80
+    )
+    pid = await session.started()
+    assert pid is not None
+    async for event in session:
+        if b"ready" in event.data:
+            break
+    await session.kill()
+    await pty_output(session)
+    assert (session.exit_code, session.signal) == (137, 9)
+    assert state_of(pid) in (None, "Z")
+    await agent.client.call("pty_input", b"late\n", target=session._rid)
+    await agent.client.call("pty_resize", target=session._rid, rows=10, cols=10)
+    await session.close()
+
+
+async def test_pty_program_end_ends_the_session(agent: Agent) -> None:
+    """The session ends with its program: what it left running in the background does not hold it open."""
+    start = time.monotonic()
+    session = await agent.client.open_pty(["sh", "-c", "sleep 60 & echo done"], cwd="/", env={}, rows=24, cols=80)
+    assert b"done" in await pty_output(session)
+    assert session.exit_code == 0 and time.monotonic() - start < 10
+
+
+async def test_pty_output_waits_for_acks(agent: Agent) -> None:
+    """The agent stops reading the terminal while PTY_WINDOW output bytes are unacknowledged (the program
+    waits); each ack lets more through, and all of it arrives."""
+    size = 4 * agent_client.PTY_WINDOW
+    rid = 999
+    queue: asyncio.Queue[tuple[dict[str, Any], bytes] | None] = asyncio.Queue()
+    agent.client._waiters[rid] = queue
+    await agent.client._send(
+        {
+            "id": rid,
+            "op": "pty",
+            "argv": ["sh", "-c", f"stty raw -echo; head -c {size} /dev/zero"],
+            "cwd": "/",
+            "env": {},
+            "rows": 24,
+            "cols": 80,
+        }
+    )
+    received, exit_head = 0, None
+
+    async def take(quiet: float) -> None:
+        nonlocal received, exit_head
+        while exit_head is None:
+            try:
+                frame = await asyncio.wait_for(queue.get(), quiet)
+            except TimeoutError:
+                return
+            assert frame is not None
+            if frame[0]["ev"] == "out":
+                received += len(frame[1])
+            elif frame[0]["ev"] == "exit":
+                exit_head = frame[0]
+
+    await take(1.0)
+    assert agent_client.PTY_WINDOW <= received < agent_client.PTY_WINDOW + (64 << 10), received
+    while exit_head is None:
+        await agent.client.call("pty_ack", target=rid, consumed=received)
+        await take(1.0)
+    assert received == size and exit_head["code"] == 0, (received, exit_head)
+    del agent.client._waiters[rid]
 
 
 async def test_agent_exit_kills_running_commands(agent: Agent) -> None:
@@ -653,5 +782,29 @@ async def test_native_agent_on_a_socket_ends_on_sigterm(tmp_path: Path) -> None:
         with pytest.raises(OrchardError):
             await asyncio.wait_for(task, 5)
         await client.close("the test ended")
+    finally:
+        await stop_listening(proc)
+
+
+async def test_native_agent_on_a_socket_kills_the_terminals_of_a_closed_connection(tmp_path: Path) -> None:
+    """A terminal lives in its connection (no later one can type into it or take its output): when the
+    connection closes, its program is killed; the agent serves the next connection."""
+    path = tmp_path / "agent.sock"
+    proc = await start_listening(path)
+    try:
+        client = await connect(path, "pty-1")
+        session = await client.open_pty(["sleep", "60"], cwd="/", env={}, rows=24, cols=80)
+        pid = await session.started()
+        assert pid is not None and state_of(pid) not in (None, "Z")
+        await client.close("the manager restarts")
+        deadline = time.monotonic() + 5
+        while state_of(pid) not in (None, "Z") and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert state_of(pid) in (None, "Z")
+        client = await connect(path, "pty-2")
+        try:
+            await client.call("ping")
+        finally:
+            await client.close("the test ended")
     finally:
         await stop_listening(proc)
