@@ -86,7 +86,7 @@ def main() -> None:
             engine.host,
             "--docker-gvisor-host",
             engine.gvisor_host,
-            "--docker-agent-path",
+            "--agent-path",
             agent.stdout.strip(),
         )
         with env_service(*flags) as (address, _):

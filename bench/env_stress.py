@@ -3,7 +3,8 @@
 Starts its own env service (`orchard serve env`) on a free port and drives it with the async SDK, with at most
 --concurrency calls in flight. Prints one JSON object: success counts, end-to-end time, p50/p90/p99 of create,
 exec and delete, the service's peak memory, and memory per idle sandbox (the machine's used memory with all
-sandboxes alive and idle, minus before, divided by N). The baseline is the same machine before the run.
+sandboxes alive and idle, minus before, divided by N) and the PSS of the sandboxes' own processes (bwrap and the
+in-sandbox agent) per sandbox. The baseline is the same machine before the run.
 
     python bench/env_stress.py [--sandboxes 1000] [--concurrency 64] [--image python:3.11-slim]
 """
@@ -40,8 +41,8 @@ def used_memory_bytes() -> int:
     return info["MemTotal"] - info["MemAvailable"]
 
 
-def tree_rss_bytes(root: int) -> int:
-    """RSS of a process and all its descendants (the service and every sandbox process)."""
+def descendants(root: int) -> list[int]:
+    """The pids of a process's descendants (every sandbox process, for the service)."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -50,17 +51,34 @@ def tree_rss_bytes(root: int) -> int:
             except OSError:
                 continue
             children.setdefault(ppid, []).append(int(entry))
-    total, stack = 0, [root]
+    found, stack = [], list(children.get(root, []))
     while stack:
         pid = stack.pop()
+        found.append(pid)
         stack += children.get(pid, [])
-        try:
-            for line in open(f"/proc/{pid}/status"):
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1]) * 1024
-        except OSError:
-            pass
-    return total
+    return found
+
+
+def memory_bytes(pid: int, key: str, table: str) -> int:
+    """One figure (e.g. VmRSS of status, Pss of smaps_rollup) of a process, 0 once it is gone."""
+    try:
+        for line in open(f"/proc/{pid}/{table}"):
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def tree_rss_bytes(root: int) -> int:
+    """RSS of a process and all its descendants (the service and every sandbox process)."""
+    return sum(memory_bytes(pid, "VmRSS", "status") for pid in [root, *descendants(root)])
+
+
+def sandboxes_pss_bytes(root: int) -> int:
+    """PSS of the service's descendants: every sandbox's processes (bwrap and the in-sandbox agent), each shared
+    page counted once over all of them."""
+    return sum(memory_bytes(pid, "Pss", "smaps_rollup") for pid in descendants(root))
 
 
 async def sample_peak(pid: int, peak: dict[str, int], stop: asyncio.Event) -> None:
@@ -114,6 +132,7 @@ async def run(args: argparse.Namespace, address: str, service_pid: int) -> dict[
         await asyncio.sleep(2)  # let the sandboxes settle, then measure them idle
         idle_used = used_memory_bytes()
         idle_tree = await asyncio.to_thread(tree_rss_bytes, service_pid)
+        idle_pss = await asyncio.to_thread(sandboxes_pss_bytes, service_pid)
 
         async def exec_one(sandbox) -> bool:  # type: ignore[no-untyped-def]
             async with gate:
@@ -160,6 +179,7 @@ async def run(args: argparse.Namespace, address: str, service_pid: int) -> dict[
         "peak_service_tree_rss_mib": round(peak["service_tree_rss"] / 2**20),
         "idle_mib_per_sandbox": round((idle_used - baseline) / max(1, len(sandboxes)) / 2**20, 2),
         "idle_service_tree_rss_mib_per_sandbox": round(idle_tree / max(1, len(sandboxes)) / 2**20, 2),
+        "idle_sandbox_pss_mib_per_sandbox": round(idle_pss / max(1, len(sandboxes)) / 2**20, 2),
         "errors": errors,
         "targets": {"success_rate": 1.0, "end_to_end_s": 60, "idle_mib_per_sandbox": 10},
     }

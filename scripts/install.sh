@@ -44,8 +44,8 @@ fi
 .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps miniwob==1.1.0 2>&1 \
   | grep -v '^WARNING: Location' || true
 .venv/bin/orchard --help >/dev/null
-# The native agent: the docker and kubernetes backends bind it into sandboxes, and the tests that use it would
-# otherwise skip. build_agent.sh does nothing when the binary is newer than its sources.
+# The native agent: every sandbox runs it (the local and docker backends bind it in; without it they do not
+# start). build_agent.sh does nothing when the binary is newer than its sources.
 bash scripts/build_agent.sh >/dev/null
 
 # 3. The default sandbox image (debootstrap, about a minute the first time, cached after).

@@ -55,12 +55,15 @@ impl Agent {
         format!("{}-{}", self.tag, rid)
     }
 
-    pub fn cancel(&self, target: i64, reason: Value) {
-        let job = self.jobs.lock().unwrap().get(&target).cloned();
-        if let Some(job) = job {
+    /// Kill the tree of job target (if it still runs), then call `answered` (which sends the cancel's reply):
+    /// all with the jobs locked, so the target's exit frame (sent once it is out of jobs) comes after the reply.
+    pub fn cancel(&self, target: i64, reason: Value, answered: impl FnOnce()) {
+        let jobs = self.jobs.lock().unwrap();
+        if let Some(job) = jobs.get(&target) {
             job.reasons.lock().unwrap().push(reason);
             self.kill_tree(job.pid, job.rid);
         }
+        answered();
     }
 
     /// The manager is gone: so are the commands.
@@ -76,7 +79,7 @@ impl Agent {
     pub fn kill_terminals(&self) {
         let rids: Vec<i64> = self.ptys.lock().unwrap().keys().cloned().collect();
         for rid in rids {
-            self.cancel(rid, s("closed"));
+            self.cancel(rid, s("closed"), || {});
         }
     }
 
@@ -141,9 +144,32 @@ fn spawn_thread(name: &str, f: impl FnOnce() + Send + 'static) -> std::thread::J
     std::thread::Builder::new().name(name.into()).stack_size(THREAD_STACK).spawn(f).expect("thread")
 }
 
-/// Handle an exec request: replies with its own events, from its own thread.
-pub fn start(agent: Arc<Agent>, rid: i64, header: Value, body: Vec<u8>) {
-    spawn_thread("exec", move || run(&agent, rid, &header, body));
+/// Handle an exec request: replies with its own events. The command starts here, so that the next request (a
+/// cancel) finds it; its thread does the rest.
+pub fn start(agent: &Arc<Agent>, rid: i64, header: &Value, body: Vec<u8>) {
+    let started = match spawn(agent, rid, header, !body.is_empty()) {
+        Ok(started) => started,
+        Err(StartError::Cannot(message)) => {
+            let frame = obj(vec![
+                ("id", Value::Int(rid)),
+                ("ev", s("exit")),
+                ("code", Value::Int(127)),
+                ("error", s(&format!("cannot start: {}", message))),
+                ("totals", Value::Arr(vec![Value::Int(0), Value::Int(0)])),
+                ("reason", Value::Null),
+            ]);
+            agent.out.send(&frame, b"");
+            return;
+        }
+        Err(StartError::Request(failure)) => {
+            agent.out.send(&failure.reply(&Value::Int(rid)), b"");
+            return;
+        }
+    };
+    let job = Job::new(started.child.id() as i32, rid);
+    agent.jobs.lock().unwrap().insert(rid, job.clone());
+    let (agent, header) = (agent.clone(), header.clone());
+    spawn_thread("exec", move || run(&agent, &job, &header, started, body));
 }
 
 fn exit_frame(rid: i64, code: i64, totals: [u64; 2], reason: Value, error: Value) -> Value {
@@ -299,47 +325,20 @@ fn spawn(agent: &Agent, rid: i64, header: &Value, has_stdin: bool) -> Result<Sta
     Ok(Started { child, out_r, err_r, stdin_w })
 }
 
-fn run(agent: &Arc<Agent>, rid: i64, header: &Value, body: Vec<u8>) {
+fn run(agent: &Arc<Agent>, job: &Job, header: &Value, started: Started, body: Vec<u8>) {
     let cap = header.get("max_output").and_then(Value::as_i64).unwrap_or(1 << 20).max(0) as u64;
-    let started = match spawn(agent, rid, header, !body.is_empty()) {
-        Ok(started) => started,
-        Err(StartError::Cannot(message)) => {
-            let frame = obj(vec![
-                ("id", Value::Int(rid)),
-                ("ev", s("exit")),
-                ("code", Value::Int(127)),
-                ("error", s(&format!("cannot start: {}", message))),
-                ("totals", Value::Arr(vec![Value::Int(0), Value::Int(0)])),
-                ("reason", Value::Null),
-            ]);
-            agent.out.send(&frame, b"");
-            return;
-        }
-        Err(StartError::Request(failure)) => {
-            agent.out.send(&failure.reply(&Value::Int(rid)), b"");
-            return;
-        }
-    };
     let Started { mut child, out_r, err_r, stdin_w } = started;
-    let pid = child.id() as i32;
-    let job = Job::new(pid, rid);
-    agent.jobs.lock().unwrap().insert(rid, job.clone());
+    let (pid, rid) = (job.pid, job.rid);
 
     let exited = Arc::new(AtomicBool::new(false)); // output then drains regardless of the manager's pace
     let stop = Arc::new(AtomicBool::new(false)); // stop reading and writing the pipes
-    let (done_tx, done_rx) = mpsc::channel::<()>();
-    let mut readers = Vec::new();
-    for (pipe, stream) in [(out_r, 1u8), (err_r, 2u8)] {
-        let (out, exited, stop, done) = (agent.out.clone(), exited.clone(), stop.clone(), done_tx.clone());
-        let head = obj(vec![("id", Value::Int(rid)), ("ev", s("out")), ("fd", Value::Int(stream as i64))]);
-        let (tx, rx) = mpsc::channel::<u64>();
-        readers.push((spawn_thread("reader", move || {
-            let total = forward(pipe, &head, cap, &out, &exited, &stop);
-            let _ = tx.send(total);
-            let _ = done.send(());
-        }), rx));
-    }
-    drop(done_tx);
+    let (done_tx, done_rx) = mpsc::channel::<[u64; 2]>();
+    let reader = {
+        let (out, exited, stop) = (agent.out.clone(), exited.clone(), stop.clone());
+        spawn_thread("reader", move || {
+            let _ = done_tx.send(forward([out_r, err_r], rid, cap, &out, &exited, &stop));
+        })
+    };
     if let Some(stdin_w) = stdin_w {
         let stop = stop.clone();
         spawn_thread("stdin", move || feed(stdin_w, body, &stop));
@@ -347,24 +346,16 @@ fn run(agent: &Arc<Agent>, rid: i64, header: &Value, body: Vec<u8>) {
 
     let timeout = header.get("timeout").and_then(Value::as_f64).filter(|t| *t > 0.0);
     let deadline = timeout.map(|t| Instant::now() + Duration::from_secs_f64(t.min(1e9)));
-    let status = wait_child(agent, &job, &mut child, deadline);
+    let status = wait_child(agent, job, &mut child, deadline);
     exited.store(true, Ordering::Relaxed);
 
-    let drain_until = Instant::now() + DRAIN_AFTER_EXIT;
-    for _ in 0..2 {
-        let left = drain_until.saturating_duration_since(Instant::now());
-        if done_rx.recv_timeout(left).is_err() {
-            break;
-        }
-    }
+    // Its pipes at end of file, or DRAIN_AFTER_EXIT passed (background children may hold them open).
+    let drained = done_rx.recv_timeout(DRAIN_AFTER_EXIT).ok();
     stop.store(true, Ordering::Relaxed);
     agent.kill_tree(pid, rid); // leftovers of a finished command die with it
     agent.jobs.lock().unwrap().remove(&rid);
-    let mut totals = [0u64; 2];
-    for (i, (handle, rx)) in readers.into_iter().enumerate() {
-        let _ = handle.join();
-        totals[i] = rx.recv().unwrap_or(0);
-    }
+    let _ = reader.join();
+    let totals = drained.or_else(|| done_rx.try_recv().ok()).unwrap_or([0, 0]);
     let code = match status {
         Some(status) => status.code().map(i64::from).or(status.signal().map(|n| 128 + n as i64)).unwrap_or(255),
         None => 255,
@@ -406,43 +397,62 @@ fn wait_child(agent: &Agent, job: &Job, child: &mut std::process::Child, deadlin
     }
 }
 
-/// Send what the command writes to one pipe (up to the cap; the rest is only counted); its total.
-fn forward(mut pipe: File, head: &Value, cap: u64, out: &Out, exited: &AtomicBool, stop: &AtomicBool) -> u64 {
-    let raw_head = head.dumps();
+/// Send what the command writes to its stdout and stderr (up to the cap on each; the rest is only counted), in
+/// the order the pipes became readable; the two totals, once both pipes are at end of file (or `stop`).
+fn forward(pipes: [File; 2], rid: i64, cap: u64, out: &Out, exited: &AtomicBool, stop: &AtomicBool) -> [u64; 2] {
+    let heads: Vec<String> = [1, 2]
+        .iter()
+        .map(|fd| obj(vec![("id", Value::Int(rid)), ("ev", s("out")), ("fd", Value::Int(*fd))]).dumps())
+        .collect();
+    let mut totals = [0u64; 2];
+    let epoll = match sys::Epoll::new() {
+        Ok(epoll) => epoll,
+        Err(_) => return totals,
+    };
+    let mut open = [false; 2];
+    for (i, pipe) in pipes.iter().enumerate() {
+        open[i] = epoll.add(pipe.as_raw_fd(), sys::EPOLLIN, i as u64).is_ok();
+    }
     let mut buf = vec![0u8; CHUNK];
-    let mut total = 0u64;
-    loop {
+    while open[0] || open[1] {
         if stop.load(Ordering::Relaxed) {
-            return total;
+            break;
         }
-        match sys::wait_fd(pipe.as_raw_fd(), sys::POLLIN, POLL_MS) {
-            Ok(false) => continue,
-            Ok(true) => {}
-            Err(_) => return total,
-        }
-        if stop.load(Ordering::Relaxed) {
-            return total;
-        }
-        let n = match pipe.read(&mut buf) {
-            Ok(0) => return total,
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(_) => return total,
+        let ready = match epoll.wait(POLL_MS) {
+            Ok(ready) => ready,
+            Err(_) => break,
         };
-        let sent = total;
-        total += n as u64;
-        if sent < cap {
-            let take = ((cap - sent) as usize).min(n);
-            let mut frame = Vec::with_capacity(8 + raw_head.len() + take);
-            frame.extend_from_slice(&((4 + raw_head.len() + take) as u32).to_be_bytes());
-            frame.extend_from_slice(&(raw_head.len() as u32).to_be_bytes());
-            frame.extend_from_slice(raw_head.as_bytes());
-            frame.extend_from_slice(&buf[..take]);
-            out.push(frame);
-            // The manager is behind: leave the output in the pipe (the command waits on it).
-            out.wait_for_room(exited);
+        for token in ready {
+            let i = token as usize;
+            if !open[i] || stop.load(Ordering::Relaxed) {
+                continue;
+            }
+            let n = match (&pipes[i]).read(&mut buf) {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => 0,
+            };
+            if n == 0 {
+                open[i] = false;
+                epoll.remove(pipes[i].as_raw_fd());
+                continue;
+            }
+            let sent = totals[i];
+            totals[i] += n as u64;
+            if sent < cap {
+                let (head, take) = (&heads[i], ((cap - sent) as usize).min(n));
+                let mut frame = Vec::with_capacity(8 + head.len() + take);
+                frame.extend_from_slice(&((4 + head.len() + take) as u32).to_be_bytes());
+                frame.extend_from_slice(&(head.len() as u32).to_be_bytes());
+                frame.extend_from_slice(head.as_bytes());
+                frame.extend_from_slice(&buf[..take]);
+                out.push(frame);
+                // The manager is behind: leave the output in the pipes (the command waits on them).
+                out.wait_for_room(exited);
+            }
         }
     }
+    totals
 }
 
 /// Write the command's stdin as its pipe takes it, then close it. EPIPE (the command did not read it all)

