@@ -51,6 +51,12 @@ def group_advantages(rewards: torch.Tensor, group_ids: list[str]) -> torch.Tenso
     return out
 
 
+def scale_negative(advantages: torch.Tensor, scale: float) -> torch.Tensor:
+    """The advantages with the negative ones multiplied by `scale` (1: unchanged; 0: only the rollouts better than
+    their group's mean train)."""
+    return torch.where(advantages < 0, advantages * scale, advantages)
+
+
 @dataclass(frozen=True)
 class LossStats:
     """What a loss step reports, for logging."""

@@ -83,6 +83,7 @@ REWARD_BATCH = 256
 DIFF_WARNING = 0.05
 """A mean |trainer - behaviour| log-prob gap on-policy above which the weights are not the served ones."""
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+MAX_UPDATES_PER_STEP = 64
 GROUP_FILTERS = {
     pb.GROUP_FILTER_UNSPECIFIED: bar.GroupFilter.DEFAULT,
     pb.GROUP_FILTER_DEFAULT: bar.GroupFilter.DEFAULT,
@@ -166,6 +167,10 @@ class Settings:
     opd_lambda: float
     opd_only: bool
     max_staleness: int
+    updates_per_step: int
+    """Optimiser steps over the same rollouts per rollout step (PPO's epochs)."""
+    negative_scale: float
+    """Multiplies negative advantages (1: GRPO; 0: the better rollouts of each group only)."""
 
 
 def settings(config: pb.JobConfig, o: optim.Optim) -> Settings:
@@ -201,6 +206,17 @@ def settings(config: pb.JobConfig, o: optim.Optim) -> Settings:
     ):
         if getattr(r, name) < 0:
             raise InvalidArgument(f"rl.{name} is {getattr(r, name)}; it must be >= 0", field=f"config.rl.{name}")
+    if not 0 <= r.updates_per_step <= MAX_UPDATES_PER_STEP:
+        raise InvalidArgument(
+            f"rl.updates_per_step is {r.updates_per_step}; it must be 0 (one) to {MAX_UPDATES_PER_STEP}",
+            field="config.rl.updates_per_step",
+        )
+    negative_scale = r.negative_advantage_scale if r.HasField("negative_advantage_scale") else 1.0
+    if not 0 <= negative_scale <= 1:
+        raise InvalidArgument(
+            f"rl.negative_advantage_scale is {negative_scale}; it must be in [0, 1]",
+            field="config.rl.negative_advantage_scale",
+        )
     if r.max_staleness not in (0, 1):
         raise InvalidArgument(
             f"rl.max_staleness is {r.max_staleness}; it must be 0 (on-policy) or 1", field="config.rl.max_staleness"
@@ -265,6 +281,8 @@ def settings(config: pb.JobConfig, o: optim.Optim) -> Settings:
         opd_lambda=d.js_mixture_weight if d.HasField("js_mixture_weight") else opd.JS_LAMBDA,
         opd_only=d.opd_only,
         max_staleness=r.max_staleness,
+        updates_per_step=r.updates_per_step or 1,
+        negative_scale=negative_scale,
     )
 
 
@@ -386,15 +404,37 @@ def sampled_logprobs(model: Any, ids: torch.Tensor, attention: torch.Tensor, mas
 def update(
     model: Any, opt: torch.optim.Optimizer, rows: list[Row], s: Settings, o: optim.Optim, lr: float, pad_id: int
 ) -> dict[str, float]:
-    """One optimiser step on the rows (each with at least one sampled token after position 0), in micro-batches
-    whose losses are weighted so the sum is the loss aggregated over all rows; returns its figures."""
+    """`s.updates_per_step` optimiser steps on the rows (each with at least one sampled token after position 0),
+    each in micro-batches whose losses are weighted so the sum is the loss aggregated over all rows; returns the
+    figures of the first pass (the loss, and the log-prob gap to the behaviour policy: on-policy, ~0), the clip
+    fraction of the last (how much of the batch the trust region held back) and the KL of all passes together."""
+    for group in opt.param_groups:
+        group["lr"] = lr
+    first = one_pass(model, opt, rows, s, o, pad_id)
+    before = first.pop("before")
+    last = first
+    for _ in range(s.updates_per_step - 1):
+        last = one_pass(model, opt, rows, s, o, pad_id)
+        del last["before"]
+    figures = first | {"clip_fraction": last["clip_fraction"], "mean_ratio": last["mean_ratio"]}
+    figures["sequence_tokens"] *= s.updates_per_step  # the tokens the passes went through, for tokens_per_second
+    if figures["trained_tokens"]:  # nothing was compared without a trained token
+        figures["kl"] = step_kl(model, before)
+    else:
+        for key in ("logprob_diff_mean", "logprob_diff_max"):
+            figures.pop(key)
+    return figures
+
+
+def one_pass(
+    model: Any, opt: torch.optim.Optimizer, rows: list[Row], s: Settings, o: optim.Optim, pad_id: int
+) -> dict[str, Any]:
+    """One optimiser step over all rows; its figures, and under "before" each micro-batch with its sampled
+    log-probs before the step (the loss's own forward), for the KL of the step."""
     tokens = sum(sum(r.mask[1:]) for r in rows)
     opd_tokens = sum(sum(m * t for m, t in zip(r.mask[1:], (r.teacher_mask or [])[1:], strict=False)) for r in rows)
     loss_sum = pg_sum = opd_sum = clipped = ratio = diff_sum = diff_max = seen = 0.0
-    # Each micro-batch with its sampled log-probs before the step (the loss's own forward), for the step's KL.
     before: list[tuple[dict[str, torch.Tensor], torch.Tensor]] = []
-    for group in opt.param_groups:
-        group["lr"] = lr
     for start in range(0, len(rows), o.micro_batch_size):
         mb = rows[start : start + o.micro_batch_size]
         t = batch_tensors(mb, pad_id)
@@ -426,9 +466,8 @@ def update(
     if rows:
         opt.step()
     opt.zero_grad(set_to_none=True)
-    kl = step_kl(model, before)
     n = max(tokens, 1)
-    figures = {
+    figures: dict[str, Any] = {
         "loss": loss_sum,
         "pg_loss": pg_sum,
         "clip_fraction": clipped / n,
@@ -436,9 +475,10 @@ def update(
         "grad_norm": grad_norm,
         "trained_tokens": float(tokens),
         "sequence_tokens": seen,
+        "logprob_diff_mean": diff_sum / n,
+        "logprob_diff_max": diff_max,
+        "before": before,
     }
-    if tokens:  # nothing was compared without a trained token
-        figures |= {"logprob_diff_mean": diff_sum / n, "logprob_diff_max": diff_max, "kl": kl}
     return {**figures, "opd_loss": opd_sum} if s.opd_coef else figures
 
 
@@ -727,6 +767,7 @@ class RlRun:
         advantages = rl.group_advantages(
             torch.tensor([x for _, _, x in members], dtype=torch.double), [str(k) for k, _, _ in members]
         )
+        advantages = rl.scale_negative(advantages, s.negative_scale)
         if len(advantages):
             metrics["advantage_abs_mean"] = float(advantages.abs().mean())
             metrics["advantage_std"] = float(advantages.std(unbiased=False))
@@ -738,6 +779,7 @@ class RlRun:
         if s.opd_coef and rows:
             rows, metrics["teacher_logprob_gap"] = await self.teacher(rows)
         lr = optim.lr_at(o, step, total)
+        metrics["updates"] = float(s.updates_per_step if rows else 0)
         started = time.perf_counter()
         figures = await asyncio.to_thread(update, self.model, self.opt, rows, s, o, lr, self.pad_id)
         train_s = time.perf_counter() - started

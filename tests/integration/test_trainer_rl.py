@@ -7,6 +7,7 @@ teacher (a second tiny model) for a gradient; the pure helpers of the recipe are
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import signal
@@ -85,6 +86,39 @@ def test_sampled_logprobs_equal_the_full_forward_at_sampled_tokens(tiny: Path) -
     assert torch.allclose(sampled, full * t["mask"], atol=1e-5)
 
 
+def test_several_updates_per_step_move_the_policy_further_within_the_clip_range(tiny: Path) -> None:
+    """updates_per_step passes over one batch: the first pass is on-policy (its log-prob gap is 0), later ones move
+    the policy further (a larger KL) until the clip range holds the sampled tokens back (clipped in the last pass)."""
+    from transformers import AutoModelForCausalLM
+
+    def run(updates: int) -> tuple[dict[str, float], torch.Tensor]:
+        model = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32)
+        rows = [
+            rl_job.Row(list(range(200, 212)), [0] * 4 + [1] * 8, [0.0] * 12, 4, advantage=1.0),
+            rl_job.Row(list(range(300, 312)), [0] * 4 + [1] * 8, [0.0] * 12, 4, advantage=-1.0),
+        ]
+        t = rl_job.batch_tensors(rows, pad_id=0)
+        with torch.no_grad():
+            behaviour = rl_job.sampled_logprobs(model, t["ids"], t["attention"], t["mask"])
+        rows = [dataclasses.replace(r, logprobs=behaviour[i, : len(r.token_ids)].tolist()) for i, r in enumerate(rows)]
+        o = optim.resolve(pb.Hyperparameters(seed=0, micro_batch_size=2, weight_decay=0.0), pb.JOB_KIND_RL)
+        s = rl_job.settings(pb.JobConfig(kind=pb.JOB_KIND_RL, rl=pb.RlConfig(updates_per_step=updates)), o)
+        figures = rl_job.update(model, optim.optimizer(model, o), rows, s, o, 3e-3, pad_id=0)
+        with torch.no_grad():
+            after = rl_job.sampled_logprobs(model, t["ids"], t["attention"], t["mask"])
+        return figures, ((after - behaviour) * t["mask"]).sum(-1) / t["mask"].sum(-1)
+
+    one, moved_one = run(1)
+    many, moved_many = run(12)
+    assert one["logprob_diff_max"] < 1e-5 and many["logprob_diff_max"] < 1e-5  # the first pass is on-policy
+    assert one["clip_fraction"] == 0.0 and many["clip_fraction"] > 0.5, (one, many)
+    assert many["kl"] > 4 * one["kl"] > 0, (one, many)
+    # The advantaged row's tokens gained and the other's lost, more with more passes. (The clip range does not
+    # bound the move exactly: a clipped token has no gradient, but Adam's momentum carries on.)
+    assert moved_many[0] > moved_one[0] > 0 > moved_one[1] > moved_many[1], (moved_one, moved_many)
+    assert many["trained_tokens"] == one["trained_tokens"] == 16
+
+
 @pytest.mark.parametrize(
     ("status", "expected"),
     [
@@ -102,7 +136,10 @@ def test_outcome_value_maps_each_status(status: tpb.OutcomeStatus, expected: flo
 def test_settings_fill_defaults_and_refuse_what_cannot_run() -> None:
     o = optim.resolve(pb.Hyperparameters(seed=3), pb.JOB_KIND_RL)
     s = rl_job.settings(pb.JobConfig(kind=pb.JOB_KIND_RL, rl=pb.RlConfig()), o)
-    assert (s.group_size, s.prompts_per_step, s.bar, s.max_staleness) == (4, 2, None, 0)  # batch 8 / N 4
+    assert (s.group_size, s.prompts_per_step, s.bar, s.max_staleness, s.updates_per_step) == (4, 2, None, 0, 1)
+    assert s.negative_scale == 1.0
+    s = rl_job.settings(pb.JobConfig(kind=pb.JOB_KIND_RL, rl=pb.RlConfig(negative_advantage_scale=0.0)), o)
+    assert s.negative_scale == 0.0  # set to 0, not unset
     assert (s.clip_low, s.clip_high, s.outcome, s.alpha, s.opd_coef) == (0.2, 0.28, (1.0, -1.0, -1.0), 0.0, 0.0)
     assert (s.sampling.temperature, s.sampling.top_p, s.sampling.seed) == (0.95, 0.95, 3)
     assert s.group_filter == bar.GroupFilter.DEFAULT
@@ -118,6 +155,9 @@ def test_settings_fill_defaults_and_refuse_what_cannot_run() -> None:
     assert (s.alpha, s.opd_coef, s.opd_only, s.max_staleness) == (0.5, 1.0, True, 1)
     for bad, error in [
         (pb.RlConfig(max_staleness=2), InvalidArgument),
+        (pb.RlConfig(updates_per_step=65), InvalidArgument),
+        (pb.RlConfig(updates_per_step=-1), InvalidArgument),
+        (pb.RlConfig(negative_advantage_scale=1.5), InvalidArgument),
         (pb.RlConfig(bar=pb.BarConfig(max_group_size=4)), InvalidArgument),
         (pb.RlConfig(group_size=4, bar=pb.BarConfig(max_group_size=4, rho_max=1)), InvalidArgument),
         (pb.RlConfig(algorithm=pb.RL_ALGORITHM_RLOO), Unimplemented),
@@ -217,7 +257,7 @@ async def test_rl_job_pushes_every_step_and_samples_on_policy(
 ) -> None:
     env_address = f"127.0.0.1:{env.server.port}"
     async with trainer_service(tmp_path / "jobs", inference_address=policy.address, env_address=env_address) as stub:
-        events = await run_job(stub, "rl-1", rl_config(tiny, steps=2))
+        events = await run_job(stub, "rl-1", rl_config(tiny, steps=2, updates_per_step=3))
     job = events[-1].job
     assert job.state == pb.JOB_STATE_SUCCEEDED, job.error
     progress, checkpoints = of(events, "progress"), of(events, "checkpoint")
@@ -228,6 +268,7 @@ async def test_rl_job_pushes_every_step_and_samples_on_policy(
         assert (m["rollouts"], m["env_steps"], m["groups_kept_fraction"]) == (2, 4, 1.0)  # 2 rollouts of 2 turns
         assert (m["reward_mean"], m["reward_std"], m["nonzero_variance_groups"]) == (-1.0, 0.0, 0.0)
         assert m["trained_trajectories"] == 2 and m["trained_tokens"] == 2 * 2 * 8
+        assert m["updates"] == 3  # the job's setting reached its worker (the service stores configs as JSON)
         assert m["clip_fraction"] == 0.0 and m["tokens_per_second"] > 0 and m["rollout_seconds"] > 0
         assert m["stale_turn_fraction"] == 0.0  # step 2 sampled only with the step-1 weights
         # The trainer's log-probs of the sampled tokens are the inference service's: the same weights, at step 1

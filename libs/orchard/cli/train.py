@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from orchard.cli.arguments import count, rate
+from orchard.cli.arguments import count, fraction, rate
 from orchard.progress import ProgressLine
 
 if TYPE_CHECKING:  # the CLI imports this module at start: gRPC stubs are imported when the command runs
@@ -81,6 +81,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         default="token",
         help="the policy loss: the mean over every sampled token of the step, or over each rollout's tokens and "
         "then over rollouts (default: token)",
+    )
+    rl.add_argument(
+        "--updates-per-step",
+        type=count(1),
+        default=1,
+        help="optimiser steps over each rollout step's rollouts (PPO's epochs; the clip range bounds them; default: 1)",
+    )
+    rl.add_argument(
+        "--negative-advantage-scale",
+        type=fraction,
+        default=None,
+        help="scales the advantages of rollouts worse than their group's mean (GRPO: 1, the default; 0 trains on "
+        "the better rollouts only, which keeps a policy that memorised its trajectories from unlearning them)",
     )
     rl.add_argument("--seed", type=count(0), default=None, help="the job's seed (default: one drawn at start)")
     p.add_argument(
@@ -359,6 +372,8 @@ def rl_config(
             group_filter=pb.GROUP_FILTER_NONZERO_STD,
             loss_aggregation=pb.LossAggregation.Value(f"LOSS_AGGREGATION_{args.aggregation.upper()}_MEAN"),
             max_turns=args.max_turns,
+            updates_per_step=args.updates_per_step,
+            negative_advantage_scale=args.negative_advantage_scale,
             max_concurrent_rollouts=min(16, prompts * args.group_size),
             sampling=ipb.SamplingParams(temperature=args.temperature, top_p=1.0, max_tokens=args.max_step_tokens),
         ),

@@ -8,7 +8,7 @@ import pytest
 import torch
 from trainer_helpers import tiny_lm
 
-from orchard.trainers.rl import Aggregation, group_advantages, grpo_advantages, policy_loss
+from orchard.trainers.rl import Aggregation, group_advantages, grpo_advantages, policy_loss, scale_negative
 from orchard.trainers.sft import token_logprobs
 
 
@@ -44,6 +44,13 @@ CASES = [
     (2.0, 1.28, -2.56, None),  # exactly on the boundary
     (0.0, 3.0, 0.0, False),
 ]
+
+
+def test_scale_negative_scales_only_the_worse_rollouts() -> None:
+    advantages = group_advantages(torch.tensor([1.0, -1.0, -1.0, -1.0]), ["g"] * 4)
+    assert scale_negative(advantages, 1.0).tolist() == advantages.tolist()
+    assert scale_negative(advantages, 0.0).tolist() == [1.5, 0.0, 0.0, 0.0]
+    assert scale_negative(advantages, 0.5).tolist() == [1.5, -0.25, -0.25, -0.25]
 
 
 @pytest.mark.parametrize(("adv", "ratio", "loss", "flows"), CASES)

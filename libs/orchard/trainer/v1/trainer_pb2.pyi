@@ -239,7 +239,7 @@ class OpdConfig(_message.Message):
     def __init__(self, teacher_model: _Optional[str] = ..., kl_coef: _Optional[float] = ..., loss_type: _Optional[_Union[OpdLossType, str]] = ..., js_mixture_weight: _Optional[float] = ..., opd_only: _Optional[bool] = ..., teacher_max_context_tokens: _Optional[int] = ...) -> None: ...
 
 class RlConfig(_message.Message):
-    __slots__ = ("algorithm", "harness", "policy_model", "group_size", "bar", "prompts_per_step", "oversample_prompts", "group_filter", "clip_eps_low", "clip_eps_high", "kl_coef", "entropy_coef", "loss_aggregation", "sampling", "max_turns", "max_trajectory_tokens", "rollout_timeout", "max_concurrent_rollouts", "outcome_reward", "judge", "opd", "max_staleness")
+    __slots__ = ("algorithm", "harness", "policy_model", "group_size", "bar", "prompts_per_step", "oversample_prompts", "group_filter", "clip_eps_low", "clip_eps_high", "kl_coef", "entropy_coef", "loss_aggregation", "sampling", "max_turns", "max_trajectory_tokens", "rollout_timeout", "max_concurrent_rollouts", "outcome_reward", "judge", "opd", "max_staleness", "updates_per_step", "negative_advantage_scale")
     ALGORITHM_FIELD_NUMBER: _ClassVar[int]
     HARNESS_FIELD_NUMBER: _ClassVar[int]
     POLICY_MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -262,6 +262,8 @@ class RlConfig(_message.Message):
     JUDGE_FIELD_NUMBER: _ClassVar[int]
     OPD_FIELD_NUMBER: _ClassVar[int]
     MAX_STALENESS_FIELD_NUMBER: _ClassVar[int]
+    UPDATES_PER_STEP_FIELD_NUMBER: _ClassVar[int]
+    NEGATIVE_ADVANTAGE_SCALE_FIELD_NUMBER: _ClassVar[int]
     algorithm: RlAlgorithm
     harness: str
     policy_model: str
@@ -284,7 +286,9 @@ class RlConfig(_message.Message):
     judge: _reward_pb2.JudgeConfig
     opd: OpdConfig
     max_staleness: int
-    def __init__(self, algorithm: _Optional[_Union[RlAlgorithm, str]] = ..., harness: _Optional[str] = ..., policy_model: _Optional[str] = ..., group_size: _Optional[int] = ..., bar: _Optional[_Union[BarConfig, _Mapping]] = ..., prompts_per_step: _Optional[int] = ..., oversample_prompts: _Optional[int] = ..., group_filter: _Optional[_Union[GroupFilter, str]] = ..., clip_eps_low: _Optional[float] = ..., clip_eps_high: _Optional[float] = ..., kl_coef: _Optional[float] = ..., entropy_coef: _Optional[float] = ..., loss_aggregation: _Optional[_Union[LossAggregation, str]] = ..., sampling: _Optional[_Union[_inference_pb2.SamplingParams, _Mapping]] = ..., max_turns: _Optional[int] = ..., max_trajectory_tokens: _Optional[int] = ..., rollout_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_concurrent_rollouts: _Optional[int] = ..., outcome_reward: _Optional[_Union[_reward_pb2.OutcomeRewardConfig, _Mapping]] = ..., judge: _Optional[_Union[_reward_pb2.JudgeConfig, _Mapping]] = ..., opd: _Optional[_Union[OpdConfig, _Mapping]] = ..., max_staleness: _Optional[int] = ...) -> None: ...
+    updates_per_step: int
+    negative_advantage_scale: float
+    def __init__(self, algorithm: _Optional[_Union[RlAlgorithm, str]] = ..., harness: _Optional[str] = ..., policy_model: _Optional[str] = ..., group_size: _Optional[int] = ..., bar: _Optional[_Union[BarConfig, _Mapping]] = ..., prompts_per_step: _Optional[int] = ..., oversample_prompts: _Optional[int] = ..., group_filter: _Optional[_Union[GroupFilter, str]] = ..., clip_eps_low: _Optional[float] = ..., clip_eps_high: _Optional[float] = ..., kl_coef: _Optional[float] = ..., entropy_coef: _Optional[float] = ..., loss_aggregation: _Optional[_Union[LossAggregation, str]] = ..., sampling: _Optional[_Union[_inference_pb2.SamplingParams, _Mapping]] = ..., max_turns: _Optional[int] = ..., max_trajectory_tokens: _Optional[int] = ..., rollout_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_concurrent_rollouts: _Optional[int] = ..., outcome_reward: _Optional[_Union[_reward_pb2.OutcomeRewardConfig, _Mapping]] = ..., judge: _Optional[_Union[_reward_pb2.JudgeConfig, _Mapping]] = ..., opd: _Optional[_Union[OpdConfig, _Mapping]] = ..., max_staleness: _Optional[int] = ..., updates_per_step: _Optional[int] = ..., negative_advantage_scale: _Optional[float] = ...) -> None: ...
 
 class ValueConfig(_message.Message):
     __slots__ = ("head", "pairwise_weight", "max_context_tokens", "eval_fraction", "best_at_n", "tie_margin")
