@@ -15,12 +15,11 @@ for name, folder in ROOTS.items():
     packages.append(name)
     packages += [f"{name}.{sub}" for sub in find_packages(folder)]
 
-# Data files: the in-sandbox agent (copied into sandboxes), the bundled ToyRepair task set (repos + tasks.jsonl),
-# and the bundled web tasks with the practice sites they run on.
+# Data files: the bundled ToyRepair task set (repos + tasks.jsonl), and the bundled web tasks with the practice
+# sites they run on.
 setup(
     packages=packages,
     package_data={
-        "orchard.services.env": ["agent/*.py"],
         "orchard.tasks": ["toyrepair/tasks.jsonl", "toyrepair/repos/**/*", "toyrepair/repos/*/.gitignore"],
         "orchard.tasks.web": ["tasks.jsonl", "sites/**/*"],
         "orchard.tasks.assistant": ["tasks.jsonl"],

@@ -1,4 +1,5 @@
-"""The manager's side of the in-sandbox agent protocol: agent-rs/PROTOCOL.md (framing in agent/agent.py)."""
+"""The manager's side of the in-sandbox agent's protocol (agent-rs/PROTOCOL.md): frames to and from the native
+agent of every backend, multiplexed by request id."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ import asyncio
 import contextlib
 import errno
 import itertools
+import json
 import logging
+import struct
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -19,9 +22,13 @@ from orchard.errors import (
     ResourceExhausted,
     Unavailable,
 )
-from orchard.services.env.agent.agent import PTY_WINDOW, encode, read_frame
 
 log = logging.getLogger(__name__)
+
+HEAD = struct.Struct(">II")
+"""A frame's prefix: its total length (4 + header + body) and its header's length, big-endian."""
+PTY_WINDOW = 1 << 20
+"""A terminal's output bytes the agent sends before it waits for a pty_ack."""
 
 MAX_TERMINAL_SIZE = 1000
 PTY_CLOSE_TIMEOUT_S = 5.0
@@ -39,6 +46,25 @@ _ERRNO_ERRORS: dict[int, type[OrchardError]] = {
     errno.ENAMETOOLONG: InvalidArgument,
     errno.ENODEV: FailedPrecondition,  # the agents' answer to reading what is not a regular file
 }
+
+
+def encode(header: dict[str, Any], body: bytes = b"") -> bytes:
+    """One frame, ready to write."""
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    return HEAD.pack(4 + len(raw) + len(body), len(raw)) + raw + body
+
+
+async def read_frame(reader: asyncio.StreamReader) -> tuple[dict[str, Any], bytes] | None:
+    """The next (header, body), or None at the end of the stream (asyncio.IncompleteReadError mid-frame)."""
+    try:
+        prefix = await reader.readexactly(HEAD.size)
+    except asyncio.IncompleteReadError as err:
+        if err.partial:
+            raise
+        return None
+    total, head_len = HEAD.unpack(prefix)
+    data = await reader.readexactly(total - 4)
+    return json.loads(data[:head_len]), data[head_len:]
 
 
 @dataclass(frozen=True)

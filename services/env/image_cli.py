@@ -30,7 +30,7 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         metavar="FILE",
         help="a new image's recipe: a JSON file with suite "
-        "(bullseye, bookworm, trixie), packages (Debian; python3 and git required), optionally pip and "
+        "(bullseye, bookworm, trixie), packages (Debian; git required, python3-pip with pip), optionally pip and "
         "description; kept with the images, so later builds need only the name",
     )
     p.set_defaults(func=build)

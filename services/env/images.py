@@ -60,8 +60,8 @@ PYTHON_PACKAGES = (
     "git",
     "ca-certificates",
 )
-"""python:3.11-slim's packages. python3 and git are required in every image: the sandbox agent is a python3
-script and patches are applied with `git apply`."""
+"""python:3.11-slim's packages. git is required in every image: patches are applied with `git apply` (the sandbox
+agent is bound in from the host: an image needs no Python for it)."""
 
 PYTHON_SUITES = {"3.9": "bullseye", "3.11": "bookworm", "3.13": "trixie"}
 """The Python of each Debian suite an image can be built from (the version its python3 package gives)."""
@@ -348,9 +348,9 @@ class ImageStore:
         self, name: str, archive: Path, progress: Callable[[BuildProgress], None] | None = None
     ) -> Image:
         """Make image `name` from a container image archive (`docker save`, `podman save`, an OCI layout tar):
-        its layers unpacked into a root filesystem sandboxes run on, as built images are. The image needs
-        /usr/bin/python3 for the local backend's agent and git for patches (the docker backend injects its own
-        agent). Replaces an earlier import of the same name; a built-in or recipe name is refused."""
+        its layers unpacked into a root filesystem sandboxes run on, as built images are. The image needs bash
+        for commands and git for patches (every backend binds its own agent in). Replaces an earlier import of
+        the same name; a built-in or recipe name is refused."""
         from orchard.services.env import oci
 
         if name == HOST_IMAGE or self.recipe(name, missing_ok=True) is not None:
@@ -613,9 +613,11 @@ def check_recipe(name: str, recipe: Recipe) -> None:
     for package in recipe.packages:
         if not DEBIAN_PACKAGE.match(package):
             raise InvalidArgument(f"{package!r} is not a Debian package name", field="packages")
-    if not {"python3", "git"} <= set(recipe.packages):
+    if "git" not in recipe.packages:
+        raise InvalidArgument("an image needs the package git (patches are applied with it)", field="packages")
+    if recipe.pip and "python3-pip" not in recipe.packages:
         raise InvalidArgument(
-            "an image needs the packages python3 and git (the sandbox agent and patches use them)", field="packages"
+            "pip requirements need the package python3-pip (they are installed with it)", field="packages"
         )
 
 

@@ -290,7 +290,8 @@ class AsyncSandboxClient:
         """Build sandbox image `name` on the service's machine; returns at once when it is built already.
 
         A new name needs its recipe: `suite` (bullseye, bookworm or trixie: Python 3.9, 3.11 or 3.13) and its
-        Debian `packages` (python3 and git required), optionally `pip` requirements installed system-wide.
+        Debian `packages` (git required; python3-pip too with `pip`), optionally `pip` requirements installed
+        system-wide.
         `progress(stage, done, total, message)` is called for every step (debootstrap takes about a minute).
         """
         request = pb.BuildImageRequest(name=name, force=force)

@@ -26,7 +26,7 @@ PYTHON_IMAGES = {
 BUILD_LAYOUT = 2
 """The version of how environments are built (environments.py); part of every key, so a change rebuilds."""
 BASE_PACKAGES = ("python3", "python-is-python3", "python3-pip", "python3-venv", "git", "ca-certificates")
-"""What every environment image holds besides a spec's `packages` (the agent needs python3, patches git)."""
+"""What every environment image holds besides a spec's `packages` (an environment is a Python one; patches need git)."""
 
 
 class EnvSpec(BaseModel):

@@ -1,20 +1,18 @@
-"""The in-sandbox agent as a real process (no sandbox): started from its source as the backend starts it
-(`python -I -S -c <source>`), driven by the manager's AgentClient over its stdin/stdout.
-
-The same tests run against the native agent (agent-rs/: one static binary for images without Python),
-built by scripts/build_agent.sh, for every op it implements; the rest are marked python_only."""
+"""The in-sandbox agent (agent-rs/: one static binary, built by scripts/build_agent.sh) as a real process, with no
+sandbox: started as the local backend starts it (requests on its stdin, replies on its stdout) and driven by the
+manager's AgentClient. Every op and frame here is in agent-rs/PROTOCOL.md."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import hashlib
 import json
 import os
 import shutil
 import subprocess
-import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -22,37 +20,20 @@ import pytest
 
 from orchard.errors import FailedPrecondition, NotFound, OrchardError
 from orchard.services.env import agent_client
-from orchard.services.env.agent import agent as agent_module
-from orchard.services.env.agent_client import AgentClient, ExecEvent
+from orchard.services.env.agent_client import AgentClient, ExecEvent, encode, read_frame
+from orchard.services.env.backends.agent_binary import BUILT_AGENT
 
-SOURCE = Path(agent_module.__file__).read_text()
-# Modules the agent avoids for its memory (each costs from ~0.3 to ~5 MB in every sandbox).
-HEAVY_MODULES = (
-    "asyncio",
-    "ssl",
-    "concurrent.futures",
-    "subprocess",
-    "threading",
-    "json",
-    "re",
-    "enum",
-    "selectors",
-    "signal",
-    "collections",
-)
-PRIVATE_DIRTY_BOUND_KIB = 6 * 1024
+PRIVATE_DIRTY_BOUND_KIB = 2 * 1024
 REPO = Path(__file__).resolve().parents[4]
 BUILD_AGENT = REPO / "scripts" / "build_agent.sh"
-AGENT_KINDS = ["python", "native"]
 
 
 @functools.cache
 def native_agent() -> Path | str:
-    """The native agent's binary, built (or found up to date) by scripts/build_agent.sh; else why not."""
+    """The agent's binary, built (or found up to date) by scripts/build_agent.sh; else why not."""
     if shutil.which("cargo") is None:
-        built = REPO / "agent-rs" / "target" / "x86_64-unknown-linux-gnu" / "release" / "orchard-agent"
-        if built.exists():
-            return built
+        if BUILT_AGENT.exists():
+            return BUILT_AGENT
         return "the native agent needs cargo to build (scripts/build_agent.sh): cargo is not installed"
     done = subprocess.run(["bash", str(BUILD_AGENT)], capture_output=True, text=True, timeout=600, check=False)
     if done.returncode != 0:
@@ -60,25 +41,12 @@ def native_agent() -> Path | str:
     return Path(done.stdout.strip().splitlines()[-1])
 
 
-def agent_argv(kind: str) -> list[str]:
-    """How the backend starts an agent of this kind; skips the test when the native one cannot be built."""
-    if kind == "python":
-        return [sys.executable, "-I", "-S", "-c", SOURCE]
+def native_or_fail() -> Path:
+    """The binary; the test fails saying why when it cannot be built (every backend needs it: no skipping)."""
     binary = native_agent()
     if isinstance(binary, str):
-        pytest.skip(binary)
-    return [str(binary)]
-
-
-def python_only(reason: str) -> Callable[[Any], Any]:
-    """Run a test against the Python agent only (the native agent does not do this yet, or it is about
-    Python itself)."""
-
-    def mark(test: Any) -> Any:
-        test.python_only = reason
-        return test
-
-    return mark
+        pytest.fail(binary)
+    return binary
 
 
 class Agent:
@@ -116,13 +84,10 @@ class Agent:
         return head
 
 
-@pytest.fixture(params=AGENT_KINDS)
-async def agent(request: pytest.FixtureRequest) -> AsyncIterator[Agent]:
-    reason = getattr(request.function, "python_only", None)
-    if request.param != "python" and reason:
-        pytest.skip(f"python agent only: {reason}")
+@pytest.fixture
+async def agent() -> AsyncIterator[Agent]:
     proc = await asyncio.create_subprocess_exec(
-        *agent_argv(request.param),
+        str(native_or_fail()),
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
     )
@@ -148,18 +113,18 @@ def state_of(pid: int) -> str | None:
         return None
 
 
-@python_only("about the Python agent's imports, relaunch and memory (the native agent's info has no modules)")
 async def test_agent_is_lean(agent: Agent) -> None:
-    """The agent loads no asyncio (nor the other heavy modules) and stays small after a few commands; it runs
-    in the process the backend started (relaunched in place: same pid)."""
+    """The agent answers info about itself, and stays small after a few commands and a terminal (what they
+    allocated goes back to the system once they end)."""
     for _ in range(5):
-        assert (await agent.run(["echo", "hi"]))[0] == b"hi\n"
+        assert (await agent.run(["sh", "-c", "head -c 2000000 /dev/zero; echo hi"], stdin=b"x" * 100_000))[0][
+            -3:
+        ] == b"hi\n"
+    session = await agent.client.open_pty(["sh", "-c", "head -c 2000000 /dev/zero"], cwd="/", env={}, rows=24, cols=80)
+    await pty_output(session)
     info = await agent.info()
-    assert info["pid"] == agent.proc.pid
-    loaded = set(info["modules"])
-    assert not loaded & set(HEAVY_MODULES), sorted(loaded & set(HEAVY_MODULES))
+    assert info["pid"] == agent.proc.pid and info["agent"] == "native"
     assert 0 < info["private_dirty_kib"] < PRIVATE_DIRTY_BOUND_KIB, info
-    assert SOURCE[:200] not in Path(f"/proc/{agent.proc.pid}/cmdline").read_text()
 
 
 async def test_exec_stdin_stdout_stderr_and_code(agent: Agent) -> None:
@@ -352,8 +317,6 @@ async def test_pty_input_waits_for_room_and_keeps_order(agent: Agent) -> None:
     await session.started()
     await asyncio.sleep(0.2)  # stty has switched the terminal to raw (no line editing, no signals) by now
     await asyncio.gather(session.send_input(data[:150_000]), session.send_input(data[150_000:]))
-    import hashlib
-
     output = await pty_output(session)
     assert hashlib.md5(data).hexdigest().encode() in output, output
     assert session.exit_code == 0
@@ -466,20 +429,29 @@ async def test_agent_exit_kills_running_commands(agent: Agent) -> None:
         await task
 
 
-@pytest.mark.parametrize(
-    "header",
-    [
-        {"id": 1, "op": "exec", "argv": ["bash", "-c", "echo é"], "env": {"A": '\u2028\x00\n"\\'}, "timeout": 1.5},
-        {"id": 2, "ev": "exit", "code": 0, "totals": [0, 12], "reason": None, "error": None, "x": [True, False, {}]},
-        {"id": 3, "ev": "ok", "info": {"mtime": 1712345678.123456, "size": 1 << 40, "name": "😀"}},
-    ],
-)
-def test_header_codec_matches_json(header: dict[str, Any]) -> None:
-    """The agent's JSON (json's C half, used directly) reads and writes exactly what the json package does."""
-    compact = json.dumps(header, separators=(",", ":"))
-    assert agent_module.dumps(header) == compact
-    assert agent_module.loads(compact) == header == json.loads(agent_module.dumps(header))
-    assert agent_client.encode is agent_module.encode
+async def test_frames_carry_any_header_and_body(agent: Agent) -> None:
+    """The manager's framing (agent_client.encode, read_frame) and the agent's JSON agree on what headers and
+    bodies can hold: non-ASCII and escaped characters, large numbers, floats, and a body of every byte value."""
+    target = '/tmp/orchard-test-\u00e9-\U0001f600-\u2028"q" \\ \x01'
+    body = bytes(range(256)) * 4
+    try:
+        head, _ = await agent.client.call("write", body, path=target, upload="u\n1", offset=0, mode=0o600, last=True)
+        assert head["size"] == len(body)
+        head, data = await agent.client.call("read", path=target, offset=0, length=1 << 40)
+        assert data == body and head["size"] == len(body) and isinstance(head["mtime"], float)
+        head, _ = await agent.client.call("stat", path=target)
+        assert head["info"]["name"] == Path(target).name and head["info"]["mode"] == 0o600
+    finally:
+        Path(target).unlink(missing_ok=True)
+    header = {"id": 7, "op": "ping", "x": [1.5e300, -2, None, True, {"k": "\u00e9"}]}
+    frame = encode(header, b"\0\xff")
+    total, head_len = int.from_bytes(frame[:4], "big"), int.from_bytes(frame[4:8], "big")
+    assert total == len(frame) - 4 and json.loads(frame[8 : 8 + head_len]) == header
+    assert frame[8 + head_len :] == b"\0\xff"
+    reader = asyncio.StreamReader()
+    reader.feed_data(encode(header, b"\0\xff"))
+    reader.feed_eof()
+    assert await read_frame(reader) == (header, b"\0\xff") and await read_frame(reader) is None
 
 
 def private_dirty_kib(pid: int) -> int:
@@ -489,22 +461,21 @@ def private_dirty_kib(pid: int) -> int:
     raise AssertionError("no Private_Dirty")
 
 
-@pytest.mark.parametrize("kind", AGENT_KINDS)
-async def test_output_waits_in_the_pipe_while_the_manager_is_behind(kind: str) -> None:
+async def test_output_waits_in_the_pipe_while_the_manager_is_behind() -> None:
     """A manager that does not read: the command's output stays in its pipe (the command waits), not in the
     agent's memory; once read, all of it arrives."""
     proc = await asyncio.create_subprocess_exec(
-        *agent_argv(kind),
+        str(native_or_fail()),
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         limit=1 << 26,
     )
     assert proc.stdout is not None and proc.stdin is not None
     try:
-        assert (await agent_module.read_frame(proc.stdout))[0]["ev"] == "ready"  # type: ignore[index]
+        assert (await read_frame(proc.stdout))[0]["ev"] == "ready"  # type: ignore[index]
         size = 64 << 20
         proc.stdin.write(
-            agent_module.encode(
+            encode(
                 {
                     "id": 1,
                     "op": "exec",
@@ -523,7 +494,7 @@ async def test_output_waits_in_the_pipe_while_the_manager_is_behind(kind: str) -
         proc.stdout._transport.resume_reading()  # type: ignore[attr-defined]
         received = 0
         while True:
-            frame = await asyncio.wait_for(agent_module.read_frame(proc.stdout), 30)
+            frame = await asyncio.wait_for(read_frame(proc.stdout), 30)
             assert frame is not None
             if frame[0]["ev"] == "exit":
                 break
@@ -535,19 +506,12 @@ async def test_output_waits_in_the_pipe_while_the_manager_is_behind(kind: str) -
         await proc.wait()
 
 
-# --- the native agent on its own ----------------------------------------------------------------------------
-
-
-def native_or_skip() -> Path:
-    binary = native_agent()
-    if isinstance(binary, str):
-        pytest.skip(binary)
-    return binary
+# --- the agent on its own ---------------------------------------------------------------------------------
 
 
 def test_native_agent_is_static() -> None:
     """The native agent needs no loader and no libraries from the image: one statically linked file."""
-    binary = native_or_skip()
+    binary = native_or_fail()
     assert binary.read_bytes()[:4] == b"\x7fELF"
     described = (
         subprocess.run(["file", "-b", str(binary)], capture_output=True, text=True, check=False).stdout
@@ -581,7 +545,7 @@ async def test_native_agent_runs_in_an_empty_root() -> None:
     """Under bwrap with an empty root (no /usr, no Python, no libc: the agent alone, plus /proc and /dev),
     the native agent starts, answers, lists and runs a program by absolute path: itself (a second agent,
     whose stdin is empty: it says ready and ends), and busybox's echo where a static busybox is installed."""
-    binary = native_or_skip()
+    binary = native_or_fail()
     if shutil.which("bwrap") is None:
         pytest.skip("bwrap is not installed")
     box = busybox()
@@ -648,7 +612,7 @@ async def test_native_agent_runs_in_an_empty_root() -> None:
 async def start_listening(path: Path) -> asyncio.subprocess.Process:
     """The native agent with --listen path, once its socket (mode 0600) is there."""
     proc = await asyncio.create_subprocess_exec(
-        str(native_or_skip()), "--listen", str(path), stdin=asyncio.subprocess.DEVNULL
+        str(native_or_fail()), "--listen", str(path), stdin=asyncio.subprocess.DEVNULL
     )
     deadline = time.monotonic() + 10
     while not (path.is_socket() and path.stat().st_mode & 0o777 == 0o600):

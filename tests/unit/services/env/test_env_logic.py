@@ -5,7 +5,7 @@ import asyncio
 import pytest
 
 from orchard.errors import InvalidArgument
-from orchard.services.env.agent.agent import encode, read_frame
+from orchard.services.env.agent_client import encode, read_frame
 from orchard.services.env.backends import load_backend_class
 from orchard.services.env.backends.base import Resources
 from orchard.services.env.files import resolve_path

@@ -295,10 +295,12 @@ def test_a_recipe_file_makes_a_name_buildable(tmp_path: Path) -> None:
         store.add_recipe(
             "mine:1", Recipe(suite="bookworm", variant="minbase", packages=("python3", "git"), description="other")
         )
+    store.add_recipe("git-only", Recipe("bookworm", "minbase", ("git",), ""))  # no Python: the agent needs none
     for name, bad, field in (
         ("x", Recipe("sid", "minbase", ("python3", "git"), ""), "suite"),
         ("x", Recipe("bookworm", "minbase", ("python3", "git", "rm -rf /"), ""), "packages"),
-        ("x", Recipe("bookworm", "minbase", ("less",), ""), "packages"),
+        ("x", Recipe("bookworm", "minbase", ("less",), ""), "packages"),  # no git: patches need it
+        ("x", Recipe("bookworm", "minbase", ("python3", "git"), "", pip=("a==1",)), "packages"),  # no python3-pip
         ("Bad Name", Recipe("bookworm", "minbase", ("python3", "git"), ""), "name"),
     ):
         with pytest.raises(InvalidArgument) as info:
