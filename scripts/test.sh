@@ -5,4 +5,16 @@ cd "$(dirname "$0")/.."
 bash scripts/install.sh
 # Two workers (pytest-xdist), a module to one worker so module fixtures (servers, models) start once. (Starting the
 # main job first, --no-loadscope-reorder, was no faster: 17.6 min, against 16.9 and 19.4 in xdist's default order.)
-exec .venv/bin/python -m pytest tests -p no:cacheprovider -q --durations=25 -n "${ORCHARD_TEST_WORKERS:-2}" --dist loadscope "$@"
+# A test writes under its tmp_path, never into the checkout: what the run adds or changes there fails it.
+checkout() { git status --porcelain --untracked-files=all 2>/dev/null | sort || true; }
+before=$(checkout)
+rc=0
+.venv/bin/python -m pytest tests -p no:cacheprovider -q --durations=25 -n "${ORCHARD_TEST_WORKERS:-2}" --dist loadscope \
+  "$@" || rc=$?
+left=$(comm -13 <(echo "$before") <(checkout))
+if [[ -n "$left" ]]; then
+  echo "test.sh: the tests left these in the checkout (write them under tmp_path, or ignore them in .gitignore):" >&2
+  echo "$left" >&2
+  ((rc)) || rc=1
+fi
+exit "$rc"
