@@ -1,9 +1,12 @@
 """Experience ingest: events/s from `EventPublisher.publish()` to a stored row in the experience service's store,
-against raw JetStream publish throughput measured in the same run (the baseline: `js.publish_async` of the same
-payloads with Nats-Msg-Id, up to 1000 in flight, no consumer). Starts its own nats-server and
-`orchard serve experience` (SQLite, or --store-url) on free ports in a temporary folder; prints one JSON object.
+against raw JetStream publish (what a user would pick instead: bare `js.publish_async` of the same serialized
+payloads with Nats-Msg-Id, up to 1000 in flight, into a stream of the same configuration, no consumer). The two
+are alternated in blocks within one run (the order rotating every round) so that load from other work hits both;
+each block is reported, with the median of the per-round ratios and the load average at start and end.
+Starts its own nats-server and `orchard serve experience` (SQLite, or --store-url) on free ports in a temporary
+folder; prints one JSON object. The CPU each process spent per 1,000 events shows where the time goes.
 
-    python bench/experience_ingest.py [--events 100000] [--steps 8] [--tokens 64] [--store-url postgresql://...]
+    python bench/experience_ingest.py [--events 100000] [--rounds 5] [--steps 8] [--tokens 64] [--store-url ...]
 """
 
 from __future__ import annotations
@@ -11,22 +14,30 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import shutil
 import socket
 import sqlite3
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable
 from pathlib import Path
+from typing import Any
 
 import nats
+from nats.js import JetStreamContext
 
 from orchard import events
+from orchard.events.subjects import stream_config
 from orchard.experience.v1 import experience_pb2 as pb
 from orchard.types.v1 import types_pb2 as tpb
 
 NATS_SERVER = str(Path(sys.executable).with_name("nats-server"))
+POLL_S = 0.01
+"""How often the end-to-end side looks for the block's last row (an indexed lookup, microseconds of work)."""
 
 
 def free_port() -> int:
@@ -72,56 +83,93 @@ def make_events(n: int, steps: int, tokens: int, run_id: str) -> list[pb.Rollout
     return out[:n]
 
 
-async def raw_publish(url: str, payloads: list[tuple[str, bytes, str]]) -> float:
-    """Events/s of bare js.publish_async (acks awaited) into a stream of its own, no buffering, no consumer."""
-    nc = await nats.connect(url)
-    js = nc.jetstream(publish_async_max_pending=1000)
-    await js.add_stream(name="BENCH_RAW", subjects=["bench.raw.>"], duplicate_window=600)
-    start = time.perf_counter()
-    futures = []
-    for subject, data, msg_id in payloads:
-        futures.append(
-            await js.publish_async("bench.raw." + subject.split(".", 2)[2], data, headers={"Nats-Msg-Id": msg_id})
-        )
-    await asyncio.gather(*futures)
-    seconds = time.perf_counter() - start
-    await js.delete_stream("BENCH_RAW")
-    await nc.close()
-    return len(payloads) / seconds
+class StoreProbe:
+    """Reads the store the service writes: whether an event id is stored, and how many are."""
 
+    def __init__(self, store_url: str) -> None:
+        self._url = store_url
+        self._conn: Any = None
 
-def stored(store_url: str) -> int:
-    if store_url.startswith("sqlite:///"):
-        path = store_url.removeprefix("sqlite:///")
+    def _connect(self) -> Any:
+        if self._conn is None:
+            if self._url.startswith("sqlite:///"):
+                self._conn = sqlite3.connect(self._url.removeprefix("sqlite:///"), timeout=30, check_same_thread=False)
+            else:
+                import psycopg
+
+                self._conn = psycopg.connect(self._url, autocommit=True)
+        return self._conn
+
+    def _one(self, query: str, params: tuple[object, ...] = ()) -> Any:
+        if self._url.startswith("postgres"):
+            query = query.replace("?", "%s")
         try:
-            with sqlite3.connect(path, timeout=30) as conn:
-                return int(conn.execute("SELECT count(*) FROM events").fetchone()[0])
-        except sqlite3.OperationalError:
-            return 0
-    import psycopg
+            row = self._connect().execute(query, params).fetchone()
+        except sqlite3.OperationalError:  # the service has not created the schema yet
+            return None
+        return row[0] if row else None
 
-    with psycopg.connect(store_url) as conn:
-        return int(conn.execute("SELECT count(*) FROM events").fetchone()[0])  # type: ignore[index]
+    def has(self, event_id: str) -> bool:
+        return self._one("SELECT 1 FROM events WHERE event_id = ?", (event_id,)) is not None
+
+    def count(self) -> int:
+        return int(self._one("SELECT count(*) FROM events") or 0)
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
 
 
-async def end_to_end(url: str, store_url: str, sample: list[pb.RolloutEvent], base: int) -> tuple[float, float]:
-    """(stored events/s from first publish to last stored row, publisher accept rate events/s)."""
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def raw_publish(js: JetStreamContext, payloads: list[tuple[str, bytes, str]]) -> None:
+    """Bare js.publish_async of every payload into BENCH_RAW, then every PubAck awaited."""
+    futures = [
+        await js.publish_async("bench.raw." + subject.split(".", 2)[2], data, headers={"Nats-Msg-Id": msg_id})
+        for subject, data, msg_id in payloads
+    ]
+    await asyncio.gather(*futures)
+
+
+async def end_to_end(
+    publisher: events.EventPublisher, probe: StoreProbe, block: list[pb.RolloutEvent], total: int
+) -> tuple[float, float]:
+    """Publish `block` through the EventPublisher and wait until the store holds `total` events; returns the
+    seconds from the first publish() until publish() had accepted the whole block, and until JetStream had
+    acknowledged it."""
     start = time.perf_counter()
-    async with events.EventPublisher.connect(url) as publisher:
-        for event in sample:
-            while True:
-                try:
-                    await publisher.publish(event)
-                    break
-                except events.PublishBackpressure:
-                    await asyncio.sleep(0.05)
-        accepted = time.perf_counter() - start
-        while await asyncio.to_thread(stored, store_url) < base + len(sample):
-            await asyncio.sleep(0.05)  # a count(*) costs ms of the CPU the pipeline is measured on; poll gently
-    return len(sample) / (time.perf_counter() - start), len(sample) / accepted
+    for event in block:
+        while True:
+            try:
+                await publisher.publish(event)
+                break
+            except events.PublishBackpressure:
+                await asyncio.sleep(0.05)
+    accepted = time.perf_counter() - start
+    await publisher.flush()
+    acknowledged = time.perf_counter() - start
+    while not await asyncio.to_thread(probe.has, block[-1].event_id):
+        await asyncio.sleep(POLL_S)
+    while await asyncio.to_thread(probe.count) < total:  # in order in practice: this loop does not run
+        await asyncio.sleep(POLL_S)
+    return accepted, acknowledged
+
+
+async def timed(pids: dict[str, int], work: Awaitable[object]) -> tuple[float, dict[str, float], object]:
+    """(wall seconds, CPU seconds per process, what `work` returned)."""
+    before = {name: cpu_s(pid) for name, pid in pids.items()}
+    start = time.perf_counter()
+    result = await work
+    seconds = time.perf_counter() - start
+    return seconds, {name: cpu_s(pid) - before[name] for name, pid in pids.items()}, result
 
 
 async def main(args: argparse.Namespace) -> dict[str, object]:
+    load_start = os.getloadavg()
     work = Path(tempfile.mkdtemp(prefix="orchard-bench-experience-"))
     port = free_port()
     url = f"nats://127.0.0.1:{port}"
@@ -132,11 +180,13 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
         stderr=subprocess.DEVNULL,
     )
     service = None
+    probe = StoreProbe(store_url)
+    per_round = max(1, args.events // args.rounds)
+    rows: list[dict[str, Any]] = []
     try:
         await asyncio.sleep(0.5)
-        sample = make_events(args.events, args.steps, args.tokens, f"bench{int(time.time())}")
+        sample = make_events(per_round * args.rounds, args.steps, args.tokens, f"bench{int(time.time())}")
         payload_bytes = sum(len(e.SerializeToString()) for e in sample) / len(sample)
-        raw = await raw_publish(url, [(events.subject_of(e), e.SerializeToString(), e.event_id) for e in sample])
         service = subprocess.Popen(
             [
                 sys.executable,
@@ -156,32 +206,70 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        warm = make_events(200, args.steps, args.tokens, "warmup")  # the service is up and the schema exists
-        await end_to_end(url, store_url, warm, 0)
-        stored_rate, accept_rate = await end_to_end(url, store_url, sample, len(warm))
+        pids = {"bench": os.getpid(), "nats_server": nats_proc.pid, "service": service.pid}
+        nc = await nats.connect(url)
+        js = nc.jetstream(publish_async_max_pending=1000)
+        raw_config = stream_config()  # the rollout stream's configuration, under another name and subjects
+        raw_config.name, raw_config.subjects = "BENCH_RAW", ["bench.raw.>"]
+        await js.add_stream(raw_config)
+        async with events.EventPublisher.connect(url) as publisher:
+            # Warm-up, not counted: the service is up, the schema exists, both streams have taken messages.
+            warm = make_events(200, args.steps, args.tokens, "warmup")
+            await end_to_end(publisher, probe, warm, len(warm))
+            await raw_publish(js, [(events.subject_of(e), e.SerializeToString(), "w" + e.event_id) for e in warm])
+            stored_total = len(warm)
+            for r in range(args.rounds):
+                block = sample[r * per_round : (r + 1) * per_round]
+                payloads = [(events.subject_of(e), e.SerializeToString(), e.event_id) for e in block]
+                stored_total += len(block)
+                row: dict[str, Any] = {"round": r}
+                for side in ("raw", "orchard") if r % 2 == 0 else ("orchard", "raw"):
+                    if side == "raw":
+                        seconds, cpu, _ = await timed(pids, raw_publish(js, payloads))
+                        row["raw_publish_per_s"] = round(len(block) / seconds)
+                    else:
+                        seconds, cpu, accepted = await timed(pids, end_to_end(publisher, probe, block, stored_total))
+                        row["stored_per_s"] = round(len(block) / seconds)
+                        row["publisher_accept_per_s"] = round(len(block) / accepted[0])  # type: ignore[index]
+                        row["publisher_acked_per_s"] = round(len(block) / accepted[1])  # type: ignore[index]
+                    row[f"{side}_cpu_ms_per_1k"] = {k: round(v * 1e6 / len(block), 1) for k, v in cpu.items()}
+                row["ratio"] = round(row["stored_per_s"] / row["raw_publish_per_s"], 3)
+                rows.append(row)
+        await js.delete_stream("BENCH_RAW")
+        await nc.close()
+        final_count = probe.count()
     finally:
+        probe.close()
         if service is not None:
             service.terminate()
             service.wait(timeout=30)
         nats_proc.terminate()
         nats_proc.wait(timeout=10)
         shutil.rmtree(work, ignore_errors=True)
+    assert final_count == stored_total, f"stored {final_count} events, published {stored_total}"
+    ratio = statistics.median(row["ratio"] for row in rows)
     return {
-        "events": args.events,
+        "events": per_round * args.rounds,
+        "rounds": args.rounds,
+        "block_events": per_round,
         "mean_event_bytes": round(payload_bytes),
         "store": store_url.split(":", 1)[0],
-        "stored_events_per_s": round(stored_rate),
-        "raw_jetstream_publish_per_s": round(raw),
-        "ratio_stored_to_raw_publish": round(stored_rate / raw, 3),
-        "publisher_accept_per_s": round(accept_rate),
-        "target_stored_events_per_s": 10_000,
-        "meets_target": stored_rate >= 10_000,
+        "blocks": rows,
+        "stored_events_per_s": round(statistics.median(row["stored_per_s"] for row in rows)),
+        "raw_jetstream_publish_per_s": round(statistics.median(row["raw_publish_per_s"] for row in rows)),
+        "ratio_stored_to_raw_publish": round(ratio, 3),
+        "publisher_accept_per_s": round(statistics.median(row["publisher_accept_per_s"] for row in rows)),
+        "target_ratio": 0.9,
+        "meets_target": ratio >= 0.9,
+        "loadavg_start": [round(x, 2) for x in load_start],
+        "loadavg_end": [round(x, 2) for x in os.getloadavg()],
     }
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--events", type=int, default=100_000)
+    parser.add_argument("--events", type=int, default=100_000, help="events per side, split over the rounds")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds of one raw and one Orchard block each")
     parser.add_argument("--steps", type=int, default=8, help="steps per rollout (events per rollout = steps + 2)")
     parser.add_argument("--tokens", type=int, default=64, help="tokens per step")
     parser.add_argument("--batch-size", type=int, default=1000, help="the service's fetch/transaction batch")

@@ -3,6 +3,9 @@
 Every row is written idempotently (primary keys, ON CONFLICT DO NOTHING, or a full replace by a finished
 event), so a redelivered event, or a whole redelivered batch, changes nothing. Events may arrive in any
 order: a finished event is authoritative whenever it comes; started and step events never overwrite it.
+Because a finished event replaces the trajectory's row, steps and metadata in the same transaction, the started
+and step events of a trajectory finished in the same batch add no rows but their ledger entries (what they would
+write is overwritten before the commit): a batch holding whole rollouts writes each step once, not twice.
 """
 
 from __future__ import annotations
@@ -30,11 +33,6 @@ def reward_key(reward: tpb.Reward) -> str:
     return hashlib.sha256(reward.SerializeToString(deterministic=True)).hexdigest()[:32]
 
 
-def trajectory_tokens(t: tpb.Trajectory) -> int:
-    """The producer's token_count, else the prompt plus every step's tokens."""
-    return t.token_count or len(t.prompt_tokens.token_ids) + sum(len(s.tokens.token_ids) for s in t.steps)
-
-
 @dataclass
 class Plan:
     """Rows for one batch, grouped by statement (see SqlStore.write_events for the order they run in)."""
@@ -58,22 +56,33 @@ def plan(events: list[pb.RolloutEvent]) -> Plan:
     """The rows `events` add. Events repeated within the batch count once."""
     out = Plan()
     seen: set[str] = set()
-    for event in events:
-        if event.event_id in seen:
+    finished_here = {e.trajectory_id for e in events if e.HasField("rollout_finished")}
+    ledger, stubs, steps, stepped = out.ledger, out.stubs, out.steps, out.stepped
+    for event in events:  # the hot loop of ingest: plain attribute reads, no helper calls for step events
+        event_id = event.event_id
+        if event_id in seen:
             continue
-        seen.add(event.event_id)
+        seen.add(event_id)
         kind = event.WhichOneof("event") or ""
-        when = micros(event.event_time)
+        stamp = event.event_time
+        when = stamp.seconds * 1_000_000 + stamp.nanos // 1000
         tid = event.trajectory_id
-        out.ledger.append((event.event_id, event.run_id, tid, kind, when))
-        stub = out.stubs.setdefault(tid, [event.run_id, when, when])
-        stub[1], stub[2] = min(stub[1], when), max(stub[2], when)  # type: ignore[call-overload]
-        if kind == "rollout_started":
-            _started(out, event.rollout_started.trajectory, tid, when)
-        elif kind == "rollout_step":
-            s = event.rollout_step.step
-            out.steps.append((tid, s.index, len(s.tokens.token_ids), s.SerializeToString(), tid))
-            out.stepped.add(tid)
+        ledger.append((event_id, event.run_id, tid, kind, when))
+        stub = stubs.get(tid)
+        if stub is None:
+            stubs[tid] = [event.run_id, when, when]
+        elif when < stub[1]:  # type: ignore[operator]
+            stub[1] = when
+        elif when > stub[2]:  # type: ignore[operator]
+            stub[2] = when
+        if kind == "rollout_step":
+            if tid not in finished_here:
+                s = event.rollout_step.step
+                steps.append((tid, s.index, len(s.tokens.token_ids), s.SerializeToString(), tid))
+                stepped.add(tid)
+        elif kind == "rollout_started":
+            if tid not in finished_here:
+                _started(out, event.rollout_started.trajectory, tid, when)
         elif kind == "rollout_finished":
             _finished(out, event.rollout_finished.trajectory, tid, when)
         elif kind == "reward_added":
@@ -106,8 +115,14 @@ def _finished(out: Plan, t: tpb.Trajectory, tid: str, when: int) -> None:
     end = micros(t.end_time) if t.HasField("end_time") else when
     digest = patch_hash(t.final_patch)
     header = tpb.Trajectory()
-    header.ParseFromString(_header(t))
+    header.CopyFrom(t)
+    header.ClearField("steps")
+    header.ClearField("rewards")
     header.patch_hash = digest
+    if tid in out.finished:  # finished twice in one batch: the later event replaces the earlier one's rows too
+        out.finished_steps = [row for row in out.finished_steps if row[0] != tid]
+        out.finished_metadata = [row for row in out.finished_metadata if row[0] != tid]
+    steps = [(tid, s.index, len(s.tokens.token_ids), s.SerializeToString()) for s in t.steps]
     out.finished[tid] = (
         t.task_id,
         t.task_set,
@@ -119,12 +134,12 @@ def _finished(out: Plan, t: tpb.Trajectory, tid: str, when: int) -> None:
         start,
         end,
         end,
-        len(t.steps),
-        trajectory_tokens(t),
+        len(steps),
+        t.token_count or len(t.prompt_tokens.token_ids) + sum(row[2] for row in steps),  # the producer's, else counted
         header.SerializeToString(),
         tid,
     )
-    out.finished_steps += [(tid, s.index, len(s.tokens.token_ids), s.SerializeToString()) for s in t.steps]
+    out.finished_steps += steps
     out.finished_metadata += [(tid, k, v) for k, v in t.metadata.items()]
     for i, r in enumerate(t.rewards):
         _reward(out, tid, r, when * 1000 + i)
