@@ -23,7 +23,7 @@ from orchard.errors import (
 )
 from orchard.runtime import tenancy
 from orchard.services.env import metrics
-from orchard.services.env.agent_client import PtySession, terminal_size
+from orchard.services.env.agent_client import ExecEvent, PtySession, terminal_size
 from orchard.services.env.backends.base import SandboxBackend
 from orchard.services.env.exec_output import ExecOutput, StreamPosition
 from orchard.services.env.files import resolve_path
@@ -49,6 +49,10 @@ class ExecRequest:
     timeout_s: float = 0.0
     login_shell: bool = False
     max_output: int = 0
+
+
+def _bash_argv(req: ExecRequest, command: str) -> list[str]:
+    return ["bash", "-lc" if req.login_shell else "-c", command]
 
 
 class Commands:
@@ -153,7 +157,8 @@ class Commands:
             exec_id=exec_id,
             sandbox_id=sandbox.sandbox_id,
             command=command,
-            argv=["bash", "-lc" if req.login_shell else "-c", command],
+            # An argv runs as it is (no shell to start); a string, or a login shell's environment, needs bash.
+            argv=list(req.argv) if req.argv is not None and not req.login_shell else _bash_argv(req, command),
             cwd=resolve_path(sandbox.workdir, req.cwd),
             env=dict(req.env or {}),
             stdin=req.stdin,
@@ -177,24 +182,17 @@ class Commands:
             ex.start_time = time.time()
             oom_kills = await self.backend.oom_kills(sandbox.key)
             try:
-                async for event in sandbox.client.exec(
-                    ex.argv,
-                    cwd=ex.cwd,
-                    env=ex.env,
-                    stdin=ex.stdin,
-                    timeout=ex.timeout_s,
-                    max_output=ex.max_output,
-                    on_id=lambda rid: setattr(ex, "agent_id", rid),
-                ):
-                    if event.kind == "out":
-                        ex.out.append(event.fd, event.data)
-                        await ex.notify()
-                    elif event.kind == "exit":
-                        ex.totals = event.totals
-                        ex.exit_code = event.exit_code
-                        ex.oom_killed = ex.exit_code != 0 and await self.backend.oom_kills(sandbox.key) > oom_kills
-                        state, error = self._outcome(ex, event.reason, event.error, sandbox.resources.memory_bytes)
-                        await self._finish(ex, state, error=error)
+                exit_ = await self._agent_exec(sandbox, ex, ex.argv)
+                if exit_.error and ex.argv[0] != "bash":
+                    # An argv that cannot start (no such program, a shell builtin like cd, not executable): nothing
+                    # ran, so run it as bash would have, for bash's own answer ("command not found", 127) and its
+                    # builtins.
+                    exit_ = await self._agent_exec(sandbox, ex, ["bash", "-c", ex.command])
+                ex.totals = exit_.totals
+                ex.exit_code = exit_.exit_code
+                ex.oom_killed = ex.exit_code != 0 and await self.backend.oom_kills(sandbox.key) > oom_kills
+                state, error = self._outcome(ex, exit_.reason, exit_.error, sandbox.resources.memory_bytes)
+                await self._finish(ex, state, error=error)
             except OrchardError as err:
                 if isinstance(err, Unavailable) and sandbox.state is SandboxState.READY:
                     reason = err.message
@@ -208,6 +206,25 @@ class Commands:
             except asyncio.CancelledError:
                 await self._finish(ex, ExecState.CANCELLED, error="the env service stopped")
                 raise
+
+    async def _agent_exec(self, sandbox: Sandbox, ex: Exec, argv: list[str]) -> ExecEvent:
+        """Run argv for ex in its sandbox's agent, keeping its output; its exit event."""
+        assert sandbox.client is not None
+        async for event in sandbox.client.exec(
+            argv,
+            cwd=ex.cwd,
+            env=ex.env,
+            stdin=ex.stdin,
+            timeout=ex.timeout_s,
+            max_output=ex.max_output,
+            on_id=lambda rid: setattr(ex, "agent_id", rid),
+        ):
+            if event.kind == "out":
+                ex.out.append(event.fd, event.data)
+                await ex.notify()
+            elif event.kind == "exit":
+                return event
+        raise Unavailable(f"the agent of sandbox {sandbox.sandbox_id!r} ended a command without its exit")
 
     def _outcome(self, ex: Exec, reason: str | None, error: str | None, memory_bytes: int) -> tuple[ExecState, str]:
         if error:

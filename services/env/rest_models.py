@@ -104,7 +104,8 @@ class ExecBody(_Request):
     """POST /sandboxes/{id}/exec."""
 
     command: str | list[str]
-    """A bash line (run under `bash -c`), or an argv that the service shell-quotes."""
+    """A bash line (run under `bash -c`), or an argv (run with no shell; as `bash -c` of it, quoted, when it cannot
+    start, so a missing program says "command not found" and exits 127)."""
     timeout_seconds: float | None = Field(
         default=None, ge=0, validation_alias=AliasChoices("timeout_seconds", "timeout")
     )

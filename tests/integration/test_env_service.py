@@ -6,6 +6,7 @@ import asyncio
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import time
@@ -455,6 +456,42 @@ async def test_argv_is_quoted_literally(stub: Stub, sandbox: pb.Sandbox, argv: l
     """argv arguments reach the program literally: no expansion, splitting or injection."""
     ex = await run(stub, sandbox.sandbox_id, argv)
     assert (ex.state, ex.stdout) == (pb.EXEC_STATE_SUCCEEDED, expected)
+
+
+@pytest.mark.parametrize(
+    ("argv", "state", "code", "stdout", "stderr"),
+    [
+        (["sh", "-c", "echo out; echo err >&2; exit 3"], pb.EXEC_STATE_FAILED, 3, b"out\n", b"err\n"),
+        (["sh", "-c", "kill -9 $$"], pb.EXEC_STATE_FAILED, 137, b"", b""),
+        # Nothing could start: bash's answer, as when every argv ran under bash -c.
+        (["no-such-program-xyz", "a b"], pb.EXEC_STATE_FAILED, 127, b"", b"no-such-program-xyz: command not found\n"),
+        (["/etc/passwd"], pb.EXEC_STATE_FAILED, 126, b"", b"/etc/passwd: Permission denied\n"),
+        (["cd", "/tmp"], pb.EXEC_STATE_SUCCEEDED, 0, b"", b""),  # a bash builtin with no program of its name
+    ],
+)
+async def test_argv_runs_without_a_shell(
+    stub: Stub, sandbox: pb.Sandbox, argv: list[str], state: int, code: int, stdout: bytes, stderr: bytes
+) -> None:
+    """An argv runs as subprocess would run it (no bash in between); one that cannot start gets bash's answer."""
+    ex = await run(stub, sandbox.sandbox_id, argv)
+    assert (ex.state, ex.exit_code, ex.stdout, ex.error) == (state, code, stdout, "")
+    assert ex.stderr.endswith(stderr), ex.stderr
+    assert ex.command == shlex.join(argv)
+
+
+async def test_argv_env_cwd_and_timeout(stub: Stub, sandbox: pb.Sandbox) -> None:
+    """An argv gets the request's env and cwd (PATH looked up on the request's own); a timeout kills it."""
+    ex = await run(stub, sandbox.sandbox_id, ["sh", "-c", 'echo "$GREETING $(pwd)"; ps -o comm= -p $PPID'],
+                   env={"GREETING": "hi"}, cwd="/tmp")  # fmt: skip
+    assert (ex.state, ex.stdout.split(b"\n")[0]) == (pb.EXEC_STATE_SUCCEEDED, b"hi /tmp"), ex
+    assert b"bash" not in ex.stdout  # its parent is the agent, not a shell
+    ex = await run(stub, sandbox.sandbox_id, ["true"], env={"PATH": "/nowhere"})  # no true, and no bash either
+    assert (ex.exit_code, ex.error) == (127, "cannot start: No such file or directory: bash"), ex
+    ex = await run(stub, sandbox.sandbox_id, ["true"], cwd="/no-such-dir")
+    assert ex.state == pb.EXEC_STATE_FAILED and "No such file or directory: /no-such-dir" in ex.error
+    began = time.monotonic()
+    ex = await run(stub, sandbox.sandbox_id, ["sleep", "30"], timeout=0.5)
+    assert (ex.state, ex.exit_code) == (pb.EXEC_STATE_TIMED_OUT, 137) and time.monotonic() - began < 10
 
 
 async def test_stream_exec_yields_output_as_it_comes(stub: Stub, sandbox: pb.Sandbox) -> None:

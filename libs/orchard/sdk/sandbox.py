@@ -253,7 +253,8 @@ class AsyncSandbox:
     ) -> AsyncExecHandle:
         """Queue a command and return its handle at once.
 
-        A string runs as `bash -c <command>`; a list is argv, quoted by the service. Commands
+        A string runs as `bash -c <command>`; a list is an argv, run with no shell (as subprocess runs it;
+        one that cannot start gets bash's answer, e.g. "command not found" and exit code 127). Commands
         of one sandbox run one at a time, in the order they were started. The whole process tree
         is killed after `timeout` seconds (None: the service default). `max_output` caps the bytes kept of
         each of stdout and stderr (None: the service default, 16 MiB).

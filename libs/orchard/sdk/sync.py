@@ -176,7 +176,7 @@ class Sandbox:
         *,
         max_output: int | None = None,
     ) -> JobResult:
-        """Run a command to its end (string: `bash -c`; list: argv, quoted by the service)."""
+        """Run a command to its end (string: `bash -c`; list: an argv, run with no shell)."""
         return self._run.run(self._sandbox.exec(command, timeout, cwd, env, login_shell, stdin, max_output=max_output))
 
     def start(
