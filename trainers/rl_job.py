@@ -778,6 +778,7 @@ class RlRun:
         ]  # type: ignore[arg-type]
         if s.opd_coef and rows:
             rows, metrics["teacher_logprob_gap"] = await self.teacher(rows)
+        ctx.check_cancelled()  # a cancel that came during the rollouts: no update
         lr = optim.lr_at(o, step, total)
         metrics["updates"] = float(s.updates_per_step if rows else 0)
         started = time.perf_counter()
@@ -834,6 +835,7 @@ class RlRun:
             final,
             {"seed": o.seed},
         )
+        ctx.check_cancelled()  # a cancelled job never changes what the inference service serves (its checkpoint stays)
         metrics["push_seconds"] = await self.push(path, ctx.version(step + 1))
         ctx.progress(step + 1, total, loss, **metrics)
 

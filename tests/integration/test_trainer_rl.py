@@ -430,3 +430,25 @@ async def test_a_killed_rl_worker_resumes_from_its_checkpoint(
     assert all(t.rewards for t in finished)
     resumed = [t for t in finished if t.sample_index >= 2 * 2]  # attempt 1 starts at (1 * T + 1) * P = 6
     assert len(resumed) == 2 and min(t.sample_index for t in resumed) >= 6
+
+
+@pytest.mark.timeout(90)
+@needs_sandboxes
+@needs_image(TASKS[0].image)
+async def test_a_cancelled_rl_job_never_changes_the_served_weights(
+    env: EnvServer, policy: Inference, tiny: Path, tmp_path: Path
+) -> None:
+    """A cancel that comes while a step samples stops the job at its next check (before the update, or at the latest
+    before the push): the inference service keeps serving the weights it served when the job was cancelled."""
+    env_address = f"127.0.0.1:{env.server.port}"
+    async with trainer_service(tmp_path / "jobs", inference_address=policy.address, env_address=env_address) as stub:
+        await stub.CreateJob(pb.CreateJobRequest(config=rl_config(tiny, steps=3), job_id="rl-stop"))
+        async for event in stub.StreamJobEvents(pb.StreamJobEventsRequest(job_id="rl-stop"), timeout=60):
+            if event.WhichOneof("event") == "progress":  # step 1 pushed; the worker now samples step 2
+                break
+        served = (await policy.stub.ListModels(ipb.ListModelsRequest(), timeout=10)).models[0]
+        assert served.weights_version == "rl-stop-step-1"
+        job = (await stub.CancelJob(pb.CancelJobRequest(job_id="rl-stop"), timeout=30)).job
+    assert job.state == pb.JOB_STATE_CANCELLED and job.progress.step == 1, job
+    served = (await policy.stub.ListModels(ipb.ListModelsRequest(), timeout=10)).models[0]
+    assert served.weights_version == "rl-stop-step-1"
