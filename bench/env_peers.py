@@ -1,5 +1,5 @@
 """Orchard Env against what users would pick instead, alternated in blocks within one run (so load drifts hit every
-contender alike): exec of `true` through the sync SDK (a string and an argv: the service runs both as `bash -c` in the sandbox) against a bare `subprocess.run(["true"])`, `bash -c true`,
+contender alike): exec of `true` through the sync SDK (a string, run as `bash -c` in the sandbox, and an argv, run with no shell) against a bare `subprocess.run(["true"])`, `bash -c true`,
 bubblewrap per command (the namespaces a sandbox has), `podman exec` into a running container and SWE-ReX (its
 remote `execute`, and a bash session); create → first exec → delete against `podman run --rm` and bwrap. Starts
 its own env service and `swerex-remote`; the podman image is python:3.11-slim's rootfs, imported once. Prints one
@@ -143,7 +143,7 @@ def main() -> None:
                 def orchard_exec() -> None:
                     assert sandbox.exec("true").exit_code == 0
 
-                def orchard_argv() -> None:  # argv: the service joins it with shell quoting, so bash -c runs it too
+                def orchard_argv() -> None:  # argv: the agent starts the program itself, as subprocess.run does
                     assert sandbox.exec(["true"]).exit_code == 0
 
                 execs: dict[str, Callable[[], object]] = {
@@ -179,6 +179,7 @@ def main() -> None:
     exec_p50 = {name: median_ms(v) for name, v in exec_times.items()}
     create_p50 = {name: median_ms(v) for name, v in create_times.items()}
     ours, ours_create = exec_p50["orchard_sdk_exec"], create_p50["orchard_create_exec_delete"]
+    ours_argv = exec_p50["orchard_sdk_exec_argv"]
     print(
         json.dumps(
             {
@@ -189,6 +190,9 @@ def main() -> None:
                 "exec_true_p50_ms": exec_p50,
                 "exec_ratio_orchard_over": {
                     k: round(ours / v, 2) for k, v in exec_p50.items() if k != "orchard_sdk_exec"
+                },
+                "exec_argv_ratio_orchard_over": {
+                    k: round(ours_argv / v, 2) for k, v in exec_p50.items() if not k.startswith("orchard_")
                 },
                 "exec_calls_each": len(exec_times["orchard_sdk_exec"]),
                 "create_first_exec_p50_ms": create_p50,
