@@ -104,6 +104,28 @@ async def test_backpressure_is_bounded_and_nothing_is_lost(tmp_path: Path) -> No
         nats_server.stop()
 
 
+async def test_overlapping_batches_keep_the_order(tmp_path: Path) -> None:
+    """The next batch goes out while the previous one's acknowledgements come back: 1,000 events in batches of
+    100 are all acknowledged, land once each, and in the order they were published."""
+    nats_server = NatsServer(tmp_path / "nats")
+    nats_server.start()
+    try:
+        steps = [events.step("run-1", "t1", tpb.Step(index=i)) for i in range(1000)]
+        async with events.EventPublisher.connect(nats_server.url, batch_size=100) as publisher:
+            for event in steps:
+                await publisher.publish(event)
+            await publisher.flush(30)
+            assert (publisher.stats.published, publisher.stats.pending, publisher.stats.retries) == (1000, 0, 0)
+            sub = await publisher._js.pull_subscribe("orchard.rollouts.run-1.>", durable="check", stream=STREAM)
+            stored: list[str] = []
+            with contextlib.suppress(nats.errors.TimeoutError):
+                while True:
+                    stored += [msg_id(m) for m in await sub.fetch(500, timeout=2)]
+        assert stored == [e.event_id for e in steps]
+    finally:
+        nats_server.stop()
+
+
 async def test_first_connect_to_a_dead_address_fails_clearly() -> None:
     """No nats-server there: the first connect gives up after its timeout with Unavailable saying what to do
     (nats-py alone would retry it forever and the service would hang at start)."""

@@ -8,9 +8,10 @@ longer than a bound, and without dropping an event it accepted.
     # leaving the block flushes (bounded by close_timeout_s) and closes the connection
 
 How it keeps its promises:
-- `publish()` only appends to a bounded in-memory buffer; one background task publishes a batch at a time
-  (every message first, then their acknowledgements together, on one reply subscription) and removes an
-  event only once JetStream acknowledged it. Failed or unanswered publishes go back to the buffer and are
+- `publish()` only appends to a bounded in-memory buffer; one background task publishes it in batches
+  (every message of a batch first, then their acknowledgements together, on one reply subscription; the next
+  batch goes out while the previous one's acknowledgements come back) and removes an event only once
+  JetStream acknowledged it. Failed or unanswered publishes go back to the buffer and are
   retried with backoff, across NATS restarts (nats-py reconnects forever). Every publish carries
   `Nats-Msg-Id` = event id, so a retry of a publish that was in fact stored is dropped by JetStream's
   duplicate window: at-least-once sends become exactly-once storage.
@@ -84,6 +85,20 @@ _Outgoing = tuple[str, bytes, str]
 """An accepted event as it goes on the wire: (subject, serialized RolloutEvent, event id)."""
 
 
+@dataclass
+class _Round:
+    """One batch on the wire; acknowledgements come to <reply prefix>.<number>.<index in batch>."""
+
+    number: int
+    batch: list[_Outgoing]
+    outcomes: list[str | None]
+    """Per event: None = no answer yet, "" = stored, or why not."""
+    unanswered: int
+    answered: asyncio.Event
+    deadline: float = 0.0
+    """Loop time after which unanswered events count as failed."""
+
+
 class EventPublisher:
     """Buffers RolloutEvents and publishes them to the ORCHARD_ROLLOUTS stream in the background.
 
@@ -91,7 +106,7 @@ class EventPublisher:
         nc: a connected nats-py client (connect() makes one that reconnects forever).
         max_pending: most events buffered (accepted, not yet acknowledged) before publish() waits.
         max_wait_s: longest publish() waits for room before raising PublishBackpressure (0 = never waits).
-        batch_size: most publishes in flight at once.
+        batch_size: most publishes in one batch (two batches overlap: one being sent, one awaiting its acks).
         ack_timeout_s: how long to wait for JetStream's acknowledgement before retrying the publish.
         close_timeout_s: how long close() keeps trying to publish what is left.
     """
@@ -116,13 +131,10 @@ class EventPublisher:
         self._queued = asyncio.Event()  # set while the buffer holds events
         self._in_flight = 0
         self._changed = asyncio.Condition()  # notified when events leave the buffer (room, flush)
-        # The batch in flight: acknowledgements come to <reply prefix>.<round>.<index in batch>.
         self._reply_prefix = nc.new_inbox()
         self._replies: Subscription | None = None
         self._round = 0
-        self._outcomes: list[str | None] = []  # per event of the round: None = no answer yet, "" = stored, or why not
-        self._unanswered = 0
-        self._answered = asyncio.Event()  # set when every event of the round has its outcome
+        self._rounds: dict[int, _Round] = {}  # the batches in flight, by number, oldest first
         self._stream_missing = False
         self._task: asyncio.Task[None] | None = None
         self._closed = False
@@ -164,7 +176,8 @@ class EventPublisher:
         self._buffer.append((subject, event.SerializeToString(), event.event_id))
         self._queued.set()
         self.stats.accepted += 1
-        self._set_pending()
+        # The gauge follows when a batch is acknowledged: its lock, taken per event, cost more than the rest here.
+        self.stats.pending = self._pending()
 
     async def _wait_for_room(self, event: RolloutEvent) -> None:
         self.stats.backpressure_waits += 1
@@ -220,85 +233,103 @@ class EventPublisher:
         PENDING.set(self.stats.pending)
 
     async def _run(self) -> None:
-        """Send batches until cancelled; failed events go back to the front of the buffer and are retried."""
+        """Send batches until cancelled, two at a time: batch n+1 goes on the wire before waiting for batch n's
+        acknowledgements, so the bus stores one while the next is sent (one batch at a time left both sides idle
+        in turn). Failed events go back to the front of the buffer and are retried."""
         failures = 0
-        while True:
-            await self._queued.wait()
-            batch = [self._buffer.popleft() for _ in range(min(self._batch_size, len(self._buffer)))]
-            if not self._buffer:
-                self._queued.clear()
-            self._in_flight = len(batch)
-            try:
-                failed = await self._send(batch)
-            except asyncio.CancelledError:
-                self._buffer.extendleft(reversed(batch))  # close() reports them as unpublished
-                self._in_flight = 0
-                raise
-            async with self._changed:
-                if failed:
-                    self._buffer.extendleft(reversed(failed))
-                    self._queued.set()
-                self._in_flight = 0
-                done = len(batch) - len(failed)
-                self.stats.published += done
-                PUBLISHED.inc(done)
-                self._set_pending()
-                self._changed.notify_all()
-            if failed:
-                failures += 1
-                self.stats.retries += len(failed)
-                RETRIED.inc(len(failed))
-                if failures == 1:
-                    _log.warning(
-                        "publishing rollout events failed (%s); retrying until NATS answers",
-                        self.stats.last_error,
-                        extra={"pending": self._pending()},
-                    )
-                if self._stream_missing:
-                    self._stream_missing = False
-                    with contextlib.suppress(Exception):
-                        await ensure_stream(self._js)  # a NATS server that lost its store (e.g. a fresh one)
-                # Jittered exponential backoff so a restarting server is not hammered by every producer at once.
-                await asyncio.sleep(min(2.0, 0.05 * 2 ** min(failures, 6)) * random.uniform(0.5, 1.0))
-            elif failures:
-                _log.info("publishing rollout events works again after %d failed attempts", failures)
-                failures = 0
+        previous: _Round | None = None
+        try:
+            while True:
+                if previous is None:
+                    await self._queued.wait()
+                current = None
+                if self._buffer:
+                    batch = [self._buffer.popleft() for _ in range(min(self._batch_size, len(self._buffer)))]
+                    if not self._buffer:
+                        self._queued.clear()
+                    current = await self._send(batch)
+                if previous is not None:
+                    failures = await self._finish(previous, failures)
+                previous = current
+        except asyncio.CancelledError:
+            for r in reversed(self._rounds.values()):  # newest first, so the buffer keeps the order they had
+                self._buffer.extendleft(reversed(r.batch))  # close() reports them as unpublished
+            self._rounds.clear()
+            self._in_flight = 0
+            raise
 
-    async def _send(self, batch: list[_Outgoing]) -> list[_Outgoing]:
-        """Publish every event of `batch`, then wait for their acknowledgements together; returns the events
-        JetStream did not acknowledge. Cheaper than `js.publish_async`, which makes a future, a semaphore slot
-        and a parsed PubAck per message."""
+    async def _send(self, batch: list[_Outgoing]) -> _Round:
+        """Publish every event of `batch` with a reply subject of its own round. Cheaper than
+        `js.publish_async`, which makes a future, a semaphore slot and a parsed PubAck per message."""
         self._round += 1
-        reply = f"{self._reply_prefix}.{self._round}."
-        self._outcomes = [None] * len(batch)
-        self._unanswered = len(batch)
-        self._answered.clear()
+        r = _Round(self._round, batch, [None] * len(batch), len(batch), asyncio.Event())
+        self._rounds[r.number] = r
+        self._in_flight += len(batch)
+        reply = f"{self._reply_prefix}.{r.number}."
         for i, (subject, data, event_id) in enumerate(batch):
             try:
                 await self._nc.publish(subject, data, reply=reply + str(i), headers={"Nats-Msg-Id": event_id})
             except Exception as err:  # disconnected, buffer full, closing: retry this one later
-                self._outcomes[i] = f"{type(err).__name__}: {err}"
-                self._unanswered -= 1
-        if self._unanswered:
-            # One deadline for the whole batch: a lost connection must not cost ack_timeout_s per event.
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self._ack_timeout_s):
-                    await self._answered.wait()
-        failed = []
-        for outgoing, outcome in zip(batch, self._outcomes, strict=True):
-            if outcome is None:
-                self.stats.last_error = f"no acknowledgement within {self._ack_timeout_s:.1f}s"
-                failed.append(outgoing)
-            elif outcome:
-                self.stats.last_error = outcome
-                failed.append(outgoing)
-        return failed
+                r.outcomes[i] = f"{type(err).__name__}: {err}"
+                r.unanswered -= 1
+        if not r.unanswered:
+            r.answered.set()
+        # One deadline for the whole batch: a lost connection must not cost ack_timeout_s per event.
+        r.deadline = asyncio.get_running_loop().time() + self._ack_timeout_s
+        return r
+
+    async def _finish(self, r: _Round, failures: int) -> int:
+        """Wait (up to the round's deadline) for JetStream's answers to `r`, requeue what it did not
+        acknowledge, and back off after a failure; returns the count of consecutive failed rounds."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout_at(r.deadline):
+                await r.answered.wait()
+        async with self._changed:
+            del self._rounds[r.number]  # here, where nothing suspends: a cancel finds the round or its requeue
+            failed = []
+            for outgoing, outcome in zip(r.batch, r.outcomes, strict=True):
+                if outcome is None:
+                    self.stats.last_error = f"no acknowledgement within {self._ack_timeout_s:.1f}s"
+                    failed.append(outgoing)
+                elif outcome:
+                    self.stats.last_error = outcome
+                    failed.append(outgoing)
+            if failed:
+                self._buffer.extendleft(reversed(failed))
+                self._queued.set()
+            self._in_flight -= len(r.batch)
+            done = len(r.batch) - len(failed)
+            self.stats.published += done
+            PUBLISHED.inc(done)
+            self._set_pending()
+            self._changed.notify_all()
+        if not failed:
+            if failures:
+                _log.info("publishing rollout events works again after %d failed attempts", failures)
+            return 0
+        failures += 1
+        self.stats.retries += len(failed)
+        RETRIED.inc(len(failed))
+        if failures == 1:
+            _log.warning(
+                "publishing rollout events failed (%s); retrying until NATS answers",
+                self.stats.last_error,
+                extra={"pending": self._pending()},
+            )
+        if self._stream_missing:
+            self._stream_missing = False
+            with contextlib.suppress(Exception):
+                await ensure_stream(self._js)  # a NATS server that lost its store (e.g. a fresh one)
+        # Jittered exponential backoff so a restarting server is not hammered by every producer at once.
+        await asyncio.sleep(min(2.0, 0.05 * 2 ** min(failures, 6)) * random.uniform(0.5, 1.0))
+        return failures
 
     async def _on_reply(self, msg: Msg) -> None:
-        """JetStream's answer to one publish of the round in flight (a retry has the same Nats-Msg-Id, so
-        answers to an earlier round are ignored)."""
-        _, round_, index = msg.subject.rsplit(".", 2)
-        if int(round_) != self._round or self._outcomes[int(index)] is not None:
+        """JetStream's answer to one publish of a round in flight (a retry has the same Nats-Msg-Id, so
+        answers to a finished round are ignored)."""
+        _, number, index = msg.subject.rsplit(".", 2)
+        r = self._rounds.get(int(number))
+        if r is None or r.outcomes[int(index)] is not None:
             return
         if msg.headers and msg.headers.get(Header.STATUS) == "503":  # nothing listens: the stream does not exist
             self._stream_missing = True
@@ -308,10 +339,10 @@ class EventPublisher:
             outcome = f"JetStream refused the publish: {error.get('description')} (code {error.get('code')})"
         else:
             outcome = ""
-        self._outcomes[int(index)] = outcome
-        self._unanswered -= 1
-        if not self._unanswered:
-            self._answered.set()
+        r.outcomes[int(index)] = outcome
+        r.unanswered -= 1
+        if not r.unanswered:
+            r.answered.set()
 
 
 async def connect_nats(url: str, *, name: str = "orchard", first_connect_timeout_s: float = 30.0) -> NatsClient:

@@ -17,7 +17,7 @@ from experience_helpers import outcome, rollout, stamp
 
 from orchard import events
 from orchard.experience.v1 import experience_pb2 as pb
-from orchard.services.experience import stats
+from orchard.services.experience import ingest, stats
 from orchard.services.experience.backends import load_store
 from orchard.services.experience.backends.base import SqlStore
 from orchard.types.v1 import types_pb2 as tpb
@@ -72,6 +72,31 @@ async def test_finished_is_authoritative_and_rewards_are_a_union(store: SqlStore
     # The latest outcome reward decides outcome filters.
     unresolved = pb.TrajectoryFilter(outcome_status=tpb.OUTCOME_STATUS_UNRESOLVED)
     assert [x.trajectory_id for x, _ in await store.list_trajectories(unresolved, full=False, limit=10)] == ["t1"]
+
+
+async def test_a_batch_of_whole_rollouts_writes_each_step_once(store: SqlStore, tmp_path: Path) -> None:
+    """Started and step events of a trajectory finished in the same batch add only their ledger rows (the finished
+    event replaces the rest in that transaction); what is stored equals writing the events one at a time."""
+    batch = [e for i in range(3) for e in rollout("r1", f"t{i}", "task", steps=3)]
+    batch += rollout("r1", "t9", "task", steps=2, finish=False)
+    redone = events.finished(tpb.Trajectory(trajectory_id="t0", run_id="r1", task_id="redone"))
+    redone.event_id += ".again"  # finished twice in one batch (another event id): the later one wins
+    batch.append(redone)
+    p = ingest.plan(batch)
+    assert {row[0] for row in p.steps} == {"t9"} and {row[-1] for row in p.started} == {"t9"}
+    assert len(p.finished_steps) == 3 + 3 and len(p.ledger) == len(batch)  # t0's first finished event is replaced
+    await store.write_events(batch)
+    one_by_one = load_store(f"sqlite:///{tmp_path / 'one-by-one.db'}")
+    await one_by_one.open()
+    try:
+        for event in batch:
+            await one_by_one.write_events([event])
+        for tid in ("t0", "t1", "t2", "t9"):
+            assert await store.get_trajectory(tid, full=True) == await one_by_one.get_trajectory(tid, full=True)
+    finally:
+        await one_by_one.close()
+    t0 = await store.get_trajectory("t0", full=True)
+    assert t0 is not None and (t0.task_id, t0.step_count) == ("redone", 0)
 
 
 async def test_unfinished_trajectories_assemble_from_started_and_steps(store: SqlStore) -> None:
