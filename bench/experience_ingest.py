@@ -6,7 +6,7 @@ each block is reported, with the median of the per-round ratios and the load ave
 Starts its own nats-server and `orchard serve experience` (SQLite, or --store-url) on free ports in a temporary
 folder; prints one JSON object. The CPU each process spent per 1,000 events shows where the time goes.
 
-    python bench/experience_ingest.py [--events 100000] [--rounds 5] [--steps 8] [--tokens 64] [--store-url ...]
+    python bench/experience_ingest.py [--events 100000] [--rounds 6] [--steps 8] [--tokens 64] [--store-url ...]
 """
 
 from __future__ import annotations
@@ -89,6 +89,7 @@ class StoreProbe:
     def __init__(self, store_url: str) -> None:
         self._url = store_url
         self._conn: Any = None
+        self._no_schema: type[Exception] = sqlite3.OperationalError  # the service has not created the schema yet
 
     def _connect(self) -> Any:
         if self._conn is None:
@@ -98,6 +99,7 @@ class StoreProbe:
                 import psycopg
 
                 self._conn = psycopg.connect(self._url, autocommit=True)
+                self._no_schema = psycopg.errors.UndefinedTable
         return self._conn
 
     def _one(self, query: str, params: tuple[object, ...] = ()) -> Any:
@@ -105,7 +107,7 @@ class StoreProbe:
             query = query.replace("?", "%s")
         try:
             row = self._connect().execute(query, params).fetchone()
-        except sqlite3.OperationalError:  # the service has not created the schema yet
+        except self._no_schema:
             return None
         return row[0] if row else None
 
@@ -181,11 +183,10 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
     )
     service = None
     probe = StoreProbe(store_url)
-    per_round = max(1, args.events // args.rounds)
     rows: list[dict[str, Any]] = []
     try:
         await asyncio.sleep(0.5)
-        sample = make_events(per_round * args.rounds, args.steps, args.tokens, f"bench{int(time.time())}")
+        sample = make_events(args.events, args.steps, args.tokens, f"bench{int(time.time())}")
         payload_bytes = sum(len(e.SerializeToString()) for e in sample) / len(sample)
         service = subprocess.Popen(
             [
@@ -219,7 +220,7 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
             await raw_publish(js, [(events.subject_of(e), e.SerializeToString(), "w" + e.event_id) for e in warm])
             stored_total = len(warm)
             for r in range(args.rounds):
-                block = sample[r * per_round : (r + 1) * per_round]
+                block = sample[r * len(sample) // args.rounds : (r + 1) * len(sample) // args.rounds]
                 payloads = [(events.subject_of(e), e.SerializeToString(), e.event_id) for e in block]
                 stored_total += len(block)
                 row: dict[str, Any] = {"round": r}
@@ -249,9 +250,9 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
     assert final_count == stored_total, f"stored {final_count} events, published {stored_total}"
     ratio = statistics.median(row["ratio"] for row in rows)
     return {
-        "events": per_round * args.rounds,
+        "events": len(sample),
         "rounds": args.rounds,
-        "block_events": per_round,
+        "block_events": len(sample) // args.rounds,
         "mean_event_bytes": round(payload_bytes),
         "store": store_url.split(":", 1)[0],
         "blocks": rows,
@@ -259,6 +260,7 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
         "raw_jetstream_publish_per_s": round(statistics.median(row["raw_publish_per_s"] for row in rows)),
         "ratio_stored_to_raw_publish": round(ratio, 3),
         "publisher_accept_per_s": round(statistics.median(row["publisher_accept_per_s"] for row in rows)),
+        "publisher_acked_per_s": round(statistics.median(row["publisher_acked_per_s"] for row in rows)),
         "target_ratio": 0.9,
         "meets_target": ratio >= 0.9,
         "loadavg_start": [round(x, 2) for x in load_start],
@@ -269,7 +271,12 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=100_000, help="events per side, split over the rounds")
-    parser.add_argument("--rounds", type=int, default=5, help="rounds of one raw and one Orchard block each")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=6,
+        help="rounds of one raw and one Orchard block each (even: each side goes first as often)",
+    )
     parser.add_argument("--steps", type=int, default=8, help="steps per rollout (events per rollout = steps + 2)")
     parser.add_argument("--tokens", type=int, default=64, help="tokens per step")
     parser.add_argument("--batch-size", type=int, default=1000, help="the service's fetch/transaction batch")
