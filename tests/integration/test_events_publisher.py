@@ -116,11 +116,13 @@ async def test_overlapping_batches_keep_the_order(tmp_path: Path) -> None:
                 await publisher.publish(event)
             await publisher.flush(30)
             assert (publisher.stats.published, publisher.stats.pending, publisher.stats.retries) == (1000, 0, 0)
+            assert (await publisher._js.stream_info(STREAM)).state.messages == 1000
             sub = await publisher._js.pull_subscribe("orchard.rollouts.run-1.>", durable="check", stream=STREAM)
             stored: list[str] = []
-            with contextlib.suppress(nats.errors.TimeoutError):
-                while True:
-                    stored += [msg_id(m) for m in await sub.fetch(500, timeout=2)]
+            async with asyncio.timeout(60):
+                while len(stored) < 1000:
+                    with contextlib.suppress(nats.errors.TimeoutError):  # a slow fetch on a loaded machine: again
+                        stored += [msg_id(m) for m in await sub.fetch(1000 - len(stored), timeout=5)]
         assert stored == [e.event_id for e in steps]
     finally:
         nats_server.stop()
