@@ -92,9 +92,14 @@ def test_browser_benchmark() -> None:
 
 
 def test_experience_ingest_benchmark() -> None:
-    """Needs only nats-server (installed with the package), not sandboxes; every event published is stored."""
-    report = run_bench("experience_ingest.py", ["--events", "2000"], "stored_events_per_s")
+    """Needs only nats-server (installed with the package), not sandboxes; every event published is stored, and
+    raw publish and publish → stored row alternate in blocks, each reported, with the load at start and end."""
+    report = run_bench("experience_ingest.py", ["--events", "2000", "--rounds", "4"], "stored_events_per_s")
     assert report["events"] == 2000 and report["stored_events_per_s"] > 0, report
+    blocks = report["blocks"]
+    assert isinstance(blocks, list) and [b["round"] for b in blocks] == [0, 1, 2, 3], report
+    assert all(b["raw_publish_per_s"] > 0 and b["stored_per_s"] > 0 for b in blocks), report
+    assert float(report["ratio_stored_to_raw_publish"]) > 0 and len(report["loadavg_end"]) == 3, report
 
 
 def test_inference_throughput_benchmark() -> None:
