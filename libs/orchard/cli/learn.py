@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from orchard.cli.arguments import count, rate
+from orchard.cli.arguments import count, fraction, rate
 from orchard.errors import FailedPrecondition, InvalidArgument
 
 ORCHARD = [sys.executable, "-c", "import sys; from orchard.cli import main; main(sys.argv[1:])"]
@@ -54,6 +54,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     g.add_argument("--rl-steps", type=count(1), default=6, help="the RL job's steps (default: 6)")
     g.add_argument("--rl-lr", type=rate, default=1e-4, help="the RL job's learning rate (default: 1e-4)")
     g.add_argument("--group-size", type=count(2), default=4, help="RL rollouts per task and step (default: 4)")
+    g.add_argument(
+        "--rl-updates", type=count(1), default=2, help="the RL job's optimiser steps per rollout step (default: 2)"
+    )
+    g.add_argument(
+        "--rl-negative-scale",
+        type=fraction,
+        default=0.0,
+        help="the RL job's scale of negative advantages (default: 0, the better rollouts only: a student that "
+        "memorised its trajectories unlearns them under negative ones; docs/training.md#learning-on-a-cpu)",
+    )
     g.add_argument("--value-steps", type=count(1), default=20, help="the value job's steps (default: 20)")
     g.add_argument("--best-of", type=count(2), default=4, help="candidates reranked per task (default: 4)")
     p.add_argument("--run-id", default="", help="the prefix of every run and job id (default: learn-<time>)")
@@ -146,11 +156,13 @@ def cmd_learn(args: argparse.Namespace) -> int:
     orchard(
         ["train", "--kind", "rl", "--tasks", args.tasks, "--ids", *train, "--base-model", "served"]
         + ["--lr", str(args.rl_lr), "--max-steps", str(args.rl_steps), "--group-size", str(args.group_size)]
+        + ["--updates-per-step", str(args.rl_updates), "--negative-advantage-scale", str(args.rl_negative_scale)]
         + ["--prompts", str(len(train)), "--max-turns", str(args.max_steps)]
         + ["--max-step-tokens", str(args.max_step_tokens), "--temperature", str(args.temperature)]
         + ["--seed", str(args.seed), "--job-id", rl, "--push", *trainer, "--report", str(folder / "rl.json")]
     )
-    final = evaluate("rl", f"GRPO on the outcome reward, {args.rl_steps} steps")
+    better = ", the better rollouts only" if args.rl_negative_scale == 0 else ""
+    final = evaluate("rl", f"GRPO on the outcome reward, {args.rl_steps} steps{better}")
     # The value model: every stored run but the one it reranks, the held-out tasks left out (decontamination).
     history = [f"{run}-eval-base", teacher, f"{run}-eval-distilled", rl]
     held_file = folder / "held-out.txt"
