@@ -98,6 +98,9 @@ class EnvSettings(ServiceSettings):
     """Process (and thread) limit of a sandbox that sets none, so a fork bomb stays inside; 0 = unlimited."""
     default_disk_bytes: int = Field(default=0, ge=0)
     """Size cap of the writable layer of a sandbox that sets none; 0 = unlimited."""
+    cgroup_root: Path | None = None
+    """local backend on cgroup v2: the delegated subtree (a directory under /sys/fs/cgroup with the memory, cpu and
+    pids controllers) to make sandboxes' groups in; unset = the service's own cgroup (systemd's Delegate=yes)."""
     k8s_namespace: str = "orchard-sandboxes"
     """kubernetes backend: the namespace of sandbox pods and their network policies (deploy/k8s/base/env-rbac.yaml)."""
     k8s_kubeconfig: Path | None = None

@@ -1,4 +1,5 @@
-"""Resource limits of the local backend, enforced for real: memory (OOM), CPU quota, process count, disk cap."""
+"""Resource limits of the local backend, enforced for real: memory (OOM), CPU quota, process count, disk cap. They
+run on this machine's cgroup v1 controllers, and on a pure cgroup v2 hierarchy in the VM of test_env_cgroup_v2_vm.py."""
 
 from __future__ import annotations
 
@@ -18,19 +19,21 @@ from env_helpers import EnvServer, StartEnv, create, delete_quietly, needs_sandb
 
 from orchard.env.v1 import env_pb2 as pb
 from orchard.env.v1 import env_pb2_grpc
-from orchard.services.env.backends.cgroups import parent_name
+from orchard.errors import FailedPrecondition
+from orchard.services.env.backends.cgroups import CGROUP_FS, CONTROLLERS, SERVICE_LEAF, mounted_hierarchy, parent_name
 
+HIERARCHY = mounted_hierarchy(Path("/proc/self/mountinfo").read_text())
 pytestmark = [
     needs_sandboxes,
     pytest.mark.skipif(
-        not Path("/sys/fs/cgroup/pids").is_dir(),
-        reason="resource limits need the cgroup v1 controllers memory, cpu and pids",
+        HIERARCHY is None, reason="resource limits need cgroup v2 or the cgroup v1 controllers memory, cpu and pids"
     ),
     pytest.mark.timeout(60),
 ]
 
 MiB = 1 << 20
-CGROUP_ROOTS = [Path("/sys/fs/cgroup") / c for c in ("memory", "cpu", "pids")]
+# Where a service's groups are: v1 has a tree per controller, v2 one tree (here its root is delegated to the tests).
+CGROUP_ROOTS = [CGROUP_FS / c for c in CONTROLLERS] if HIERARCHY == "v1" else [CGROUP_FS]
 BUSY_ONE_CPU_SECOND = """
 import time
 wall, cpu = time.monotonic(), time.process_time()
@@ -222,9 +225,9 @@ async def test_limits_beyond_the_machine_are_invalid(env: EnvServer, resources: 
 
 
 @pytest.mark.timeout(60)
-def test_host_without_cgroup_v1(tmp_path: Path) -> None:
-    """On a host without cgroup v1 controllers (here: a mount namespace with an empty /sys/fs/cgroup) the service
-    starts without its built-in pids default and says so; defaults the operator set explicitly stop it instead."""
+def test_host_without_cgroups(tmp_path: Path) -> None:
+    """On a host without cgroups (here: a mount namespace with an empty /sys/fs/cgroup) the service starts without
+    its built-in pids default and says so; defaults the operator set explicitly stop it instead."""
     import socket
     import subprocess
     import sys
@@ -284,4 +287,62 @@ def test_host_without_cgroup_v1(tmp_path: Path) -> None:
     assert "no default pids limit" in log
     refused, port = serve("--default-pids", "4096")
     _, log = refused.communicate(timeout=30)
-    assert refused.returncode != 0 and "cgroup v1 controllers" in log
+    assert refused.returncode != 0 and "neither cgroup v2 mounted at /sys/fs/cgroup nor the v1 controllers" in log
+
+
+async def test_limits_are_written_to_the_sandbox_group(env: EnvServer) -> None:
+    """A sandbox's group holds its limits in the hierarchy's own files, and its processes."""
+    sandbox = await create(env.stub, resources=pb.Resources(cpu_millis=500, memory_bytes=64 * MiB, pids=32))
+    name = parent_name(env.settings.state_dir)
+    found = {
+        f"{Path(top).relative_to(root)}/{f}": (Path(top) / f).read_text().strip()
+        for root in CGROUP_ROOTS
+        for top, _, files in os.walk(root)
+        if Path(top).name == sandbox.sandbox_id and Path(top).parent.name == name
+        for f in files
+        if f in {"memory.limit_in_bytes", "cpu.cfs_quota_us", "cpu.max", "memory.max", "memory.swap.max", "pids.max"}
+    }
+    if HIERARCHY == "v1":
+        assert {k.split("/")[-1]: v for k, v in found.items()} == {
+            "memory.limit_in_bytes": str(64 * MiB),
+            "cpu.cfs_quota_us": "50000",
+            "pids.max": "32",
+        }
+        return
+    assert {k.split("/")[-1]: v for k, v in found.items()} == {
+        "memory.max": str(64 * MiB),
+        "memory.swap.max": "0",
+        "cpu.max": "50000 100000",
+        "pids.max": "32",
+    }
+    group = CGROUP_FS / next(iter(found)).rsplit("/", 1)[0]
+    assert len((group / "cgroup.procs").read_text().split()) >= 2  # bwrap, its init and the agent
+    own = Path("/proc/self/cgroup").read_text().strip().rsplit(":", 1)[1]
+    assert Path(own).name == SERVICE_LEAF and group.parent.parent == CGROUP_FS / Path(own).parent.relative_to("/")
+
+
+async def test_undelegated_cgroup_v2_subtree_is_refused(start_env: StartEnv) -> None:
+    """Given a cgroup v2 subtree without the controllers, the service starts without its pids default, refuses
+    limits naming what is missing and how to delegate them, and refuses explicit defaults at start-up."""
+    v2_root = CGROUP_FS if HIERARCHY == "v2" else CGROUP_FS / "unified"  # a hybrid host's v2 mount
+    if not (v2_root / "cgroup.controllers").exists():
+        pytest.skip(f"no cgroup v2 hierarchy at {v2_root}")
+    outer = v2_root / f"orchard-test-{os.getpid()}"
+    subtree = outer / "undelegated"  # outer hands nothing down: subtree's cgroup.controllers is empty
+    subtree.mkdir(parents=True)
+    try:
+        env = await start_env(cgroup_root=subtree)
+        assert env.settings.default_pids == 0
+        err = await rpc_error(create(env.stub, resources=pb.Resources(memory_bytes=64 * MiB)))
+        assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert (
+            f"needs the cgroup v2 controllers memory, cpu, pids, which are not delegated to {subtree}: "
+            "run the service under systemd with Delegate=yes"
+        ) in err.details(), err.details()
+        assert (await create(env.stub)).state == pb.SANDBOX_STATE_READY
+        with pytest.raises(FailedPrecondition, match="cgroup v2 controllers memory, cpu, pids"):
+            await start_env(cgroup_root=subtree, default_pids=4096)
+        assert [p for p in subtree.iterdir() if p.is_dir()] == []  # no groups made in it
+    finally:
+        subtree.rmdir()
+        outer.rmdir()
