@@ -25,6 +25,7 @@ from pathlib import Path
 
 from orchard.errors import FailedPrecondition, Unavailable
 from orchard.services.env.agent_client import AgentClient
+from orchard.services.env.backends import rootless as rootless_mode
 from orchard.services.env.backends.agent_binary import SANDBOX_AGENT_PATH, agent_binary
 from orchard.services.env.backends.base import EgressRule, SandboxSpec, SnapshotFiles
 from orchard.services.env.backends.cgroups import Cgroups, check_limits, enter_argv
@@ -66,11 +67,13 @@ def _mount_overlay(layers: Sequence[Path], image: Path, upper: Path, work: Path,
             os.close(fd)
 
 
-async def _copy_tree(source: Path, target: Path) -> None:
+async def _copy_tree(source: Path, target: Path, prefix: Sequence[str] = ()) -> None:
     """Copy a writable layer to target (which must not exist) with all overlayfs keeps in it: whiteouts (0/0
     character devices), opaque directories (trusted.overlay.* xattrs), owners, modes, times, hard and symbolic links.
-    `cp -a` does all that as root, reflinked (copy-on-write) where the filesystem can."""
+    `cp -a` does all that as root, reflinked (copy-on-write) where the filesystem can; prefix runs it as root of a
+    user namespace when the service is rootless."""
     proc = await asyncio.create_subprocess_exec(
+        *prefix,
         "cp",
         "-a",
         "--reflink=auto",
@@ -169,6 +172,8 @@ class LocalBackend:
         self._net = SandboxNetworks(settings.state_dir)
         self._confinement = default_confinement()  # FailedPrecondition at start without libseccomp
         self._agent = agent_binary(settings)
+        self._rootless = rootless_mode.rootless()  # each bwrap then starts in a user namespace (rootless.py)
+        self._cgroups_unusable = False  # rootless, and the cgroups cannot be written by this user
         if shutil.which(settings.bwrap_path) is None:
             raise FailedPrecondition(
                 f"bubblewrap ({settings.bwrap_path!r}) is not installed; run scripts/install.sh "
@@ -181,6 +186,8 @@ class LocalBackend:
         self._root.mkdir(parents=True, exist_ok=True)
         self._snapshots.mkdir(exist_ok=True)
         self._trash.mkdir(exist_ok=True)
+        if self._rootless:
+            await rootless_mode.probe(self._settings.state_dir)
         for left in list(self._trash.iterdir()):  # what a crash left mid-removal
             await asyncio.to_thread(self._remove_dir, left)
         self._lock_fd = os.open(self._settings.state_dir / "service.lock", os.O_RDWR | os.O_CREAT, 0o644)
@@ -192,13 +199,21 @@ class LocalBackend:
                 f"another env service is using the state dir {self._settings.state_dir}; "
                 "stop it or give this one its own --state-dir"
             ) from None
-        if removed := await asyncio.to_thread(self._cgroups.start):
-            log.info("removed the cgroups of %d sandboxes left by a previous run", removed)
-        if removed := await self._net.remove_leftovers():
+        try:
+            if removed := await asyncio.to_thread(self._cgroups.start):
+                log.info("removed the cgroups of %d sandboxes left by a previous run", removed)
+        except (OSError, FailedPrecondition) as err:
+            if not self._rootless:
+                raise
+            log.info("rootless: no cgroups this user may write (%s): sandboxes can have no limits", err)
+            self._cgroups_unusable = True
+        if not self._rootless and (removed := await self._net.remove_leftovers()):  # rootless makes no networks
             log.info("removed %d sandbox networks left by a previous run", removed)
         s = self._settings
         if s.default_cpu_millis or s.default_memory_bytes or s.default_pids:
             try:
+                if self._cgroups_unusable:
+                    raise rootless_mode.refuse_limits()
                 self._cgroups.require(
                     "the service's default cpu, memory or pids limit",
                     "set them to 0 (e.g. ORCHARD_ENV_DEFAULT_PIDS=0) to run sandboxes without limits",
@@ -207,7 +222,10 @@ class LocalBackend:
                 if s.model_fields_set & {"default_cpu_millis", "default_memory_bytes", "default_pids"}:
                     raise  # the operator asked for default limits this host cannot give: say so at start-up
                 # Only the built-in pids default: run without it rather than refuse to start on this host.
-                log.warning("this host has no cgroup v1 controllers: sandboxes get no default pids limit")
+                if self._rootless:
+                    log.warning("rootless, without cgroups this user may write: sandboxes get no default pids limit")
+                else:
+                    log.warning("this host has no cgroup v1 controllers: sandboxes get no default pids limit")
                 s.default_pids = 0
         leftovers = [p for p in self._root.iterdir() if p.is_dir()]
         for path in leftovers:
@@ -216,9 +234,12 @@ class LocalBackend:
             log.info("removed %d sandboxes left by a previous run", len(leftovers))
         for partial in self._snapshots.glob("*/"):  # a snapshot cut short by a crash has no layer folder yet
             if not (partial / "layer").is_dir():
-                await asyncio.to_thread(shutil.rmtree, partial, ignore_errors=True)
+                await asyncio.to_thread(self._remove_dir, partial)
 
     def _remove_dir(self, path: Path) -> None:
+        if self._rootless:  # nothing of it is mounted here; a sandbox's files may have any modes
+            rootless_mode.remove_tree(path)
+            return
         _unmount(path / "rootfs")
         _unmount(path / "layer")  # a disk cap's filesystem; its loop device goes with it
         shutil.rmtree(path, ignore_errors=True)
@@ -283,6 +304,8 @@ class LocalBackend:
         ]
         if spec.egress:
             argv.append("--share-net")  # keep the namespace with the allowlist it is started in (network.py)
+        if self._rootless:
+            argv += ["--dir", spec.workdir]  # the overlay is mounted only in the sandbox's namespaces
         for key, value in spec.env.items():
             argv += ["--setenv", key, value]
         argv += [
@@ -310,6 +333,8 @@ class LocalBackend:
         check_limits(res)
         check_disk(res.disk_bytes, self._settings.state_dir)
         image = self._images.resolve(spec.image)
+        if self._rootless:
+            self._check_rootless(spec, image.name, image.rootfs, image.is_host)
         home = self._root / spec.sandbox_id
         rootfs = home / "rootfs"
         rootfs.mkdir(parents=True, exist_ok=True)
@@ -325,11 +350,17 @@ class LocalBackend:
                 layers = []
             else:
                 (layer / "upper").mkdir(exist_ok=True)
-            _mount_overlay(layers, image.rootfs, layer / "upper", layer / "work", rootfs)
+            if not self._rootless:
+                _mount_overlay(layers, image.rootfs, layer / "upper", layer / "work", rootfs)
+                (rootfs / spec.workdir.lstrip("/")).mkdir(parents=True, exist_ok=True)
             self._layers[spec.sandbox_id] = spec.layers if layers else ()
-            (rootfs / spec.workdir.lstrip("/")).mkdir(parents=True, exist_ok=True)
             with open(home / "agent.log", "wb") as agent_log, _seccomp_fd(self._confinement.seccomp_bpf) as fd:
                 argv = self._bwrap_argv(spec, rootfs, image.is_host, fd)
+                if self._rootless:
+                    options = rootless_mode.overlay_options(
+                        self._snapshots, spec.layers, image.rootfs, layer / "upper", layer / "work"
+                    )
+                    argv = rootless_mode.enter_argv(self._snapshots, options, rootfs, argv)
                 if res.cpu_millis or res.memory_bytes or res.pids:
                     argv = enter_argv(await asyncio.to_thread(self._cgroups.create, spec.sandbox_id, res), argv)
                 argv = [*self._net.enter_argv(spec.sandbox_id), *argv]
@@ -366,7 +397,20 @@ class LocalBackend:
         await self._net.destroy(sandbox_id)
         await self._discard(self._root / sandbox_id)
 
+    def _check_rootless(self, spec: SandboxSpec, image: str, image_rootfs: Path, is_host: bool) -> None:
+        """Refuse, before anything is made, what a rootless service cannot give this sandbox."""
+        rootless_mode.check_image(image, image_rootfs, is_host)
+        res = spec.resources
+        if res.disk_bytes:
+            raise rootless_mode.refuse_disk()
+        if spec.egress:
+            raise rootless_mode.refuse_egress()
+        if (res.cpu_millis or res.memory_bytes or res.pids) and self._cgroups_unusable:
+            raise rootless_mode.refuse_limits()
+
     async def set_egress(self, sandbox_id: str, rules: tuple[EgressRule, ...]) -> None:
+        if self._rootless and rules:
+            raise rootless_mode.refuse_egress()
         await self._net.apply(sandbox_id, rules)
 
     async def snapshot(self, sandbox_id: str, snapshot_id: str) -> SnapshotFiles:
@@ -384,10 +428,10 @@ class LocalBackend:
         target = self._snapshots / snapshot_id
         target.mkdir()
         try:
-            await _copy_tree(upper, target / "layer")
+            await _copy_tree(upper, target / "layer", rootless_mode.as_owner([]) if self._rootless else ())
             size = await asyncio.to_thread(_files_size, target / "layer")
         except BaseException:
-            await asyncio.to_thread(shutil.rmtree, target, ignore_errors=True)
+            await asyncio.to_thread(self._remove_dir, target)
             raise
         return SnapshotFiles(layers=(snapshot_id, *layers), size_bytes=size)
 
@@ -404,7 +448,8 @@ class LocalBackend:
     async def close(self) -> None:
         await asyncio.gather(*(self.destroy(sid) for sid in list(self._procs)))
         await asyncio.gather(*self._removals)  # files of deleted sandboxes still being removed
-        await asyncio.to_thread(self._cgroups.close)
+        if not self._cgroups_unusable:
+            await asyncio.to_thread(self._cgroups.close)
         if self._lock_fd is not None:
             os.close(self._lock_fd)  # releases the flock
             self._lock_fd = None
