@@ -54,6 +54,8 @@ class Batch:
         self.seqs: list[Sequence] = []
         self.last_batch_size = 0
         """Rows decoded together in the last step (0 when it only prefilled)."""
+        self.max_context_tokens = int(model.config.max_position_embeddings)
+        self.vocab_size = int(model.config.vocab_size)
         self.reset()
 
     @classmethod
@@ -69,6 +71,9 @@ class Batch:
         self.mask = torch.zeros(0, 0, dtype=torch.long, device=self.device)
         self.positions = torch.zeros(0, dtype=torch.long, device=self.device)
         self.pending = torch.zeros(0, dtype=torch.long, device=self.device)
+
+    def close(self) -> None:
+        """Nothing to free by hand: torch frees the model with the object."""
 
     def _decode_text(self, ids: list[int]) -> str:
         return str(self.tokenizer.decode(ids, skip_special_tokens=True))
