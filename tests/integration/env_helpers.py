@@ -10,7 +10,7 @@ import shutil
 import socket
 import subprocess
 import sys
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -114,14 +114,16 @@ async def run(stub: env_pb2_grpc.EnvServiceStub, sandbox_id: str, cmd: str | lis
 
 
 @contextlib.contextmanager
-def served_env(state: Path) -> Iterator[str]:
+def served_env(state: Path, *, prefix: Sequence[str] = (), args: Sequence[str] = ()) -> Iterator[str]:
     """`orchard serve env` in a process of its own on `state` (its kept snapshots are the build cache) and a free
-    port; yields its address, and stops it after."""
+    port, behind `prefix` (a command that execs the rest, e.g. one that drops to another user) and with more `args`;
+    yields its address, and stops it after."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen(
-        [ORCHARD, "serve", "env", "--port", str(port), "--state-dir", str(state), "--log-level", "WARNING"],
+        [*prefix, ORCHARD, "serve", "env", "--port", str(port), "--state-dir", str(state), "--log-level", "WARNING"]
+        + list(args),
         stdout=subprocess.DEVNULL,
     )
     try:
