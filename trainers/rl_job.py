@@ -430,9 +430,16 @@ def one_pass(
     model: Any, opt: torch.optim.Optimizer, rows: list[Row], s: Settings, o: optim.Optim, pad_id: int
 ) -> dict[str, Any]:
     """One optimiser step over all rows; its figures, and under "before" each micro-batch with its sampled
-    log-probs before the step (the loss's own forward), for the KL of the step."""
+    log-probs before the step (the loss's own forward), for the KL of the step. A row whose advantage is 0 (and
+    that has no OPD term) has no gradient: it is left out of the passes but not of the loss's denominator, so the
+    update is the same as with it, for less compute (with `negative_advantage_scale` 0, about half the rows).
+    The figures (trained tokens, clip fraction, log-prob gap) are those of the rows that went through. When no row
+    has a gradient, all go through: the step keeps its log-prob check and weight decay."""
     tokens = sum(sum(r.mask[1:]) for r in rows)
     opd_tokens = sum(sum(m * t for m, t in zip(r.mask[1:], (r.teacher_mask or [])[1:], strict=False)) for r in rows)
+    total_rows = len(rows)
+    rows = [r for r in rows if s.opd_coef or (r.advantage != 0.0 and not s.opd_only)] or rows
+    active = sum(sum(r.mask[1:]) for r in rows)
     loss_sum = pg_sum = opd_sum = clipped = ratio = diff_sum = diff_max = seen = 0.0
     before: list[tuple[dict[str, torch.Tensor], torch.Tensor]] = []
     for start in range(0, len(rows), o.micro_batch_size):
@@ -444,7 +451,7 @@ def one_pass(
         advantages = torch.tensor([0.0 if s.opd_only else r.advantage for r in mb])
         pg, stats = rl.policy_loss(logp, t["old"], advantages, mask, s.clip_low, s.clip_high, s.aggregation)
         mb_tokens = float(mask.sum())
-        weight = mb_tokens / tokens if s.aggregation == rl.Aggregation.TOKEN_MEAN else len(mb) / len(rows)
+        weight = mb_tokens / tokens if s.aggregation == rl.Aggregation.TOKEN_MEAN else len(mb) / total_rows
         loss = pg * weight
         pg_sum += float(pg.detach()) * weight
         if s.opd_coef:
@@ -466,14 +473,15 @@ def one_pass(
     if rows:
         opt.step()
     opt.zero_grad(set_to_none=True)
-    n = max(tokens, 1)
+    n = max(active, 1)
     figures: dict[str, Any] = {
         "loss": loss_sum,
         "pg_loss": pg_sum,
         "clip_fraction": clipped / n,
         "mean_ratio": ratio / n,
         "grad_norm": grad_norm,
-        "trained_tokens": float(tokens),
+        "trained_tokens": float(active),
+        "trained_trajectories": float(len(rows)),
         "sequence_tokens": seen,
         "logprob_diff_mean": diff_sum / n,
         "logprob_diff_max": diff_max,
@@ -814,7 +822,7 @@ class RlRun:
                 "rollouts": float(len(generated)),
                 "env_steps": float(len(turns)),
                 "stale_turn_fraction": stale / max(len(turns), 1),
-                "trained_trajectories": float(len(rows)),
+                "trained_trajectories": float(len(rows)),  # those with a gradient, from `figures` when trained
                 "learning_rate": lr,
                 "rollout_seconds": collected.seconds,
                 "rollout_tokens_per_second": sampled / max(collected.seconds, 1e-9),

@@ -36,7 +36,7 @@ from orchard.services.reward.server import build as build_reward
 from orchard.services.reward.settings import RewardSettings
 from orchard.tasks import load_instances
 from orchard.trainer.v1 import trainer_pb2 as pb
-from orchard.trainers import bar, optim, rl_job
+from orchard.trainers import bar, optim, rl, rl_job
 from orchard.types.v1 import types_pb2 as tpb
 
 TASKS = load_instances("toyrepair")
@@ -117,6 +117,43 @@ def test_several_updates_per_step_move_the_policy_further_within_the_clip_range(
     # bound the move exactly: a clipped token has no gradient, but Adam's momentum carries on.)
     assert moved_many[0] > moved_one[0] > 0 > moved_one[1] > moved_many[1], (moved_one, moved_many)
     assert many["trained_tokens"] == one["trained_tokens"] == 16
+
+
+def test_rows_without_advantage_are_skipped_and_the_update_is_unchanged(tiny: Path) -> None:
+    """A row with advantage 0 has no gradient: update() leaves it out of the passes (about half the rows with
+    negative_advantage_scale 0) but not out of the token-mean denominator, so the step equals the loss over every
+    row computed in one batch by hand, and the figures count only the rows that went through."""
+    from transformers import AutoModelForCausalLM
+
+    rows = [
+        rl_job.Row(list(range(200, 212)), [0] * 4 + [1] * 8, [0.0] * 12, 4, advantage=1.5),
+        rl_job.Row(list(range(300, 310)), [0] * 4 + [1] * 6, [0.0] * 10, 4, advantage=0.0),
+        rl_job.Row(list(range(400, 409)), [0] * 3 + [1] * 6, [0.0] * 9, 3, advantage=-0.5),
+    ]
+    o = optim.resolve(pb.Hyperparameters(seed=0, micro_batch_size=1, weight_decay=0.0), pb.JOB_KIND_RL)
+    s = rl_job.settings(pb.JobConfig(kind=pb.JOB_KIND_RL, rl=pb.RlConfig()), o)
+    model = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32)
+    t = rl_job.batch_tensors(rows, pad_id=0)
+    with torch.no_grad():
+        behaviour = rl_job.sampled_logprobs(model, t["ids"], t["attention"], t["mask"])
+    rows = [dataclasses.replace(r, logprobs=behaviour[i, : len(r.token_ids)].tolist()) for i, r in enumerate(rows)]
+    # SGD, so the step is linear in the gradient (Adam's first step is its sign, which rounding can flip).
+    figures = rl_job.update(model, torch.optim.SGD(model.parameters()), rows, s, o, 0.1, pad_id=0)
+    assert (figures["trained_tokens"], figures["trained_trajectories"]) == (8 + 6, 2)  # not the zero row's 6
+
+    reference = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32)
+    opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    t = rl_job.batch_tensors(rows, pad_id=0)  # with the behaviour log-probs
+    logp = rl_job.sampled_logprobs(reference, t["ids"], t["attention"], t["mask"])
+    advantages = torch.tensor([r.advantage for r in rows])
+    loss, _ = rl.policy_loss(logp, t["old"], advantages, t["mask"], s.clip_low, s.clip_high, s.aggregation)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(reference.parameters(), o.max_grad_norm)
+    opt.step()
+    moved = [(a - b).abs().max() for a, b in zip(model.parameters(), reference.parameters(), strict=True)]
+    assert max(moved) < 1e-6, max(moved)
+    untouched = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32)
+    assert any((a - b).abs().max() > 1e-5 for a, b in zip(model.parameters(), untouched.parameters(), strict=True))
 
 
 @pytest.mark.parametrize(
