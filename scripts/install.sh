@@ -11,13 +11,15 @@ cd "$(dirname "$0")/.."
 #    experience service's PostgreSQL store; its tests start their own server, the package's own cluster is left alone),
 #    chromium (browser sandboxes drive it through Playwright), libseccomp2 (the local backend compiles its sandboxes'
 #    seccomp filter with it), runsc (gVisor: ISOLATION_GVISOR sandboxes on the docker backend), cargo (Debian's
-#    Rust toolchain builds the native agent, agent-rs/; a rustup cargo on PATH does as well).
+#    Rust toolchain builds the native agent, agent-rs/; a rustup cargo on PATH does as well), user-mode-linux and
+#    kmod (the cgroup v2 VM test boots Debian's kernel as a process and loads its modules: scripts/vm/boot.sh).
 missing=()
 for pair in bwrap:bubblewrap debootstrap:debootstrap git:git nft:nftables ip:iproute2 mkfs.ext4:e2fsprogs \
             nsenter:util-linux losetup:mount openssl:openssl podman:podman runc:runc \
             /usr/lib/cni/dnsname:golang-github-containernetworking-plugin-dnsname \
             pg_ctlcluster:postgresql chromium:chromium runsc:runsc \
-            /usr/lib/x86_64-linux-gnu/libseccomp.so.2:libseccomp2 cargo:cargo; do
+            /usr/lib/x86_64-linux-gnu/libseccomp.so.2:libseccomp2 cargo:cargo linux.uml:user-mode-linux \
+            modprobe:kmod; do
   what="${pair%%:*}"
   if [[ "$what" == /* ]]; then [[ -e "$what" ]] || missing+=("${pair#*:}")
   else command -v "$what" >/dev/null 2>&1 || missing+=("${pair#*:}"); fi

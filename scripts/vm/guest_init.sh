@@ -1,0 +1,35 @@
+#!/bin/sh
+# PID 1 of the cgroup v2 test VM (boot.sh): the host's / is its root, read-only. Mounts a pure cgroup v2 hierarchy,
+# the kernel filesystems and tmpfs where programs write, points the kernel's module loader at the VM kernel's
+# modules, puts itself in a delegated cgroup (as systemd's Delegate=yes gives a service), runs the out folder's
+# command.sh with its output in output.log and exit status in rc, and halts.
+out=${orchard_out:?no orchard_out= on the kernel command line}
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t cgroup2 -o nsdelegate cgroup2 /sys/fs/cgroup
+mount -t devtmpfs devtmpfs /dev
+mkdir -p /dev/pts /dev/shm
+mount -t devpts -o newinstance,ptmxmode=0666 devpts /dev/pts
+mount -t tmpfs -o mode=1777 tmpfs /dev/shm
+ln -sf /proc/self/fd /dev/fd
+for dir in /tmp /run /var/tmp; do mount -t tmpfs -o mode=1777 tmpfs "$dir"; done
+mkdir -p /run/out /run/modules/lib
+mount -t hostfs -o "$out" none /run/out
+# The VM kernel's modules (overlay, loop, veth, nf_tables ...) are in the user-mode-linux package, not under the
+# root's /lib/modules: the kernel's loader runs modprobe on that tree.
+ln -s /usr/lib/uml/modules /run/modules/lib/modules
+printf '#!/bin/sh\nexec /sbin/modprobe -d /run/modules "$@"\n' > /run/modprobe
+chmod 755 /run/modprobe
+echo /run/modprobe > /proc/sys/kernel/modprobe
+/run/modprobe loop  # its device nodes appear once it is loaded
+hostname orchard-vm
+ip link set lo up
+echo "+memory +cpu +pids" > /sys/fs/cgroup/cgroup.subtree_control
+mkdir /sys/fs/cgroup/delegated
+echo $$ > /sys/fs/cgroup/delegated/cgroup.procs
+echo "guest: up after $(cut -d' ' -f1 /proc/uptime) s"
+cd /run/out && PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin sh ./command.sh > output.log 2>&1
+echo $? > /run/out/rc
+echo "guest: done after $(cut -d' ' -f1 /proc/uptime) s"
+cd / && umount /run/out
+halt -f
