@@ -3,12 +3,15 @@ no network, and the refusals of what needs root, through the real gRPC API and S
 
 The test runs as root and drops to the user itself (setpriv). One service for the module, on a state dir and an
 images dir that user owns (a copy of the built python:3.11-slim image: a rootless sandbox can write only files its
-user owns). It starts in a private mount namespace only to let the user reach this checkout's Python: a folder on
-its path that others may not enter (root's home, 0700 here) is covered there by a tmpfs holding just that path.
+user owns). It starts in a private mount namespace only to give the user what a user's machine gives it: this
+checkout's Python, on a path through a folder others may not enter here (root's home, 0700), which a tmpfs holding
+just that path covers there; and /dev/net/tun for pasta, mode 0600 on this machine (Debian's udev makes it 0666),
+replaced there by a node of mode 0666.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import subprocess
@@ -19,7 +22,9 @@ from pathlib import Path
 
 import grpc
 import pytest
-from env_helpers import create, image_built, needs_image, served_env
+import test_env_network
+from env_helpers import create, delete_quietly, image_built, needs_image, served_env
+from test_env_network import LinkLocalHost, probe, rule, set_policy
 
 from orchard import AsyncSandboxClient
 from orchard.env.v1 import env_pb2 as pb
@@ -30,21 +35,29 @@ from orchard.services.env.images import default_images_dir, image_dirname
 IMAGE = "python:3.11-slim"
 UID = GID = 65534  # nobody
 REPO = Path(__file__).resolve().parents[2]
+TUN = "/dev/net/tun"
+
+test_host = test_env_network.test_host  # the fixture: a link-local host in a namespace of its own, with echo servers
 
 pytestmark = [
     pytest.mark.skipif(
-        os.geteuid() != 0 or not all(shutil.which(c) for c in ("bwrap", "unshare", "setpriv")),
-        reason="drops to an unprivileged user itself: needs root, bubblewrap, unshare and setpriv (util-linux)",
+        os.geteuid() != 0 or not all(shutil.which(c) for c in ("bwrap", "unshare", "setpriv", "pasta", "nft")),
+        reason="drops to an unprivileged user itself: needs root, bubblewrap, unshare and setpriv (util-linux), "
+        "pasta (passt) and nft (nftables)",
     ),
     needs_image(IMAGE),
     pytest.mark.slow,
     pytest.mark.timeout(120),
 ]
 
-# Run as root in a private mount namespace: cover the one folder others may not enter ($2, "" for none) with a
-# tmpfs holding only the paths named before "--" (relative to it), then exec the rest.
+# Run as root in a private mount namespace: a tun device others may use when $2 is "tun"; cover the one folder others
+# may not enter ($3, "" for none) with a tmpfs holding only the paths named before "--" (relative to it); exec the rest.
 EXPOSE = """set -e
-stage="$1"; hidden="$2"; shift 2
+stage="$1"; tun="$2"; hidden="$3"; shift 3
+if [ "$tun" = tun ]; then
+  mkdir -p "$stage.dev"; mount -t tmpfs -o mode=755 tmpfs "$stage.dev"
+  mknod -m 666 "$stage.dev/tun" c 10 200; mount --bind "$stage.dev/tun" /dev/net/tun
+fi
 if [ -n "$hidden" ]; then
   mkdir -p "$stage"; mount --rbind "$hidden" "$stage"; mount -t tmpfs -o mode=755 tmpfs "$hidden"
 fi
@@ -69,8 +82,10 @@ def as_user(home: Path) -> list[str]:
     needed = [Path(sys.base_prefix).resolve(), REPO]
     hidden = closed_folder(needed)
     inside = [str(p.relative_to(hidden)) for p in needed if hidden is not None and p.is_relative_to(hidden)]
+    tun = "tun" if os.stat(TUN).st_mode & 0o006 != 0o006 else ""
     return [
         *("unshare", "--mount", "--propagation", "private", "/bin/sh", "-c", EXPOSE, "sh", str(home / "stage")),
+        tun,
         str(hidden or ""),
         *inside,
         "--",
@@ -143,8 +158,10 @@ async def test_files_exec_and_pty(client: AsyncSandboxClient, home: Path) -> Non
     assert await sandbox.download_content("/workspace/hi.py") == b"print('hi from', __import__('os').getuid())\n"
     ran = await sandbox.exec(["python3", "hi.py"])
     assert (ran.stdout, ran.exit_code) == ("hi from 0\n", 0)
-    written = await sandbox.exec("echo new > /etc/motd && rm /etc/hostname && stat -c '%u %a' /workspace/hi.py")
-    assert (written.stdout, written.exit_code) == ("0 640\n", 0), written.stderr
+    written = await sandbox.exec(
+        "echo new > /etc/motd && rm /etc/hostname && stat -c '%u %a' /workspace/hi.py && grep CapEff /proc/self/status"
+    )
+    assert (written.stdout, written.exit_code) == ("0 640\nCapEff:\t0000000000000000\n", 0), written.stderr
     upper = home / "state" / "sandboxes" / sandbox.sandbox_id / "upper"
     assert (upper / "workspace" / "hi.py").stat().st_uid == UID and (upper / "etc" / "motd").stat().st_uid == UID
     async with sandbox.pty(rows=30, cols=100) as term:
@@ -204,10 +221,6 @@ async def test_no_network(client: AsyncSandboxClient, address: str) -> None:
         ({"resources": pb.Resources(memory_bytes=64 << 20)}, "limits need cgroups this env service (uid 65534"),
         ({"resources": pb.Resources(pids=64)}, "delegated cgroup v2 subtree"),
         ({"resources": pb.Resources(disk_bytes=64 << 20)}, "resources.disk_bytes needs root"),
-        (
-            {"network_policy": pb.NetworkPolicy(allow=[pb.EgressRule(cidr="192.0.2.1/32")])},
-            "egress allowlists need root",
-        ),
     ],
 )
 async def test_what_needs_root_is_refused(
@@ -229,3 +242,37 @@ async def test_images_of_another_user_are_refused(client: AsyncSandboxClient, ho
             await client.create_sandbox(IMAGE)
     finally:
         os.chown(rootfs, UID, GID)
+
+
+async def test_allowlisted_egress(stub: env_pb2_grpc.EnvServiceStub, test_host: LinkLocalHost) -> None:
+    """Through pasta: only allowed destinations answer; a broad rule opens the world but not this host, unless a rule
+    names the host's one address; a policy change applies to the live sandbox; no rules, no egress."""
+    allowed, other, router = f"{test_host.allowed}:8080", f"{test_host.other}:8080", test_host.router
+    sb = await create(stub, image=IMAGE, network_policy=pb.NetworkPolicy(allow=[rule(f"{test_host.allowed}/32", 8080)]))
+
+    async def greet(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"hello_host\n")
+        await writer.drain()
+        writer.close()
+
+    host_server = await asyncio.start_server(greet, router, 0)  # on one of this host's own addresses
+    here = f"{router}:{host_server.sockets[0].getsockname()[1]}"
+    try:
+        assert await probe(stub, sb.sandbox_id, allowed, f"{test_host.allowed}:8081", other, here) == {
+            allowed: f"hello_8080_from_{router}",  # pasta's connection, from this host
+            f"{test_host.allowed}:8081": "EHOSTUNREACH",
+            other: "EHOSTUNREACH",
+            here: "EHOSTUNREACH",
+        }
+        await set_policy(stub, sb.sandbox_id, rule("0.0.0.0/0"))
+        assert await probe(stub, sb.sandbox_id, other, here) == {
+            other: f"hello_8080_from_{router}",
+            here: "EHOSTUNREACH",
+        }
+        await set_policy(stub, sb.sandbox_id, rule("0.0.0.0/0"), rule(f"{router}/32"))
+        assert (await probe(stub, sb.sandbox_id, here))[here] == "hello_host"
+        await set_policy(stub, sb.sandbox_id)
+        assert await probe(stub, sb.sandbox_id, allowed) == {allowed: "EHOSTUNREACH"}
+    finally:
+        host_server.close()
+        await delete_quietly(stub, sb.sandbox_id)

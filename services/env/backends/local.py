@@ -20,6 +20,7 @@ import logging
 import os
 import shutil
 import signal
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -32,6 +33,7 @@ from orchard.services.env.backends.cgroups import Cgroups, check_limits, enter_a
 from orchard.services.env.backends.confinement import default_confinement
 from orchard.services.env.backends.disk import check_disk, mount_layer
 from orchard.services.env.backends.network import SandboxNetworks
+from orchard.services.env.backends.rootless_network import RootlessNetworks, check_host
 from orchard.services.env.images import ImageStore
 from orchard.services.env.settings import EnvSettings
 
@@ -129,19 +131,33 @@ def _children(pid: int) -> list[int]:
         return []
 
 
-async def _kill_sandbox(bwrap: asyncio.subprocess.Process) -> None:
-    """Kill every process of a sandbox and return once none is left.
+def _running(pid: int) -> bool:
+    """Whether a process exists and has not exited (a zombie has)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+async def _kill_sandbox(bwrap: asyncio.subprocess.Process, under_pasta: bool = False) -> None:
+    """Kill every process of a sandbox and return once none is left (under_pasta: the process started is pasta, a
+    rootless sandbox's network, and bwrap is its child; pasta outlives it and is ended last).
 
     The sandbox's init (bwrap's child, pid 1 of its pid namespace) is killed first: the kernel ends every
     process of the namespace before init's exit completes, and bwrap exits only after its child has, so when
     bwrap is reaped nothing of the sandbox runs. Killing bwrap first would leave init to die of --die-with-parent
     a moment after DeleteSandbox returned. os.kill, not proc.kill(): that one reaps an already exited bwrap
     itself, behind the child watcher's back."""
-    inits = _children(bwrap.pid)  # none yet while a wrapper (sh, nsenter) has not become bwrap
+    bwraps = _children(bwrap.pid) if under_pasta else [bwrap.pid]
+    inits = [init for pid in bwraps for init in _children(pid)]  # none yet while a wrapper has not become bwrap
     for pid in inits:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-    if inits:
+    if under_pasta:
+        deadline = time.monotonic() + KILL_WAIT_S
+        while inits and any(map(_running, bwraps)) and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+    elif inits:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(bwrap.wait()), KILL_WAIT_S)
     if bwrap.returncode is None:
@@ -174,6 +190,7 @@ class LocalBackend:
         self._agent = agent_binary(settings)
         self._rootless = rootless_mode.rootless()  # each bwrap then starts in a user namespace (rootless.py)
         self._cgroups_unusable = False  # rootless, and the cgroups cannot be written by this user
+        self._pasta = RootlessNetworks()  # rootless sandboxes with a network policy
         if shutil.which(settings.bwrap_path) is None:
             raise FailedPrecondition(
                 f"bubblewrap ({settings.bwrap_path!r}) is not installed; run scripts/install.sh "
@@ -339,7 +356,7 @@ class LocalBackend:
         rootfs = home / "rootfs"
         rootfs.mkdir(parents=True, exist_ok=True)
         try:
-            if spec.egress:
+            if spec.egress and not self._rootless:  # rootless: pasta's namespace, made with the sandbox
                 await self._net.create(spec.sandbox_id, spec.egress)
             layer = await mount_layer(home, res.disk_bytes) if res.disk_bytes else home
             (layer / "work").mkdir(exist_ok=True)
@@ -360,7 +377,9 @@ class LocalBackend:
                     options = rootless_mode.overlay_options(
                         self._snapshots, spec.layers, image.rootfs, layer / "upper", layer / "work"
                     )
-                    argv = rootless_mode.enter_argv(self._snapshots, options, rootfs, argv)
+                    argv = rootless_mode.enter_argv(self._snapshots, options, rootfs, argv, userns=not spec.egress)
+                    if spec.egress:  # pasta's user namespace holds the rest
+                        argv = await self._pasta.enter_argv(spec.sandbox_id, spec.egress, argv)
                 if res.cpu_millis or res.memory_bytes or res.pids:
                     argv = enter_argv(await asyncio.to_thread(self._cgroups.create, spec.sandbox_id, res), argv)
                 argv = [*self._net.enter_argv(spec.sandbox_id), *argv]
@@ -379,6 +398,8 @@ class LocalBackend:
             except Unavailable as err:
                 detail = (home / "agent.log").read_text(errors="replace")[-2000:].strip()
                 raise Unavailable(f"{err.message}: {detail or 'no output'}") from None
+            if spec.sandbox_id in self._pasta:
+                self._pasta.started(spec.sandbox_id, _children(proc.pid)[0])
         except BaseException:
             await self.destroy(spec.sandbox_id)
             raise
@@ -392,7 +413,8 @@ class LocalBackend:
             await client.close("the sandbox was deleted")
         proc = self._procs.pop(sandbox_id, None)
         if proc is not None and proc.returncode is None:
-            await _kill_sandbox(proc)
+            await _kill_sandbox(proc, under_pasta=sandbox_id in self._pasta)
+        self._pasta.forget(sandbox_id)
         await asyncio.to_thread(self._cgroups.remove, sandbox_id)
         await self._net.destroy(sandbox_id)
         await self._discard(self._root / sandbox_id)
@@ -404,14 +426,15 @@ class LocalBackend:
         if res.disk_bytes:
             raise rootless_mode.refuse_disk()
         if spec.egress:
-            raise rootless_mode.refuse_egress()
+            check_host()
         if (res.cpu_millis or res.memory_bytes or res.pids) and self._cgroups_unusable:
             raise rootless_mode.refuse_limits()
 
     async def set_egress(self, sandbox_id: str, rules: tuple[EgressRule, ...]) -> None:
-        if self._rootless and rules:
-            raise rootless_mode.refuse_egress()
-        await self._net.apply(sandbox_id, rules)
+        if sandbox_id in self._pasta:
+            await self._pasta.apply(sandbox_id, rules)
+        else:  # refuses to open a sandbox made without a network policy
+            await self._net.apply(sandbox_id, rules)
 
     async def snapshot(self, sandbox_id: str, snapshot_id: str) -> SnapshotFiles:
         layers = self._layers.get(sandbox_id)

@@ -4,8 +4,8 @@ user is root inside that namespace (and so inside the sandbox), and mounts the s
 there (kernel >= 5.11), where only the sandbox sees it.
 
 What needs the host's root is refused with FAILED_PRECONDITION naming what is missing: cgroup limits (unless the
-host delegates cgroups the service can write), the disk cap (a loop device), egress allowlists (a veth and nftables
-on the host), and the `host` image. The mode is decided once, here: the service is rootless when its effective uid
+host delegates cgroups the service can write), the disk cap (a loop device) and the `host` image. Egress allowlists
+go through pasta instead of a veth (rootless_network.py). The mode is decided once, here: the service is rootless when its effective uid
 is not 0.
 """
 
@@ -41,9 +41,11 @@ def overlay_options(layers_dir: Path, layers: Sequence[str], image: Path, upper:
     return f"lowerdir={lower},upperdir={upper},workdir={work},userxattr"
 
 
-def enter_argv(layers_dir: Path, options: str, rootfs: Path, argv: list[str]) -> list[str]:
-    """argv (bwrap's) behind the user and mount namespaces in which the sandbox's overlay is mounted on rootfs."""
-    return [*USERNS, "/bin/sh", "-c", ENTER_SCRIPT, "sh", str(layers_dir), options, str(rootfs), *argv]
+def enter_argv(layers_dir: Path, options: str, rootfs: Path, argv: list[str], *, userns: bool = True) -> list[str]:
+    """argv (bwrap's) behind the user and mount namespaces in which the sandbox's overlay is mounted on rootfs;
+    userns=False: a mount namespace only, for a caller already root of a user namespace (pasta's)."""
+    namespaces = USERNS if userns else ("unshare", "--mount")
+    return [*namespaces, "/bin/sh", "-c", ENTER_SCRIPT, "sh", str(layers_dir), options, str(rootfs), *argv]
 
 
 def as_owner(argv: list[str]) -> list[str]:
@@ -124,14 +126,4 @@ def refuse_disk() -> FailedPrecondition:
         f"resources.disk_bytes needs root on the env service's host (a loop device and an ext4 mount), and this "
         f"service runs as uid {os.geteuid()}; create the sandbox without it, or {HOW_TO_ROOT}",
         field="resources.disk_bytes",
-    )
-
-
-def refuse_egress() -> FailedPrecondition:
-    """The error for an egress allowlist in rootless mode (today's allowlists are a veth and host nftables)."""
-    return FailedPrecondition(
-        f"egress allowlists need root on the env service's host (a veth pair and nftables rules there), and this "
-        f"service runs as uid {os.geteuid()}; a rootless sandbox has no network at all: create it without a "
-        f"network policy, or {HOW_TO_ROOT}",
-        field="network_policy",
     )
