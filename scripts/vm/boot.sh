@@ -2,7 +2,7 @@
 # Boots the cgroup v2 test VM and runs OUT/command.sh in it as root: Debian's kernel as a user-mode Linux process
 # (package user-mode-linux) on a pure cgroup v2 hierarchy, with the host's / (this checkout, its venv, the agent)
 # as its read-only root and tmpfs where programs write; OUT is shared writable. Leaves OUT/output.log (the
-# command's output) and OUT/rc (its exit status); the console goes to stdout. Exits when the VM halts.
+# command's output) and OUT/rc (its exit status); the console goes to stdout. Exits when the VM halts, with that status.
 #     scripts/vm/boot.sh OUT        (ORCHARD_VM_MEMORY, default 3G)
 set -euo pipefail
 out=$(cd "${1:?usage: boot.sh OUT (a folder with command.sh)}" && pwd)
@@ -15,3 +15,4 @@ TMPDIR=/dev/shm linux.uml mem="${ORCHARD_VM_MEMORY:-3G}" root=/dev/root rootfsty
   init="$here/guest_init.sh" orchard_out="$out" cgroup_no_v1=all systemd.unified_cgroup_hierarchy=1 \
   con0=null,fd:1 con=null ssl=null quiet < /dev/null
 [[ -f "$out/rc" ]] || { echo "boot.sh: the VM stopped before its command finished" >&2; exit 3; }
+exit "$(cat "$out/rc")"

@@ -1,0 +1,76 @@
+"""The env service on a pure cgroup v2 hierarchy, for real: scripts/vm/boot.sh boots Debian's kernel as user-mode
+Linux with this machine's / (this checkout, its venv and agent) as the VM's read-only root, and inside it the
+limits tests run (the service in a delegated cgroup, as under systemd's Delegate=yes) and a stress run; this test
+passes only when every test inside passed, none skipped, and every stressed sandbox came and went."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from env_helpers import needs_sandboxes
+
+pytestmark = [needs_sandboxes, pytest.mark.slow, pytest.mark.timeout(600)]
+
+REPO = Path(__file__).resolve().parents[2]
+STRESS_SANDBOXES = 30
+INSIDE = f"""
+cd {REPO}
+stat -fc %T /sys/fs/cgroup > /run/out/cgroupfs
+.venv/bin/python -m pytest tests/integration/test_env_limits.py -q -p no:cacheprovider --junitxml=/run/out/limits.xml
+.venv/bin/python bench/env_stress.py --sandboxes {STRESS_SANDBOXES} --concurrency 8 --image host > /run/out/stress.json
+"""
+
+
+def test_limits_and_stress_on_cgroup_v2_vm(tmp_path: Path) -> None:
+    """Every limits test passes inside a cgroup v2 VM, and a stress run there creates and deletes every sandbox."""
+    (tmp_path / "command.sh").write_text(INSIDE)
+    began = time.monotonic()
+    vm = subprocess.Popen(
+        [str(REPO / "scripts" / "vm" / "boot.sh"), str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # the VM's processes (user-mode Linux has several) go with its group
+    )
+    try:
+        console, _ = vm.communicate(timeout=540)
+    finally:
+        if vm.poll() is None:
+            os.killpg(vm.pid, signal.SIGKILL)
+            vm.wait()
+    took = time.monotonic() - began
+    output = (tmp_path / "output.log").read_text() if (tmp_path / "output.log").exists() else ""
+    assert (tmp_path / "rc").exists(), f"the VM stopped before its command ended:\n{console[-3000:]}\n{output[-3000:]}"
+    booted = re.search(r"guest: up after ([\d.]+) s", console)
+    assert booted, console
+    up = float(booted.group(1))
+    print(f"cgroup v2 VM: up after {up:.1f} s, whole run {took:.0f} s")
+    assert up < 60, console
+
+    assert (tmp_path / "cgroupfs").read_text().strip() == "cgroup2fs"
+    suite = ET.parse(tmp_path / "limits.xml").getroot().find("testsuite")
+    assert suite is not None, output[-3000:]
+    counts = {k: int(suite.get(k, "0")) for k in ("tests", "failures", "errors", "skipped")}
+    failed = [
+        f"{case.get('name')}: {(problem.get('message') or '')[:300]}"
+        for case in suite.iter("testcase")
+        for problem in case
+        if problem.tag in ("failure", "error", "skipped")
+    ]
+    print(
+        f"inside the VM: {counts['tests'] - counts['failures'] - counts['errors'] - counts['skipped']} passed", counts
+    )
+    assert (counts["failures"], counts["errors"], counts["skipped"]) == (0, 0, 0), "\n".join(failed)
+    assert counts["tests"] >= 18  # the limits tests as of this writing; fewer means some were not collected
+
+    stress = json.loads((tmp_path / "stress.json").read_text())
+    assert (stress["created"], stress["exec_ok"], stress["deleted"]) == (STRESS_SANDBOXES,) * 3, stress
+    assert stress["errors"] == {}, stress
