@@ -184,7 +184,7 @@ class LocalBackend:
         self._layers: dict[str, tuple[str, ...]] = {}  # sandbox id -> the snapshot layers it stacks
         self._clients: dict[str, AgentClient] = {}
         self._lock_fd: int | None = None
-        self._cgroups = Cgroups(settings.state_dir)
+        self._cgroups = Cgroups(settings.state_dir, settings.cgroup_root)
         self._net = SandboxNetworks(settings.state_dir)
         self._confinement = default_confinement()  # FailedPrecondition at start without libseccomp
         self._agent = agent_binary(settings)
@@ -242,7 +242,9 @@ class LocalBackend:
                 if self._rootless:
                     log.warning("rootless, without cgroups this user may write: sandboxes get no default pids limit")
                 else:
-                    log.warning("this host has no cgroup v1 controllers: sandboxes get no default pids limit")
+                    log.warning(
+                        "this host gives the service no cgroup controllers: sandboxes get no default pids limit"
+                    )
                 s.default_pids = 0
         leftovers = [p for p in self._root.iterdir() if p.is_dir()]
         for path in leftovers:
