@@ -19,7 +19,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from orchard.env.v1 import env_pb2 as pb
 from orchard.env.v1 import env_pb2_grpc
-from orchard.services.env.backends.cgroups import CGROUP_FS, parent_name
+from orchard.services.env.backends.cgroups import CGROUP_FS, CONTROLLERS, mounted_hierarchy, parent_name
 from orchard.services.env.backends.network import name_prefix
 
 pytestmark = [needs_sandboxes, pytest.mark.timeout(120)]
@@ -62,10 +62,12 @@ def _leftovers(state: Path) -> dict[str, int]:
                 pass
     mounts = sum(1 for line in open("/proc/mounts") if str(state) in line)
     group = parent_name(state)
+    v1 = mounted_hierarchy(Path("/proc/self/mountinfo").read_text()) == "v1"
+    roots = [CGROUP_FS / c for c in CONTROLLERS] if v1 else [CGROUP_FS]  # v1: a tree per controller
     cgroups = sum(
         1 + sum(1 for sub in parent.iterdir() if sub.is_dir())  # the service's group and the sandboxes'
-        for ctrl in ("memory", "cpu", "pids")
-        for parent in (CGROUP_FS / ctrl).rglob(group)
+        for root in roots
+        for parent in root.rglob(group)
     )
     netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.count(name_prefix(state))
     return {"processes": processes, "mounts": mounts, "cgroups": cgroups, "netns": netns}
