@@ -13,6 +13,7 @@ if TYPE_CHECKING:
 
 ENGINES: dict[str, str] = {
     "transformers": "orchard.services.inference.engines.transformers_engine:TransformersEngine",
+    "llama_cpp": "orchard.services.inference.engines.llama_cpp_engine:LlamaCppEngine",
     "vllm": "orchard.services.inference.engines.vllm_engine:VllmEngine",
 }
 
