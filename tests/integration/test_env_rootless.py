@@ -1,18 +1,21 @@
 """The env service run as an unprivileged user (`nobody`): the quick start, files, exec, PTY, snapshots and forks,
-no network, and the refusals of what needs root, through the real gRPC API and SDK.
+no network and allowlisted egress, and the refusals of what needs root, through the real gRPC API and SDK.
 
-The test runs as root and drops to the user itself (setpriv). One service for the module, on a state dir and an
-images dir that user owns (a copy of the built python:3.11-slim image: a rootless sandbox can write only files its
-user owns). It starts in a private mount namespace only to give the user what a user's machine gives it: this
-checkout's Python, on a path through a folder others may not enter here (root's home, 0700), which a tmpfs holding
-just that path covers there; and /dev/net/tun for pasta, mode 0600 on this machine (Debian's udev makes it 0666),
-replaced there by a node of mode 0666.
+The test runs as root and drops to the user itself (setpriv). One service for the module, on a state dir of the
+user's. It starts in a private mount namespace that gives it what a user's machine would: its images dir shows the
+built python:3.11-slim image through an idmapped mount, as the user's own files (a rootless sandbox can write only
+files its user owns; root built the image), instead of a 300 MB copy; this checkout's Python lies behind a folder
+others may not enter here (root's home, 0700), which a tmpfs holding just that path covers there; and
+/dev/net/tun, mode 0600 on this machine (Debian's udev makes it 0666), is replaced there by a node of mode 0666
+for pasta.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -23,7 +26,7 @@ from pathlib import Path
 import grpc
 import pytest
 import test_env_network
-from env_helpers import create, delete_quietly, image_built, needs_image, served_env
+from env_helpers import create, delete_quietly, needs_image, served_env
 from test_env_network import LinkLocalHost, probe, rule, set_policy
 
 from orchard import AsyncSandboxClient
@@ -33,6 +36,8 @@ from orchard.errors import FailedPrecondition
 from orchard.services.env.images import default_images_dir, image_dirname
 
 IMAGE = "python:3.11-slim"
+OTHERS = "someone-elses"
+"""An image whose files are root's, as the service sees them."""
 UID = GID = 65534  # nobody
 REPO = Path(__file__).resolve().parents[2]
 TUN = "/dev/net/tun"
@@ -50,21 +55,32 @@ pytestmark = [
     pytest.mark.timeout(120),
 ]
 
-# Run as root in a private mount namespace: a tun device others may use when $2 is "tun"; cover the one folder others
-# may not enter ($3, "" for none) with a tmpfs holding only the paths named before "--" (relative to it); exec the rest.
-EXPOSE = """set -e
-stage="$1"; tun="$2"; hidden="$3"; shift 3
-if [ "$tun" = tun ]; then
-  mkdir -p "$stage.dev"; mount -t tmpfs -o mode=755 tmpfs "$stage.dev"
-  mknod -m 666 "$stage.dev/tun" c 10 200; mount --bind "$stage.dev/tun" /dev/net/tun
-fi
-if [ -n "$hidden" ]; then
-  mkdir -p "$stage"; mount --rbind "$hidden" "$stage"; mount -t tmpfs -o mode=755 tmpfs "$hidden"
-fi
-while [ "$1" != -- ]; do mkdir -p "$hidden/$1"; mount --rbind "$stage/$1" "$hidden/$1"; shift; done
-shift
-[ -z "$hidden" ] || umount -l "$stage"
-exec "$@"
+# Run as root: bind argv[1] at argv[2] through an idmapped mount that shows uid and gid 0 as argv[3] and argv[4]
+# (open_tree, mount_setattr and move_mount; the idmap is taken from a user namespace made for the purpose).
+IDMAP = """
+import ctypes, os, subprocess, sys, time
+src, dst, uid, gid = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+libc = ctypes.CDLL(None, use_errno=True)
+class Attr(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_uint64) for name in ("attr_set", "attr_clr", "propagation", "userns_fd")]
+holder = subprocess.Popen(["unshare", "--user", "sleep", "30"])
+try:
+    while os.stat(f"/proc/{holder.pid}/ns/user").st_ino == os.stat("/proc/self/ns/user").st_ino:
+        time.sleep(0.001)
+    for name, outer in (("uid_map", uid), ("gid_map", gid)):
+        with open(f"/proc/{holder.pid}/{name}", "w") as f:
+            f.write(f"0 {outer} 1")
+    userns = os.open(f"/proc/{holder.pid}/ns/user", os.O_RDONLY)
+finally:
+    holder.kill()
+tree = libc.syscall(428, -100, src.encode(), 1 | os.O_CLOEXEC)  # open_tree(OPEN_TREE_CLONE)
+if tree < 0:
+    raise OSError(ctypes.get_errno(), "open_tree: " + os.strerror(ctypes.get_errno()))
+attr = Attr(0x00100000, 0, 0, userns)  # MOUNT_ATTR_IDMAP
+if libc.syscall(442, tree, b"", 0x1000, ctypes.byref(attr), ctypes.sizeof(attr)) < 0:  # AT_EMPTY_PATH
+    raise OSError(ctypes.get_errno(), "mount_setattr: " + os.strerror(ctypes.get_errno()))
+if libc.syscall(429, tree, b"", -100, dst.encode(), 4) < 0:  # move_mount(MOVE_MOUNT_F_EMPTY_PATH)
+    raise OSError(ctypes.get_errno(), "move_mount: " + os.strerror(ctypes.get_errno()))
 """
 
 
@@ -78,38 +94,58 @@ def closed_folder(paths: list[Path]) -> Path | None:
 
 
 def as_user(home: Path) -> list[str]:
-    """A command prefix that runs the rest as UID/GID with HOME=home, able to reach this checkout's Python."""
+    """A command prefix that runs the rest as UID/GID with HOME=home in the private mount namespace described at the
+    top, made by a script run as root."""
+    q = shlex.quote
+    image = home / "images" / image_dirname(IMAGE)
+    script = [
+        "set -e",
+        f"{q(sys.executable)} -c {q(IDMAP)} {q(str(default_images_dir() / image.name))} {q(str(image))} {UID} {GID}",
+    ]
+    if os.stat(TUN).st_mode & 0o006 != 0o006:
+        dev = q(str(home / "dev"))
+        script += [
+            f"mount -t tmpfs -o mode=755 tmpfs {dev}",
+            f"mknod -m 666 {dev}/tun c 10 200",
+            f"mount --bind {dev}/tun {TUN}",
+        ]
     needed = [Path(sys.base_prefix).resolve(), REPO]
-    hidden = closed_folder(needed)
-    inside = [str(p.relative_to(hidden)) for p in needed if hidden is not None and p.is_relative_to(hidden)]
-    tun = "tun" if os.stat(TUN).st_mode & 0o006 != 0o006 else ""
+    if (hidden := closed_folder(needed)) is not None:
+        stage = q(str(home / "stage"))
+        script += [f"mount --rbind {q(str(hidden))} {stage}", f"mount -t tmpfs -o mode=755 tmpfs {q(str(hidden))}"]
+        for path in (p for p in needed if p.is_relative_to(hidden)):
+            inside = q(str(path.relative_to(hidden)))
+            script += [
+                f"mkdir -p {q(str(hidden))}/{inside}",
+                f"mount --rbind {stage}/{inside} {q(str(hidden))}/{inside}",
+            ]
+        script.append(f"umount -l {stage}")
+    script.append('exec "$@"')
     return [
-        *("unshare", "--mount", "--propagation", "private", "/bin/sh", "-c", EXPOSE, "sh", str(home / "stage")),
-        tun,
-        str(hidden or ""),
-        *inside,
-        "--",
+        *("unshare", "--mount", "--propagation", "private", "/bin/sh", "-c", "\n".join(script), "sh"),
         *("setpriv", f"--reuid={UID}", f"--regid={GID}", "--clear-groups", "env", f"HOME={home}"),
     ]
 
 
 @pytest.fixture(scope="module")
 def home() -> Iterator[Path]:
-    """A folder of the user's: its images dir (a copy of IMAGE) and its state dir (under /tmp: pytest's own
-    temporary folders are root's, 0700)."""
+    """A folder of the user's (under /tmp: pytest's own temporary folders are root's, 0700): its state dir and its
+    images dir, where IMAGE's folder is a mount point and OTHERS an image root owns."""
     folder = Path(tempfile.mkdtemp(prefix="orchard-rootless-", dir="/tmp"))
     try:
-        (folder / "images").mkdir()
-        (folder / "state").mkdir()
-        assert image_built(IMAGE)
-        subprocess.run(
-            ["cp", "-a", str(default_images_dir() / image_dirname(IMAGE)), str(folder / "images")], check=True
-        )
-        subprocess.run(["chown", "-R", f"{UID}:{GID}", str(folder)], check=True)
+        for sub in ("state", "images", f"images/{image_dirname(IMAGE)}", "dev", "stage"):
+            (folder / sub).mkdir()
+        os.chown(folder, UID, GID)
+        for path in [p for p in folder.rglob("*") if p.is_dir()]:
+            os.chown(path, UID, GID)
         folder.chmod(0o755)
+        others = folder / "images" / OTHERS
+        (others / "rootfs").mkdir(parents=True)
+        meta = {"name": OTHERS, "imported_from": "a test", "size_bytes": 0, "build_time": "2026-01-01T00:00:00+00:00"}
+        (others / "image.json").write_text(json.dumps(meta))
         yield folder
     finally:
-        subprocess.run(["rm", "-rf", str(folder)], check=False)  # ten times faster than shutil.rmtree here
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -233,22 +269,17 @@ async def test_what_needs_root_is_refused(
     assert says in (caught.value.details() or "")
 
 
-async def test_images_of_another_user_are_refused(client: AsyncSandboxClient, home: Path) -> None:
+async def test_images_of_another_user_are_refused(client: AsyncSandboxClient) -> None:
     """An image whose files the service's user does not own would be read-only inside: refused, saying why."""
-    rootfs = home / "images" / image_dirname(IMAGE) / "rootfs"
-    os.chown(rootfs, 0, 0)
-    try:
-        with pytest.raises(FailedPrecondition, match="belongs to uid 0, and this env service runs rootless"):
-            await client.create_sandbox(IMAGE)
-    finally:
-        os.chown(rootfs, UID, GID)
+    with pytest.raises(FailedPrecondition, match="belongs to uid 0, and this env service runs rootless"):
+        await client.create_sandbox(OTHERS)
 
 
 async def test_allowlisted_egress(stub: env_pb2_grpc.EnvServiceStub, test_host: LinkLocalHost) -> None:
     """Through pasta: only allowed destinations answer; a broad rule opens the world but not this host, unless a rule
-    names the host's one address; a policy change applies to the live sandbox; no rules, no egress."""
+    names the host's one address, nor the host's loopback; a policy change applies to the live sandbox; no rules, no
+    egress."""
     allowed, other, router = f"{test_host.allowed}:8080", f"{test_host.other}:8080", test_host.router
-    sb = await create(stub, image=IMAGE, network_policy=pb.NetworkPolicy(allow=[rule(f"{test_host.allowed}/32", 8080)]))
 
     async def greet(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         writer.write(b"hello_host\n")
@@ -257,17 +288,22 @@ async def test_allowlisted_egress(stub: env_pb2_grpc.EnvServiceStub, test_host: 
 
     host_server = await asyncio.start_server(greet, router, 0)  # on one of this host's own addresses
     here = f"{router}:{host_server.sockets[0].getsockname()[1]}"
+    loopback_server = await asyncio.start_server(greet, "127.0.0.1", 0)  # before pasta starts: it must not map it
+    loopback = f"127.0.0.1:{loopback_server.sockets[0].getsockname()[1]}"
+    sb = await create(stub, image=IMAGE, network_policy=pb.NetworkPolicy(allow=[rule(f"{test_host.allowed}/32", 8080)]))
     try:
-        assert await probe(stub, sb.sandbox_id, allowed, f"{test_host.allowed}:8081", other, here) == {
+        assert await probe(stub, sb.sandbox_id, allowed, f"{test_host.allowed}:8081", other, here, loopback) == {
             allowed: f"hello_8080_from_{router}",  # pasta's connection, from this host
             f"{test_host.allowed}:8081": "EHOSTUNREACH",
             other: "EHOSTUNREACH",
             here: "EHOSTUNREACH",
+            loopback: "ECONNREFUSED",  # the sandbox's own
         }
         await set_policy(stub, sb.sandbox_id, rule("0.0.0.0/0"))
-        assert await probe(stub, sb.sandbox_id, other, here) == {
+        assert await probe(stub, sb.sandbox_id, other, here, loopback) == {
             other: f"hello_8080_from_{router}",
             here: "EHOSTUNREACH",
+            loopback: "ECONNREFUSED",
         }
         await set_policy(stub, sb.sandbox_id, rule("0.0.0.0/0"), rule(f"{router}/32"))
         assert (await probe(stub, sb.sandbox_id, here))[here] == "hello_host"
@@ -275,4 +311,5 @@ async def test_allowlisted_egress(stub: env_pb2_grpc.EnvServiceStub, test_host: 
         assert await probe(stub, sb.sandbox_id, allowed) == {allowed: "EHOSTUNREACH"}
     finally:
         host_server.close()
+        loopback_server.close()
         await delete_quietly(stub, sb.sandbox_id)
