@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -109,6 +110,28 @@ def test_inference_throughput_benchmark() -> None:
     assert isinstance(service, dict) and isinstance(baseline, dict)
     assert service["tokens"] == baseline["tokens"] == 8, report
     assert float(report["ratio"]) > 0
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("llama_cpp") is None,
+    reason="the inference peers bench needs llama-cpp-python (pip install llama-cpp-python==0.3.36; install.sh does)",
+)
+def test_inference_peers_benchmark() -> None:
+    """Both Orchard engines and llama.cpp's own API alternate in blocks, the order rotating by round; every block has
+    its figures, and the ratios, the log-prob gap and the load average come with them."""
+    args = ["--rounds", "2", "--singles", "1", "--concurrent", "2", "--max-tokens", "4"]
+    report = run_bench("inference_peers.py", args, "ratio_over_peer")
+    names = ["orchard_transformers", "orchard_llama_cpp", "llama_cpp_python"]
+    blocks = report["blocks"]
+    assert [(b["round"], b["contender"], b["kind"]) for b in blocks] == [
+        (r, name, kind) for r in (0, 1) for name in names[r:] + names[:r] for kind in ("single", "concurrent")
+    ], blocks
+    assert all(b["tokens"] > 0 for b in blocks) and all(b["decode_tokens_per_s"] > 0 for b in blocks[::2]), blocks
+    for name in names[:2]:
+        assert set(report["ratio_over_peer"][name]) == {"decode", "ttft", "aggregate"}, report
+        assert all(float(v) > 0 for v in report["ratio_over_peer"][name].values()), report
+    assert report["logprob_gap_llama_cpp_vs_transformers_score"]["tokens"] == 8, report
+    assert len(report["loadavg_start"]) == len(report["loadavg_end"]) == 3, report
 
 
 def test_learning_proofs_benchmark() -> None:

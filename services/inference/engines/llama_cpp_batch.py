@@ -35,7 +35,7 @@ _N_BATCH = 512
 """Most tokens one llama_decode call takes (and most logits rows it returns)."""
 
 
-_GGML_LOG_ERROR = 3
+_GGML_LOG_ERROR = 4  # ggml_log_level: NONE, DEBUG, INFO, WARN, ERROR, CONT
 _log_callback: Any = None  # kept alive: llama.cpp holds the pointer
 
 
