@@ -3,7 +3,11 @@ manifest.json naming layer tars) and OCI image layouts (index.json, blobs/sha256
 the whiteouts of each layer applied to the ones below (`.wh.NAME` deletes NAME, `.wh..wh..opq` empties a folder).
 
 Nothing in a layer may reach outside the root: absolute names, `..`, and links whose target lies outside are
-refused with InvalidArgument (an image is input like any other)."""
+refused with InvalidArgument (an image is input like any other).
+
+Unpacked by an ordinary user (a rootless env service's images), every file becomes that user's (root inside its
+sandboxes), device nodes are left out (sandboxes get their /dev from bubblewrap), and folders stay writable to
+their owner until the last layer is in, then take their own modes."""
 
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ from pathlib import Path, PurePosixPath
 from typing import IO
 
 from orchard.errors import InvalidArgument
+from orchard.services.env.backends.rootless import rootless
 
 WHITEOUT = ".wh."
 OPAQUE = ".wh..wh..opq"
@@ -66,11 +71,16 @@ def unpack(archive_path: Path, rootfs: Path) -> dict[str, object]:
         archive = tarfile.open(archive_path)
     except (tarfile.TarError, OSError) as err:
         raise InvalidArgument(f"{archive_path} is not a tar archive of an image: {err}") from None
+    folder_modes: dict[Path, int] = {}  # rootless: the modes folders get once every layer is in
     with archive:
         for name in layers_of(archive):
             with _opened(_member(archive, name)) as layer:
-                _apply(layer, rootfs)
-        return image_config(archive)
+                _apply(layer, rootfs, folder_modes)
+        config = image_config(archive)
+    for folder, mode in sorted(folder_modes.items(), key=lambda item: len(item[0].parts), reverse=True):
+        if folder.is_dir() and not folder.is_symlink():
+            os.chmod(folder, mode)
+    return config
 
 
 def _blob(digest: str) -> str:
@@ -137,8 +147,9 @@ def _remove(path: Path) -> None:
         path.unlink()
 
 
-def _apply(layer: tarfile.TarFile, root: Path) -> None:
+def _apply(layer: tarfile.TarFile, root: Path, folder_modes: dict[Path, int]) -> None:
     """One layer over what the layers below left: its whiteouts first take effect, then its files."""
+    as_root = not rootless()
     for member in layer:
         target = _inside(root, member.name)
         base = target.name
@@ -163,6 +174,8 @@ def _apply(layer: tarfile.TarFile, root: Path) -> None:
         elif member.isfile():
             with layer.extractfile(member) as src, open(target, "wb") as dst:  # type: ignore[union-attr]
                 shutil.copyfileobj(src, dst)
+        elif (member.ischr() or member.isblk()) and not as_root:
+            continue  # only root may make device nodes
         elif member.ischr() or member.isblk():
             kind = stat.S_IFCHR if member.ischr() else stat.S_IFBLK
             os.mknod(target, kind | member.mode, os.makedev(member.devmajor, member.devminor))
@@ -170,9 +183,12 @@ def _apply(layer: tarfile.TarFile, root: Path) -> None:
             os.mkfifo(target, member.mode)
         else:
             continue
-        if not member.issym():
+        if as_root:
             os.chown(target, member.uid, member.gid, follow_symlinks=False)
+        if member.isdir() and not as_root:
+            folder_modes[target] = member.mode
+            os.chmod(target, member.mode | stat.S_IRWXU)
+        elif not member.issym():
             os.chmod(target, member.mode)
+        if not member.issym():
             os.utime(target, (member.mtime, member.mtime))
-        else:
-            os.chown(target, member.uid, member.gid, follow_symlinks=False)

@@ -13,12 +13,14 @@ for pasta.
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import os
 import shlex
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -26,7 +28,7 @@ from pathlib import Path
 import grpc
 import pytest
 import test_env_network
-from env_helpers import create, delete_quietly, needs_image, served_env
+from env_helpers import ORCHARD, create, delete_quietly, needs_image, served_env
 from test_env_network import LinkLocalHost, probe, rule, set_policy
 
 from orchard import AsyncSandboxClient
@@ -313,3 +315,57 @@ async def test_allowlisted_egress(stub: env_pb2_grpc.EnvServiceStub, test_host: 
         host_server.close()
         loopback_server.close()
         await delete_quietly(stub, sb.sandbox_id)
+
+
+def image_archive(path: Path) -> Path:
+    """A `docker save` archive of one layer: a read-only folder holding a file, another user's setuid file, a
+    device node and a symlink."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as layer:
+        for name, kind, mode, data in [
+            ("ro", tarfile.DIRTYPE, 0o555, b""),
+            ("ro/inside", tarfile.REGTYPE, 0o644, b"kept\n"),
+            ("tool", tarfile.REGTYPE, 0o4755, b"#!/bin/sh\n"),
+            ("null", tarfile.CHRTYPE, 0o666, b""),
+            ("link", tarfile.SYMTYPE, 0o777, b""),
+        ]:
+            info = tarfile.TarInfo(name)
+            info.type, info.mode, info.size, info.uid, info.gid = kind, mode, len(data), 1000, 1000
+            info.devmajor, info.devminor, info.linkname = 1, 3, "ro/inside"
+            layer.addfile(info, io.BytesIO(data))
+    with tarfile.open(path, "w") as tar:
+        for name, data in [
+            ("l0/layer.tar", out.getvalue()),
+            ("config.json", json.dumps({"config": {"Env": ["PATH=/usr/bin"]}}).encode()),
+            ("manifest.json", json.dumps([{"Config": "config.json", "Layers": ["l0/layer.tar"]}]).encode()),
+        ]:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+async def test_the_user_imports_an_image(client: AsyncSandboxClient, home: Path) -> None:
+    """`orchard image import` as the user: every file becomes its own, device nodes are left out, a read-only
+    folder keeps its mode and its file; a sandbox runs on the image (its agent needs nothing from it)."""
+    archive = image_archive(home / "image.tar")
+    imported = subprocess.run(
+        [*as_user(home), ORCHARD, "image", "--images-dir", str(home / "images"), "import", "mine", str(archive)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert imported.returncode == 0, imported.stderr
+    rootfs = home / "images" / "mine" / "rootfs"
+    owners = {p.name: (p.lstat().st_uid, oct(p.lstat().st_mode & 0o7777)) for p in rootfs.iterdir()}
+    assert {k: owners[k] for k in ("ro", "tool", "link")} == {
+        "ro": (UID, "0o555"),
+        "tool": (UID, "0o4755"),
+        "link": (UID, "0o777"),
+    }
+    assert "null" not in owners and (rootfs / "ro" / "inside").read_text() == "kept\n"
+    sandbox = await client.create_sandbox("mine")
+    assert await sandbox.download_content("/link") == b"kept\n"
+    assert {e.name: e.mode for e in await sandbox.list_files("/ro")} == {"inside": 0o644}
+    await sandbox.delete()
