@@ -96,8 +96,8 @@ def check_image(name: str, rootfs: Path, is_host: bool) -> None:
     if is_host:
         raise FailedPrecondition(
             "the `host` image needs an env service running as root: its root filesystem has mounts under it, which "
-            "overlayfs in a user namespace cannot stack on; use a built image (`orchard image build "
-            "python:3.11-slim`, then give this service a copy it owns, see docs/env.md)",
+            "overlayfs in a user namespace cannot stack on; use an image this service's user owns: `orchard image "
+            "import NAME ARCHIVE` as that user (a `docker save` or OCI archive), or a copy of a built one (docs/env.md)",
             field="image",
         )
     owner = rootfs.stat().st_uid
@@ -105,7 +105,8 @@ def check_image(name: str, rootfs: Path, is_host: bool) -> None:
         raise FailedPrecondition(
             f"image {name!r} at {rootfs} belongs to uid {owner}, and this env service runs rootless as uid "
             f"{os.geteuid()}: a sandbox could not write its own files (they would be nobody's); give the service "
-            f"an images dir it owns (`cp -a` the image folder, then `chown -R {os.geteuid()}`), or {HOW_TO_ROOT}",
+            f"images it owns (`orchard image import` as this user, or `cp -a` a built image's folder into its images "
+            f"dir, then `chown -R {os.geteuid()}`), or {HOW_TO_ROOT}",
             field="image",
         )
 
