@@ -8,6 +8,11 @@ sandbox stacked, between its own fresh writable layer and its image: no copying.
 exception: overlayfs refuses a lower layer that lies inside another one (here: inside the host's root), so such a
 sandbox starts with a copy of the snapshot's layer as its writable layer instead (reflinked where the filesystem
 can), and snapshots of it need no other layer.
+
+Run by an ordinary user (rootless.py decides, by the uid), each bwrap starts behind a user and mount namespace of
+that user, in which its overlay is mounted (only the sandbox sees it), and an allowlisted sandbox behind pasta
+(rootless_network.py); what needs the host's root (limits without writable cgroups, a disk cap, the `host` image)
+is refused before anything is made.
 """
 
 from __future__ import annotations

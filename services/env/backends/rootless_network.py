@@ -92,8 +92,8 @@ class RootlessNetworks:
         return sandbox_id in self._nets
 
     async def enter_argv(self, sandbox_id: str, rules: tuple[EgressRule, ...], argv: list[str]) -> list[str]:
-        """argv behind pasta (dying with this service) and the sandbox's allowlist, loaded before argv starts."""
-        check_host()
+        """argv behind pasta (dying with this service) and the sandbox's allowlist, loaded before argv starts; the
+        caller has made sure of the host with check_host."""
         allowed = await resolve(rules)
         text = ruleset(allowed, await host_addresses())
         self._nets[sandbox_id] = _Net()
