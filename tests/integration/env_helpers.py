@@ -33,7 +33,8 @@ DONE_STATES = {pb.EXEC_STATE_SUCCEEDED, pb.EXEC_STATE_FAILED, pb.EXEC_STATE_TIME
 
 needs_sandboxes = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("bwrap") is None,
-    reason="real sandboxes need root (overlayfs mounts) and bubblewrap (apt-get install bubblewrap)",
+    reason="these run the env service as root, with real sandboxes (bubblewrap: apt-get install bubblewrap); "
+    "test_env_rootless.py runs it as an ordinary user",
 )
 
 
