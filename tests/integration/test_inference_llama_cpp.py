@@ -176,6 +176,31 @@ async def test_concurrent_requests_decode_in_one_batch(svc: Service) -> None:
     assert svc.engine.stats.max_batch_size >= 3
 
 
+async def test_prefix_cache_skips_what_was_decoded_before(svc: Service) -> None:
+    """A prompt repeated, or extended by what was generated (an agent's next turn), decodes only its new tokens and
+    gets the same tokens as without the cache."""
+    ids = list((await svc.stub.Tokenize(pb.TokenizeRequest(text=STORY + " a girl"), timeout=10)).token_ids)
+    request = pb.GenerateRequest(token_ids=pb.TokenIds(ids=ids), sampling=sampling(max_tokens=6))
+    first = list((await svc.stub.Generate(request, timeout=60)).choices[0].token_ids)
+    hits = svc.engine.prefix_hits
+    assert list((await svc.stub.Generate(request, timeout=60)).choices[0].token_ids) == first
+    assert svc.engine.prefix_hits - hits == len(ids) - 1
+    turn = ids + first + list((await svc.stub.Tokenize(pb.TokenizeRequest(text=" Then"), timeout=10)).token_ids)
+    hits = svc.engine.prefix_hits
+    nxt = await svc.stub.Generate(
+        pb.GenerateRequest(token_ids=pb.TokenIds(ids=turn), sampling=sampling(max_tokens=6)), timeout=60
+    )
+    assert svc.engine.prefix_hits - hits == len(ids) + len(first) - 1  # all but the last sampled token was cached
+    # Scored without any cache, the greedy continuation is the argmax at every position.
+    scored = await svc.stub.ScoreTokens(
+        pb.ScoreTokensRequest(
+            token_ids=pb.TokenIds(ids=turn), continuation_token_ids=nxt.choices[0].token_ids, top_logprobs=1
+        ),
+        timeout=60,
+    )
+    assert [t.candidates[0].token_id for t in scored.top_logprobs] == list(nxt.choices[0].token_ids)
+
+
 async def test_cancelled_stream_and_deadline_free_the_row(svc: Service) -> None:
     """A client that goes away mid-stream, or whose deadline passes, frees its sequence before the next step."""
     call = svc.stub.StreamGenerate(pb.StreamGenerateRequest(text=STORY, sampling=sampling(max_tokens=2000)), timeout=60)

@@ -9,6 +9,13 @@ llama.cpp's `batched` example does). Logits come back for the decode tokens and 
 stop strings and text are `Sequence`'s, the same as the transformers engine's. A finished or aborted sequence's cells
 are removed at once. A request is admitted when its prompt plus n * max_tokens fit in the cache beside what the
 running ones reserved; until then it waits, holding its place.
+
+Prefix cache: a finished sequence's cells (its prompt and what it generated) stay as a cached prefix, in
+least-recently-used order, up to `cache_slots` of them. A new request's prompt starts from the longest cached prefix
+it shares (`llama_memory_seq_cp`: its sequences share those cells) and decodes only the rest, so an agent's next
+turn, which repeats the conversation so far, or n samples of the same prompt in later calls, prefill only what is
+new. Cached prefixes are evicted, oldest first, when a request needs their room. On the Q4_1 GGUF the logits do
+not change with it (llama.cpp computes each token's row on its own), so outputs are the same with or without it.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import tempfile
+from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -104,11 +112,17 @@ class LlamaBatch:
         self._seq_id: dict[int, int] = {}  # by id(seq): its llama.cpp sequence id
         self._free_ids: list[int] = []
         self._reserved = 0
+        self.cache_slots = max(0, min(32, max_batch_size, 255 - max_batch_size))
+        self._ids = max_batch_size + self.cache_slots  # sequence ids 0.._ids-1 run or cache; _ids scores
+        self._cached: OrderedDict[int, list[int]] = OrderedDict()  # sequence id -> its tokens, oldest first
+        self._cached_cells = 0
+        self.prefix_hits = 0
+        """Prompt tokens taken from the prefix cache instead of decoded (for tests and benchmarks)."""
         if gguf is None:
             self._load(*self._convert(hf_folder))
         else:
             self._load(self._load_model(gguf), None)
-        self.batch = self.lib.llama_batch_init(_N_BATCH, 0, max_batch_size)
+        self.batch = self.lib.llama_batch_init(_N_BATCH, 0, max_batch_size)  # a prompt's token is in <= n sequences
         self.reset()
 
     # -- loading ------------------------------------------------------------------------------------------------
@@ -133,7 +147,7 @@ class LlamaBatch:
         params = self.lib.llama_context_default_params()
         params.n_ctx = self.kv_tokens
         params.n_batch = params.n_ubatch = _N_BATCH
-        params.n_seq_max = self.max_batch_size + 1  # the last id scores
+        params.n_seq_max = self._ids + 1
         params.n_threads = params.n_threads_batch = self.threads
         params.kv_unified = True  # one cache for all sequences: n samples share their prompt's cells
         params.no_perf = True
@@ -168,8 +182,10 @@ class LlamaBatch:
     def reset(self) -> None:
         """Forget every row (after a failed step)."""
         self.seqs, self._group_of, self._waiting, self._seq_id = [], {}, [], {}
-        self._free_ids = list(range(self.max_batch_size - 1, -1, -1))
+        self._free_ids = list(range(self._ids - 1, -1, -1))
         self._reserved = 0
+        self._cached.clear()
+        self._cached_cells = 0
         self.lib.llama_memory_clear(self.mem, True)
 
     # -- decoding -----------------------------------------------------------------------------------------------
@@ -223,13 +239,24 @@ class LlamaBatch:
         for seq in running:  # its last sampled token is not in the cache yet
             entries.append((seq.out_ids[-1], len(seq.prompt_ids) + len(seq.out_ids) - 1, [self._seq_id[id(seq)]], True))
             targets.append([seq])
-        while self._waiting and self._fits(self._waiting[0]):
-            group = self._waiting.pop(0)
+        while self._waiting:
+            group = self._waiting[0]
+            prompt = group.seqs[0].prompt_ids
+            source, reuse = self._longest_prefix(prompt)
+            if not self._make_room(len(group.seqs), group.reserve, keep=source):
+                break
+            if source not in self._cached:  # evicted to make room after all
+                source, reuse = None, 0
+            self._waiting.pop(0)
             self._reserved += group.reserve
             ids = [self._free_ids.pop() for _ in group.seqs]
             self._seq_id.update((id(s), i) for s, i in zip(group.seqs, ids, strict=True))
-            prompt = group.seqs[0].prompt_ids
-            entries.extend((t, pos, ids, pos == len(prompt) - 1) for pos, t in enumerate(prompt))
+            if source is not None:
+                self._cached.move_to_end(source)
+                for seq_id in ids:
+                    self.lib.llama_memory_seq_cp(self.mem, source, seq_id, 0, reuse)
+                self.prefix_hits += reuse
+            entries.extend((prompt[pos], pos, ids, pos == len(prompt) - 1) for pos in range(reuse, len(prompt)))
             targets.append(group.seqs)
         events: list[tuple[Sequence, TokenEvent]] = []
         order = iter(targets)
@@ -243,12 +270,39 @@ class LlamaBatch:
         self._leave([s for s in self.seqs if s.finished])
         return events
 
-    def _fits(self, group: _Group) -> bool:
-        if len(self._free_ids) < len(group.seqs):
-            return False
-        if not self._seq_id:  # alone, it may use the whole cache (its prompt + max_tokens fit the context)
-            return True
-        return self._reserved + group.reserve <= self.kv_tokens
+    def _longest_prefix(self, prompt: list[int]) -> tuple[int | None, int]:
+        """The cached sequence sharing the longest prefix with prompt, and its length (short of the last token,
+        which is decoded for its logits); (None, 0) when none shares a token."""
+        best, best_len = None, 0
+        for seq_id, tokens in self._cached.items():
+            n = 0
+            for a, b in zip(tokens, prompt[:-1], strict=False):
+                if a != b:
+                    break
+                n += 1
+            if n > best_len:
+                best, best_len = seq_id, n
+        return best, best_len
+
+    def _make_room(self, ids: int, cells: int, keep: int | None = None) -> bool:
+        """Whether `ids` sequence ids and `cells` KV cells are free beside the running requests, evicting cached
+        prefixes (oldest first, `keep` last) until they are."""
+
+        def short() -> bool:
+            busy = self._reserved + self._cached_cells
+            return len(self._free_ids) < ids or (busy > 0 and busy + cells > self.kv_tokens)
+
+        for seq_id in [i for i in self._cached if i != keep] + ([keep] if keep is not None else []):
+            if not short():
+                break
+            self._evict(seq_id)
+        # Alone, a request may use the whole cache (its prompt + max_tokens fit the context).
+        return not short() or (not self._seq_id and len(self._free_ids) >= ids)
+
+    def _evict(self, seq_id: int) -> None:
+        self._cached_cells -= len(self._cached.pop(seq_id))
+        self.lib.llama_memory_seq_rm(self.mem, seq_id, -1, -1)
+        self._free_ids.append(seq_id)
 
     def _leave(self, gone: list[Sequence]) -> None:
         """Remove finished or aborted sequences: their cache cells, ids and reservations."""
@@ -262,21 +316,28 @@ class LlamaBatch:
                 if not group.seqs:
                     self._waiting.remove(group)
                 continue
-            self.lib.llama_memory_seq_rm(self.mem, seq_id, -1, -1)
-            self._free_ids.append(seq_id)
             self._reserved -= seq.params.max_tokens
             if group.live == 0:
                 self._reserved -= group.prompt_cells
+            if seq.aborted or not self.cache_slots:
+                self.lib.llama_memory_seq_rm(self.mem, seq_id, -1, -1)
+                self._free_ids.append(seq_id)
+                continue
+            # Its cells stay as a cached prefix: the prompt and all it generated but the last token (not decoded).
+            self._cached[seq_id] = seq.prompt_ids + seq.out_ids[:-1]
+            self._cached_cells += len(self._cached[seq_id])
+            if len(self._cached) > self.cache_slots:
+                self._evict(next(iter(self._cached)))
 
     # -- scoring ------------------------------------------------------------------------------------------------
 
     def score(self, prompt_ids: list[int], continuation_ids: list[int], top_logprobs: int) -> ScoreResult:
         """Log-probs of the continuation: prompt + continuation decoded as one more sequence, then removed."""
         ids = prompt_ids + continuation_ids
-        if self._seq_id and self._reserved + len(ids) > self.kv_tokens:
+        if not self._make_room(0, len(ids)):
             raise ResourceExhausted("the llama.cpp KV cache is full of running requests; retry later", retry_after=1.0)
         first = len(prompt_ids) - 1  # the position whose logits predict the first continuation token
-        seq_id = self.max_batch_size
+        seq_id = self._ids
         entries = [(t, pos, [seq_id], pos >= first) for pos, t in enumerate(ids[:-1])]
         chosen: list[float] = []
         tops: list[list[tuple[int, float]]] = []

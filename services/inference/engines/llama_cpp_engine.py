@@ -31,3 +31,8 @@ class LlamaCppEngine(BatchingEngine):
             kv_tokens=s.llama_kv_tokens,
             weights_type="f16" if s.llama_weights == "gguf" else s.llama_weights,
         )
+
+    @property
+    def prefix_hits(self) -> int:
+        """Prompt tokens taken from the prefix cache instead of decoded, so far."""
+        return int(self._batch.prefix_hits) if self._batch is not None else 0
