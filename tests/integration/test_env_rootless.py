@@ -28,7 +28,7 @@ from pathlib import Path
 import grpc
 import pytest
 import test_env_network
-from env_helpers import ORCHARD, create, delete_quietly, needs_image, served_env
+from env_helpers import ORCHARD, create, delete_quietly, needs_image, run, served_env
 from test_env_network import LinkLocalHost, probe, rule, set_policy
 
 from orchard import AsyncSandboxClient
@@ -257,7 +257,7 @@ async def test_no_network(client: AsyncSandboxClient, address: str) -> None:
     [
         ({"image": "host"}, "the `host` image needs an env service running as root"),
         ({"resources": pb.Resources(memory_bytes=64 << 20)}, "limits need cgroups this env service (uid 65534"),
-        ({"resources": pb.Resources(pids=64)}, "delegated cgroup v2 subtree"),
+        ({"resources": pb.Resources(cpu_millis=500)}, "delegated cgroup v2 subtree"),
         ({"resources": pb.Resources(disk_bytes=64 << 20)}, "resources.disk_bytes needs root"),
     ],
 )
@@ -269,6 +269,40 @@ async def test_what_needs_root_is_refused(
         await create(stub, **{"image": IMAGE, **fields})
     assert caught.value.code() is grpc.StatusCode.FAILED_PRECONDITION
     assert says in (caught.value.details() or "")
+
+
+# Forks children that close their output and sleep, until a fork fails or `limit` are made; prints how many and why.
+FORKS = """
+import errno, os, sys, time
+made, limit = 0, int(sys.argv[1])
+try:
+    while made < limit:
+        if os.fork() == 0:
+            os.closerange(0, 3)
+            time.sleep(20)
+            os._exit(0)
+        made += 1
+    print(made, "done")
+except OSError as err:
+    print(made, errno.errorcode[err.errno])
+"""
+
+
+async def test_pids_limit_is_each_sandboxs_own(stub: env_pb2_grpc.EnvServiceStub) -> None:
+    """Without cgroups, a pids limit is the sandbox's RLIMIT_NPROC in its own user namespace: its forks fail at the
+    limit, while another sandbox of the same user, whose count is its own, forks on; the built-in default is kept."""
+    limited = await create(stub, image=IMAGE, resources=pb.Resources(pids=32))
+    other = await create(stub, image=IMAGE)
+    try:
+        assert (limited.resources.pids, other.resources.pids) == (32, 4096)
+        bomb = await run(stub, limited.sandbox_id, ["python3", "-c", FORKS, "1000"], timeout=30)
+        made, why = bomb.stdout.decode().split()
+        assert why == "EAGAIN" and 0 < int(made) < 32, bomb  # the agent and its threads count too
+        beside = await run(stub, other.sandbox_id, ["python3", "-c", FORKS, "100"], timeout=30)
+        assert beside.stdout.decode().split() == ["100", "done"], beside
+    finally:
+        await delete_quietly(stub, limited.sandbox_id)
+        await delete_quietly(stub, other.sandbox_id)
 
 
 async def test_images_of_another_user_are_refused(client: AsyncSandboxClient) -> None:

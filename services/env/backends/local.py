@@ -194,7 +194,7 @@ class LocalBackend:
         self._confinement = default_confinement()  # FailedPrecondition at start without libseccomp
         self._agent = agent_binary(settings)
         self._rootless = rootless_mode.rootless()  # each bwrap then starts in a user namespace (rootless.py)
-        self._cgroups_unusable = False  # rootless, and the cgroups cannot be written by this user
+        self._cgroups_unusable = False  # rootless, and no cgroups this user may write: pids through RLIMIT_NPROC
         self._pasta = RootlessNetworks()  # rootless sandboxes with a network policy
         if shutil.which(settings.bwrap_path) is None:
             raise FailedPrecondition(
@@ -227,29 +227,36 @@ class LocalBackend:
         except (OSError, FailedPrecondition) as err:
             if not self._rootless:
                 raise
-            log.info("rootless: no cgroups this user may write (%s): sandboxes can have no limits", err)
+            log.info("rootless: no cgroups this user may write (%s)", err)
             self._cgroups_unusable = True
+        if self._rootless and not self._cgroups_unusable:
+            try:
+                self._cgroups.require("limits", "")
+            except FailedPrecondition as err:
+                log.info("rootless: %s", err.message)
+                self._cgroups_unusable = True
+        if self._cgroups_unusable:
+            log.warning(
+                "rootless without cgroups: a sandbox's pids limit is its process limit (RLIMIT_NPROC) in its own user "
+                "namespace; cpu and memory limits are refused"
+            )
         if not self._rootless and (removed := await self._net.remove_leftovers()):  # rootless makes no networks
             log.info("removed %d sandbox networks left by a previous run", removed)
         s = self._settings
         if s.default_cpu_millis or s.default_memory_bytes or s.default_pids:
             try:
-                if self._cgroups_unusable:
+                if self._cgroups_unusable and (s.default_cpu_millis or s.default_memory_bytes):
                     raise rootless_mode.refuse_limits()
-                self._cgroups.require(
-                    "the service's default cpu, memory or pids limit",
-                    "set them to 0 (e.g. ORCHARD_ENV_DEFAULT_PIDS=0) to run sandboxes without limits",
-                )
+                if not self._cgroups_unusable:
+                    self._cgroups.require(
+                        "the service's default cpu, memory or pids limit",
+                        "set them to 0 (e.g. ORCHARD_ENV_DEFAULT_PIDS=0) to run sandboxes without limits",
+                    )
             except FailedPrecondition:
                 if s.model_fields_set & {"default_cpu_millis", "default_memory_bytes", "default_pids"}:
                     raise  # the operator asked for default limits this host cannot give: say so at start-up
                 # Only the built-in pids default: run without it rather than refuse to start on this host.
-                if self._rootless:
-                    log.warning("rootless, without cgroups this user may write: sandboxes get no default pids limit")
-                else:
-                    log.warning(
-                        "this host gives the service no cgroup controllers: sandboxes get no default pids limit"
-                    )
+                log.warning("this host gives the service no cgroup controllers: sandboxes get no default pids limit")
                 s.default_pids = 0
         leftovers = [p for p in self._root.iterdir() if p.is_dir()]
         for path in leftovers:
@@ -384,10 +391,13 @@ class LocalBackend:
                     options = rootless_mode.overlay_options(
                         self._snapshots, spec.layers, image.rootfs, layer / "upper", layer / "work"
                     )
-                    argv = rootless_mode.enter_argv(self._snapshots, options, rootfs, argv, userns=not spec.egress)
+                    nproc = res.pids if self._cgroups_unusable else 0
+                    argv = rootless_mode.enter_argv(
+                        self._snapshots, options, rootfs, argv, userns=not spec.egress, nproc=nproc
+                    )
                     if spec.egress:  # pasta's user namespace holds the rest
                         argv = await self._pasta.enter_argv(spec.sandbox_id, spec.egress, argv)
-                if res.cpu_millis or res.memory_bytes or res.pids:
+                if (res.cpu_millis or res.memory_bytes or res.pids) and not self._cgroups_unusable:
                     argv = enter_argv(await asyncio.to_thread(self._cgroups.create, spec.sandbox_id, res), argv)
                 argv = [*self._net.enter_argv(spec.sandbox_id), *argv]
                 proc = await asyncio.create_subprocess_exec(
@@ -434,7 +444,7 @@ class LocalBackend:
             raise rootless_mode.refuse_disk()
         if spec.egress:
             check_host()
-        if (res.cpu_millis or res.memory_bytes or res.pids) and self._cgroups_unusable:
+        if (res.cpu_millis or res.memory_bytes) and self._cgroups_unusable:
             raise rootless_mode.refuse_limits()
 
     async def set_egress(self, sandbox_id: str, rules: tuple[EgressRule, ...]) -> None:

@@ -3,8 +3,9 @@ user namespaces. Each sandbox's bwrap then starts behind `unshare --user --map-r
 user is root inside that namespace (and so inside the sandbox), and mounts the sandbox's overlayfs writable layer
 there (kernel >= 5.11), where only the sandbox sees it.
 
-What needs the host's root is refused with FAILED_PRECONDITION naming what is missing: cgroup limits (unless the
-host delegates cgroups the service can write), the disk cap (a loop device) and the `host` image. Egress allowlists
+What needs the host's root is refused with FAILED_PRECONDITION naming what is missing: cpu and memory limits
+(unless the host delegates cgroups the service can write; a pids limit is then RLIMIT_NPROC), the disk cap (a loop
+device) and the `host` image. Egress allowlists
 go through pasta instead of a veth (rootless_network.py). The mode is decided once, here: the service is rootless when its effective uid
 is not 0.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -22,6 +24,9 @@ from pathlib import Path
 from orchard.errors import FailedPrecondition
 
 PROBE_TIMEOUT_S = 10.0
+MIN_KERNEL = (5, 14)
+"""Overlayfs in a user namespace came in 5.11; RLIMIT_NPROC counted per user namespace (a sandbox's pids limit
+without cgroups) in 5.14."""
 # Run by /bin/sh inside the new user and mount namespaces: mount the overlay ($2 on $3, relative lower layers
 # resolved from $1), then exec bwrap. Exit 125 says the mount failed (its message goes to the agent's log).
 ENTER_SCRIPT = 'cd "$1" && mount -t overlay overlay -o "$2" "$3" || exit 125; shift 3; cd /; exec "$@"'
@@ -41,11 +46,19 @@ def overlay_options(layers_dir: Path, layers: Sequence[str], image: Path, upper:
     return f"lowerdir={lower},upperdir={upper},workdir={work},userxattr"
 
 
-def enter_argv(layers_dir: Path, options: str, rootfs: Path, argv: list[str], *, userns: bool = True) -> list[str]:
+def enter_argv(
+    layers_dir: Path, options: str, rootfs: Path, argv: list[str], *, userns: bool = True, nproc: int = 0
+) -> list[str]:
     """argv (bwrap's) behind the user and mount namespaces in which the sandbox's overlay is mounted on rootfs;
-    userns=False: a mount namespace only, for a caller already root of a user namespace (pasta's)."""
+    userns=False: a mount namespace only, for a caller already root of a user namespace (pasta's).
+
+    nproc > 0 caps the sandbox's processes and threads with RLIMIT_NPROC, the pids limit where no cgroup can: the
+    kernel (5.14 and later) counts it per user namespace, so each sandbox has its own count, and its processes,
+    without capabilities, cannot raise it. The first fork happens inside the new namespace (prlimit and unshare
+    exec), so nothing of this user outside it is counted."""
     namespaces = USERNS if userns else ("unshare", "--mount")
-    return [*namespaces, "/bin/sh", "-c", ENTER_SCRIPT, "sh", str(layers_dir), options, str(rootfs), *argv]
+    limit = ("prlimit", f"--nproc={nproc}:{nproc}", "--") if nproc else ()
+    return [*limit, *namespaces, "/bin/sh", "-c", ENTER_SCRIPT, "sh", str(layers_dir), options, str(rootfs), *argv]
 
 
 def as_owner(argv: list[str]) -> list[str]:
@@ -57,8 +70,14 @@ def as_owner(argv: list[str]) -> list[str]:
 async def probe(state_dir: Path) -> None:
     """Mount an overlay in a user namespace under state_dir once; FailedPrecondition saying what to change if this
     host does not allow it."""
-    if shutil.which("unshare") is None:
-        raise FailedPrecondition("a rootless local backend needs unshare (apt-get install util-linux)")
+    if shutil.which("unshare") is None or shutil.which("prlimit") is None:
+        raise FailedPrecondition("a rootless local backend needs unshare and prlimit (apt-get install util-linux)")
+    release = os.uname().release
+    if tuple(int(part) for part in re.findall(r"\d+", release)[:2]) < MIN_KERNEL:
+        raise FailedPrecondition(
+            f"a rootless local backend needs Linux {'.'.join(map(str, MIN_KERNEL))} or later (overlayfs in a user "
+            f"namespace, process limits counted per namespace), and this host runs {release}; or {HOW_TO_ROOT}"
+        )
     with tempfile.TemporaryDirectory(prefix="probe-", dir=state_dir) as tmp:
         for name in ("lower", "upper", "work", "merged"):
             os.mkdir(os.path.join(tmp, name))
@@ -79,8 +98,7 @@ async def probe(state_dir: Path) -> None:
             f"the env service runs as uid {os.geteuid()}, not root, and this host does not let it make a sandbox "
             f"({detail}): a rootless local backend needs unprivileged user namespaces (sysctl "
             "kernel.unprivileged_userns_clone=1 and user.max_user_namespaces > 0; on Ubuntu 24.04 also "
-            "kernel.apparmor_restrict_unprivileged_userns=0) and overlayfs in a user namespace (Linux 5.11 or "
-            f"later); or {HOW_TO_ROOT}"
+            f"kernel.apparmor_restrict_unprivileged_userns=0) and overlayfs in a user namespace; or {HOW_TO_ROOT}"
         )
 
 
@@ -112,9 +130,9 @@ def check_image(name: str, rootfs: Path, is_host: bool) -> None:
 
 
 def refuse_limits() -> FailedPrecondition:
-    """The error for cpu, memory or pids limits on a host that gives a rootless service no cgroups to write."""
+    """The error for cpu or memory limits on a host that gives a rootless service no cgroups to write."""
     return FailedPrecondition(
-        f"cpu, memory and pids limits need cgroups this env service (uid {os.geteuid()}, not root) may write: a "
+        f"cpu and memory limits need cgroups this env service (uid {os.geteuid()}, not root) may write: a "
         "delegated cgroup v2 subtree (e.g. start it with `systemd-run --user --scope -p Delegate=yes`), which this "
         f"host does not give; create the sandbox without them, or {HOW_TO_ROOT}",
         field="resources",
