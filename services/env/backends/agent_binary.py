@@ -4,6 +4,7 @@ that the `local` and `docker` backends bind read-only into every sandbox at SAND
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from orchard.errors import FailedPrecondition
@@ -19,6 +20,15 @@ def agent_binary(settings: EnvSettings) -> Path:
     """settings.agent_path, else scripts/build_agent.sh's output; FailedPrecondition saying how to build it when
     there is no such file."""
     path = settings.agent_path or BUILT_AGENT
+    try:
+        path.stat()
+    except PermissionError:  # a folder on its path is closed to this user (a rootless service)
+        raise FailedPrecondition(
+            f"the native agent {path} cannot be reached by this user (uid {os.geteuid()}): a folder on its path is "
+            "closed to it; copy the binary somewhere it can read and set ORCHARD_ENV_AGENT_PATH to it"
+        ) from None
+    except OSError:
+        pass  # not there: said below
     if not path.is_file():
         raise FailedPrecondition(
             f"the native agent {path} is not built: run scripts/build_agent.sh (needs cargo: apt-get install cargo; "
