@@ -1,7 +1,8 @@
 """The env service on a pure cgroup v2 hierarchy, for real: scripts/vm/boot.sh boots Debian's kernel as user-mode
 Linux with this machine's / (this checkout, its venv and agent) as the VM's read-only root, and inside it the
-limits tests run (the service in a delegated cgroup, as under systemd's Delegate=yes) and a stress run; this test
-passes only when every test inside passed, none skipped, and every stressed sandbox came and went."""
+limits tests and the quick start run (the service in a delegated cgroup, as under systemd's Delegate=yes) and a
+stress run; this test passes only when every test inside passed, none skipped, and every stressed sandbox came and
+went."""
 
 from __future__ import annotations
 
@@ -21,17 +22,22 @@ pytestmark = [needs_sandboxes, pytest.mark.slow, pytest.mark.timeout(600)]
 
 REPO = Path(__file__).resolve().parents[2]
 STRESS_SANDBOXES = 30
+TESTS = ["tests/integration/test_env_limits.py", "tests/integration/test_sdk.py::test_sync_quick_start"]
+PYTEST = [".venv/bin/python", "-m", "pytest", "-q", "-p", "no:cacheprovider"]
 INSIDE = f"""
 cd {REPO}
 stat -fc %T /sys/fs/cgroup > /run/out/cgroupfs
-.venv/bin/python -m pytest tests/integration/test_env_limits.py -q -p no:cacheprovider --junitxml=/run/out/limits.xml
-.venv/bin/python bench/env_stress.py --sandboxes {STRESS_SANDBOXES} --concurrency 8 --image host > /run/out/stress.json
+{" ".join(PYTEST + TESTS)} --junitxml=/run/out/tests.xml
+.venv/bin/python bench/env_stress.py --sandboxes {STRESS_SANDBOXES} --concurrency 4 --image host > /run/out/stress.json
 """
 
 
 def test_limits_and_stress_on_cgroup_v2_vm(tmp_path: Path) -> None:
-    """Every limits test passes inside a cgroup v2 VM, and a stress run there creates and deletes every sandbox."""
+    """Every limits test and the quick start pass inside a cgroup v2 VM, and a stress run there creates and deletes
+    every sandbox."""
     (tmp_path / "command.sh").write_text(INSIDE)
+    listed = subprocess.run([*PYTEST, "--collect-only", *TESTS], cwd=REPO, capture_output=True, text=True, timeout=120)
+    collected = sum(1 for line in listed.stdout.splitlines() if "::" in line)  # the same tests on this host
     began = time.monotonic()
     vm = subprocess.Popen(
         [str(REPO / "scripts" / "vm" / "boot.sh"), str(tmp_path)],
@@ -56,7 +62,7 @@ def test_limits_and_stress_on_cgroup_v2_vm(tmp_path: Path) -> None:
     assert up < 60, console
 
     assert (tmp_path / "cgroupfs").read_text().strip() == "cgroup2fs"
-    suite = ET.parse(tmp_path / "limits.xml").getroot().find("testsuite")
+    suite = ET.parse(tmp_path / "tests.xml").getroot().find("testsuite")
     assert suite is not None, output[-3000:]
     counts = {k: int(suite.get(k, "0")) for k in ("tests", "failures", "errors", "skipped")}
     failed = [
@@ -69,7 +75,7 @@ def test_limits_and_stress_on_cgroup_v2_vm(tmp_path: Path) -> None:
         f"inside the VM: {counts['tests'] - counts['failures'] - counts['errors'] - counts['skipped']} passed", counts
     )
     assert (counts["failures"], counts["errors"], counts["skipped"]) == (0, 0, 0), "\n".join(failed)
-    assert counts["tests"] >= 18  # the limits tests as of this writing; fewer means some were not collected
+    assert counts["tests"] == collected > 18, listed.stdout[-2000:]
 
     stress = json.loads((tmp_path / "stress.json").read_text())
     assert (stress["created"], stress["exec_ok"], stress["deleted"]) == (STRESS_SANDBOXES,) * 3, stress
