@@ -1,8 +1,8 @@
 """The env service on a pure cgroup v2 hierarchy, for real: scripts/vm/boot.sh boots Debian's kernel as user-mode
 Linux with this machine's / (this checkout, its venv and agent) as the VM's read-only root, and inside it the
-limits tests and the quick start run (the service in a delegated cgroup, as under systemd's Delegate=yes) and a
-stress run; this test passes only when every test inside passed, none skipped, and every stressed sandbox came and
-went."""
+limits tests and the quick start run (the service in a delegated cgroup, as under systemd's Delegate=yes), a stress
+run, and cgroup_delegation_probe.py as an unprivileged user given its own cgroup; this test passes only when every
+test inside passed, none skipped, every stressed sandbox came and went, and the user's sandbox group held."""
 
 from __future__ import annotations
 
@@ -29,6 +29,13 @@ cd {REPO}
 stat -fc %T /sys/fs/cgroup > /run/out/cgroupfs
 {" ".join(PYTEST + TESTS)} --junitxml=/run/out/tests.xml
 .venv/bin/python bench/env_stress.py --sandboxes {STRESS_SANDBOXES} --concurrency 4 --image host > /run/out/stress.json
+# A group delegated to nobody (what Delegate=yes does: the group and its procs, subtree_control and threads files are
+# the user's). CAP_DAC_READ_SEARCH only lets nobody reach this venv's Python under root's 0700 home; writes to the
+# cgroups still need the user's own files.
+export d=/sys/fs/cgroup/nobody-service
+mkdir $d && chown 65534:65534 $d $d/cgroup.procs $d/cgroup.subtree_control $d/cgroup.threads
+sh -c 'echo $$ > $d/cgroup.procs && exec setpriv --reuid=65534 --regid=65534 --clear-groups --inh-caps=+dac_read_search \
+  --ambient-caps=+dac_read_search .venv/bin/python tests/integration/cgroup_delegation_probe.py' > /run/out/delegation.json
 """
 
 
@@ -76,6 +83,16 @@ def test_limits_and_stress_on_cgroup_v2_vm(tmp_path: Path) -> None:
     )
     assert (counts["failures"], counts["errors"], counts["skipped"]) == (0, 0, 0), "\n".join(failed)
     assert counts["tests"] == collected > 18, listed.stdout[-2000:]
+
+    delegated = json.loads((tmp_path / "delegation.json").read_text())
+    assert delegated == {
+        "own_before": "/nobody-service",
+        "own_after": "/nobody-service/orchard-env-service",  # moved into the leaf to hand the controllers down
+        "hog_returncode": -signal.SIGKILL,
+        "oom_kills": 1,
+        "joined": [f"/nobody-service/{delegated['joined'][0].split('/')[2]}/sb-probe", "32"],
+        "left": ["orchard-env-service"],
+    }, output[-3000:]
 
     stress = json.loads((tmp_path / "stress.json").read_text())
     assert (stress["created"], stress["exec_ok"], stress["deleted"]) == (STRESS_SANDBOXES,) * 3, stress
