@@ -29,6 +29,7 @@ from orchard.services.env.agent_client import AgentClient
 from orchard.services.env.backends.base import (
     EgressRule,
     RecoverableBackend,
+    ReportingBackend,
     Resources,
     SandboxBackend,
     SandboxSpec,
@@ -136,6 +137,8 @@ class SandboxManager:
         self.snapshots = Snapshots(settings, backend, self)
         self.commands = Commands(settings, backend, self)
         self.browsers = BrowserPool(settings, self._browser_failed)
+        if isinstance(backend, ReportingBackend):
+            backend.report_ended(self._sandbox_ended)
 
     # ---- lifecycle of the manager ----
 
@@ -470,6 +473,16 @@ class SandboxManager:
         if sandbox is not None:
             metrics.BROWSER_FAILURES.labels("page" if "page" in reason else "process").inc()
             self.mark_failed(sandbox, reason)
+
+    def _sandbox_ended(self, key: str, reason: str) -> None:
+        """The backend saw the sandbox's boundary end (ReportingBackend): it fails, saying why. Its reason replaces
+        a command's "the agent exited", which may have come first, since only the backend knows the cause."""
+        sandbox = self.sandboxes.get(key)
+        if sandbox is None:
+            return
+        if sandbox.state is SandboxState.FAILED:
+            sandbox.failure_reason = reason
+        self.mark_failed(sandbox, reason)
 
     def mark_failed(self, sandbox: Sandbox, reason: str) -> None:
         if sandbox.state is SandboxState.READY:

@@ -195,6 +195,30 @@ class FakeKubernetes:
         if proc is not None:
             proc.kill()
 
+    def evict(self, namespace: str, name: str, message: str) -> None:
+        """End a pod as the kubelet's eviction does: phase Failed, reason Evicted, a DisruptionTarget condition, its
+        container terminated (exit code 137); the pod object stays."""
+        with self._cond:
+            pod = self.objects[("pods", namespace, name)]
+            status = copy.deepcopy(pod.get("status") or {})
+        now = _now()
+        status.update(phase="Failed", reason="Evicted", message=message)
+        status["conditions"] = [
+            {"type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet", "message": message}
+        ]
+        for cs in status.get("containerStatuses") or []:
+            cs.update(ready=False, state={"terminated": {"exitCode": 137, "reason": "Error", "finishedAt": now}})
+        self._kill((namespace, name))
+        self._set_status(namespace, name, status)
+
+    def delete_pod(self, namespace: str, name: str) -> None:
+        """Delete a pod behind its owner's back (another client, a lost node's taint manager)."""
+        with self._cond:
+            obj = self.objects[("pods", namespace, name)]
+            obj["metadata"]["deletionTimestamp"] = _now()
+            self._store("pods", namespace, obj, "DELETED")
+        self._kill((namespace, name))
+
     # ---- the store (hold self._cond) ----
 
     def _store(self, resource: str, namespace: str, obj: dict[str, Any], kind: str) -> dict[str, Any]:

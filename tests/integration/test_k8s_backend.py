@@ -15,7 +15,7 @@ from typing import Any
 
 import grpc
 import pytest
-from env_helpers import EnvServer, StartEnv, duration, run
+from env_helpers import EnvServer, StartEnv, duration, run, start, wait
 from k8s_fake_api import FakeKubernetes
 from test_env_pty import open_term
 from test_env_service import download, upload
@@ -308,15 +308,44 @@ async def test_watch_resumes_and_relists(fake: FakeKubernetes, start_env: StartE
     assert len(watches) >= 3 and any("resourceVersion=" in w for w in watches[1:])
 
 
-async def test_dead_pod_is_reported(fake: FakeKubernetes, start_env: StartEnv, tmp_path: Path) -> None:
-    """A pod whose container was OOM-killed: commands fail with UNAVAILABLE-style errors, not hangs."""
+async def test_pod_deaths_fail_their_sandboxes(fake: FakeKubernetes, start_env: StartEnv, tmp_path: Path) -> None:
+    """A pod OOM-killed, evicted, or deleted behind the service's back: the watch tells the manager, so GetSandbox
+    says FAILED and why (the pod's reason, message, exit code) with no command run, a command in flight ends, and
+    the next one is FAILED_PRECONDITION naming the cause, as on the local backend for a sandbox whose agent died."""
     env = await start_k8s_env(start_env, fake, tmp_path)
-    sid = (
-        await env.stub.CreateSandbox(pb.CreateSandboxRequest(image=IMAGE, workdir=str(tmp_path / "w")), timeout=30)
-    ).sandbox.sandbox_id
-    pod = sandbox_pod(fake, sid)
-    fake.kill_container(NS, pod["metadata"]["name"])
-    await eventually(lambda: sandbox_pod(fake, sid)["status"]["phase"] == "Failed")
-    assert await env.manager.backend.oom_kills(sid) == 1
-    ran = await run(env.stub, sid, ["true"])
-    assert ran.state == pb.EXEC_STATE_FAILED
+    stub = env.stub
+    deaths = {
+        "oom": (lambda name: fake.kill_container(NS, name), ["OOMKilled (exit code 137)"]),
+        "evicted": (
+            lambda name: fake.evict(NS, name, "The node was low on resource: memory."),
+            ["pod failed: Evicted: The node was low on resource: memory.", "Error (exit code 137)"],
+        ),
+        "deleted": (lambda name: fake.delete_pod(NS, name), ["the pod was deleted"]),
+    }
+    sids = {}
+    for case in deaths:
+        created = await stub.CreateSandbox(
+            pb.CreateSandboxRequest(image=IMAGE, workdir=str(tmp_path / case)), timeout=30
+        )
+        sids[case] = created.sandbox.sandbox_id
+    in_flight = await start(stub, sids["evicted"], "sleep 30")
+    for case, (kill, _) in deaths.items():
+        kill(sandbox_pod(fake, sids[case])["metadata"]["name"])
+    for case, (_, fragments) in deaths.items():
+        sid = sids[case]
+        deadline = time.monotonic() + 10
+        while (got := (await stub.GetSandbox(pb.GetSandboxRequest(sandbox_id=sid), timeout=5)).sandbox).state != (
+            pb.SANDBOX_STATE_FAILED
+        ):
+            assert time.monotonic() < deadline, f"{case}: still {got.state}"
+            await asyncio.sleep(0.02)
+        assert "its pod orchard-" in got.failure_reason and all(f in got.failure_reason for f in fragments), got
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await start(stub, sid, "true")
+        assert err.value.code() is grpc.StatusCode.FAILED_PRECONDITION and "died" in err.value.details(), err.value
+    assert await env.manager.backend.oom_kills(sids["oom"]) == 1
+    ended = await wait(stub, in_flight.exec_id)
+    assert ended.state != pb.EXEC_STATE_SUCCEEDED, ended
+    for sid in sids.values():
+        await stub.DeleteSandbox(pb.DeleteSandboxRequest(sandbox_id=sid), timeout=30)
+    assert fake.pods(NS, m.LABEL_SANDBOX) == []

@@ -3,7 +3,7 @@ manager a channel to the sandbox's agent. Everything else (ids, leases, ordering
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -109,4 +109,19 @@ class RecoverableBackend(Protocol):
     async def recover(self, alive: Mapping[str, SandboxSpec]) -> dict[str, AgentClient]:
         """Reconnect to the sandboxes of `alive` (by id) that a previous run left running, and remove every other
         sandbox it left. Returns a ready agent client per sandbox taken back."""
+        ...
+
+
+SandboxEnded = Callable[[str, str], None]
+"""Told (sandbox id, why) when a live sandbox's boundary ended without destroy(): its pod evicted, OOM-killed or
+deleted behind the service's back."""
+
+
+@runtime_checkable
+class ReportingBackend(Protocol):
+    """A backend that learns by itself when a sandbox dies (a pod watch) and tells the manager at once, so the
+    sandbox says so before any client call finds out."""
+
+    def report_ended(self, callback: SandboxEnded) -> None:
+        """Call callback(sandbox_id, why) on the event loop whenever a sandbox ends without destroy()."""
         ...

@@ -48,7 +48,7 @@ class PodState:
                 if term:
                     oom = oom or term.get("reason") == "OOMKilled"
             if state.get("terminated"):
-                ended = f"its container ended: {state['terminated'].get('reason') or 'terminated'}"
+                ended = f"its container ended: {_terminated(state['terminated'])}"
             waiting = (state.get("waiting") or {}).get("reason", "")
             if waiting in (
                 "ErrImagePull",
@@ -58,8 +58,10 @@ class PodState:
                 "CreateContainerError",
             ):
                 ended = f"its container cannot start: {waiting}: {state['waiting'].get('message', '')}".rstrip(": ")
-        if phase in ("Failed", "Succeeded") and not ended:
-            ended = f"pod {phase.lower()}: {status.get('reason') or status.get('message') or 'no reason given'}"
+        if phase in ("Failed", "Succeeded"):
+            why = _joined(status.get("reason"), status.get("message"))
+            if why or not ended:  # the pod's own reason (Evicted, DeadlineExceeded ...) comes first
+                ended = "; ".join(filter(None, (f"pod {phase.lower()}: {why or 'no reason given'}", ended)))
         return cls(
             name=meta.get("name", ""),
             labels=dict(meta.get("labels") or {}),
@@ -72,11 +74,38 @@ class PodState:
         )
 
 
+def _joined(*texts: str | None) -> str:
+    return ": ".join(t for t in texts if t)
+
+
+def _terminated(term: dict[str, Any]) -> str:
+    """A terminated container state as text: its reason, exit code and message."""
+    text = f"{term.get('reason') or 'terminated'} (exit code {term.get('exitCode', '?')})"
+    return _joined(text, (term.get("message") or "").strip()[:500])
+
+
+def deleted_reason(pod: dict[str, Any]) -> str:
+    """Why a pod that the API deleted is gone, with the disruption the API recorded for it, if any (eviction,
+    preemption, a lost node's taint)."""
+    for cond in (pod.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "DisruptionTarget" and cond.get("status") == "True":
+            return f"the pod was deleted ({_joined(cond.get('reason'), cond.get('message'))})"
+    return "the pod was deleted"
+
+
 class PodCache:
     """Pods by name, kept current by a watch thread; waiters get an asyncio.Event per pod."""
 
-    def __init__(self, list_pods: Callable[..., Any], *, namespace: str, selector: str) -> None:
+    def __init__(
+        self,
+        list_pods: Callable[..., Any],
+        *,
+        namespace: str,
+        selector: str,
+        on_ended: Callable[[PodState], None] = lambda state: None,
+    ) -> None:
         self._list_pods = list_pods  # CoreV1Api.list_namespaced_pod
+        self._on_ended = on_ended  # told once per pod, on the loop, when it turns ended
         self._namespace = namespace
         self._selector = selector
         self._pods: dict[str, PodState] = {}
@@ -123,6 +152,7 @@ class PodCache:
     # ---- on the event loop ----
 
     def _apply(self, kind: str, pods: list[dict[str, Any]]) -> None:
+        before = self._pods  # a SYNC replaces the dict; an event's one pod is kept below
         if kind == "SYNC":  # a fresh listing replaces everything
             states = [PodState.of(p) for p in pods]
             gone = set(self._pods) - {s.name for s in states}
@@ -138,12 +168,16 @@ class PodCache:
                     name=state.name,
                     labels=state.labels,
                     annotations=state.annotations,
-                    ended="the pod was deleted",
+                    ended=deleted_reason(pods[0]),
                     oom_killed=state.oom_killed,
                 )
+            before = {state.name: was} if (was := self._pods.get(state.name)) is not None else {}
             self._pods[state.name] = state
             names = {state.name}
         for name in names:
+            was, now = before.get(name), self._pods[name]
+            if now.ended and not (was is not None and was.ended):
+                self._on_ended(now)
             event = self._changed.get(name)
             if event is not None:
                 event.set()

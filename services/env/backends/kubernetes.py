@@ -34,6 +34,7 @@ from orchard.services.env.backends import k8s_manifests as m
 from orchard.services.env.backends.base import (
     EgressRule,
     Resources,
+    SandboxEnded,
     SandboxSpec,
     SnapshotFiles,
 )
@@ -99,6 +100,11 @@ class KubernetesBackend:
         self._cache: PodCache | None = None
         self._pools: WarmPools | None = None
         self._pods: dict[str, _Pod] = {}
+        self._report: SandboxEnded = lambda sandbox_id, why: None
+        self._closing: set[asyncio.Task[None]] = set()  # agent clients of pods that died, being closed
+
+    def report_ended(self, callback: SandboxEnded) -> None:
+        self._report = callback
 
     # ---- the API ----
 
@@ -190,6 +196,7 @@ class KubernetesBackend:
             self._core.list_namespaced_pod,
             namespace=self._cfg.namespace,
             selector=f"{m.MANAGED_BY}={m.MANAGER},{m.LABEL_SERVICE}={self._cfg.service_id}",
+            on_ended=self._pod_ended,
         )
         await self._cache.start(API_TIMEOUT_S)
         self._pools = WarmPools(
@@ -223,9 +230,24 @@ class KubernetesBackend:
                 len(doomed_policies),
             )
 
+    def _pod_ended(self, state: PodState) -> None:
+        """A pod turned ended (the watch): if it serves a sandbox, tell the manager why and close its agent's
+        connection, so commands in flight fail at once (a lost node's connection may never break by itself)."""
+        sid = next((sid for sid, pod in self._pods.items() if pod.name == state.name), None)
+        pod = self._pods.get(sid) if sid is not None else None
+        if sid is None or pod is None or pod.client is None:
+            return  # a warm pod (its pool replaces it), or one still starting (create's wait reports it)
+        why = f"its pod {state.name} died: {state.ended}"
+        log.warning("sandbox %s failed: %s", sid, why)
+        self._report(sid, why)
+        task = asyncio.create_task(pod.client.close(why), name=f"close-agent-{sid}")
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
     async def close(self) -> None:
         if self._pools is not None:
             await self._pools.close()
+        await asyncio.gather(*self._closing, return_exceptions=True)
         await asyncio.gather(*(self.destroy(sid) for sid in list(self._pods)), return_exceptions=True)
         if self._cache is not None:
             await self._cache.close()

@@ -247,7 +247,20 @@ POD_STATUSES = {
                 {"name": "sandbox", "state": {"terminated": {"reason": "OOMKilled", "exitCode": 137}}}
             ],
         },
-        {"running": False, "ended": "its container ended: OOMKilled", "oom_killed": True},
+        {"running": False, "ended": "its container ended: OOMKilled (exit code 137)", "oom_killed": True},
+    ),
+    "evicted": (
+        {
+            "phase": "Failed",
+            "reason": "Evicted",
+            "message": "The node was low on resource: memory.",
+            "containerStatuses": [{"name": "sandbox", "state": {"terminated": {"reason": "Error", "exitCode": 137}}}],
+        },
+        {
+            "ended": "pod failed: Evicted: The node was low on resource: memory.; its container ended: Error "
+            "(exit code 137)",
+            "oom_killed": False,
+        },
     ),
     "deadline": ({"phase": "Failed", "reason": "DeadlineExceeded"}, {"ended": "pod failed: DeadlineExceeded"}),
 }
