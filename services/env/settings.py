@@ -126,7 +126,8 @@ class EnvSettings(ServiceSettings):
     """kubernetes backend: runtimeClassName of sandbox pods (e.g. gvisor); unset = the cluster's default."""
     k8s_warm_pools: dict[str, int] = Field(default_factory=dict)
     """kubernetes backend: pods kept started per sandbox image, e.g. {"python:3.11-slim": 4}, handed out to
-    creates with the default resources, workdir /workspace, no env, no snapshot; refilled in the background."""
+    creates with the default resources and no env (forks too: the snapshot is restored into the pod handed out);
+    refilled in the background."""
     browser_path: str = "/usr/bin/chromium"
     """Chromium binary that browser sandboxes run (Playwright drives it; never `playwright install`)."""
     max_browser_sandboxes: int = Field(default=32, ge=0)

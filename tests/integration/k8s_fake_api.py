@@ -7,7 +7,10 @@ refused with 422 like an API server would. A created Pod "runs": its sandbox con
 host process (the agent binary standing in for the emptyDir copy, $(VAR)s expanded, status.podIP = a loopback
 address of its own), and watch events report it Pending, then Running with its IP and Ready once the agent
 listens, then Failed if the process dies. No images, no kubelet, no network policy enforcement: sandbox
-commands run on this host's filesystem.
+commands run on this host's filesystem, unless the fake is given a `rootfs`: then each pod's container runs in
+bubblewrap on an overlay of its own over that root filesystem (as a container runtime gives a container a
+writable layer over its image), its agent bound in at /.orchard/bin (a mount of its own, as the emptyDir is),
+still in the host's network namespace (its loopback "Pod IP"); that needs root.
 """
 
 from __future__ import annotations
@@ -100,9 +103,10 @@ def json_patch(target: dict[str, Any], ops: list[dict[str, Any]]) -> dict[str, A
 class FakeKubernetes:
     """The fake API's state and the host processes standing in for pods' containers."""
 
-    def __init__(self, agent_path: Path, log_dir: Path) -> None:
+    def __init__(self, agent_path: Path, log_dir: Path, rootfs: Path | None = None) -> None:
         self.agent_path = agent_path
         self.log_dir = log_dir
+        self.rootfs = rootfs
         self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}  # (resource, namespace, name) -> object
         self.events: list[tuple[int, str, str, dict[str, Any]]] = []  # pods: (rv, namespace, type, object)
         self.oldest_rv = 0  # watches from before this get 410 Gone
@@ -258,12 +262,16 @@ class FakeKubernetes:
                 env[var["name"]] = re.sub(r"\$\((\w+)\)", lambda m: env.get(m[1], m[0]), var["value"])
         argv = [re.sub(r"\$\((\w+)\)", lambda m: env.get(m[1], m[0]), a) for a in container["command"]]
         assert argv[0] == AGENT_IN_POD, argv
-        argv[0] = str(self.agent_path)
         workdir = container.get("workingDir", "/")
-        os.makedirs(workdir, exist_ok=True)  # as the container runtime does
+        cwd = workdir
+        if self.rootfs is None:
+            argv[0] = str(self.agent_path)
+            os.makedirs(workdir, exist_ok=True)  # as the container runtime does
+        else:
+            argv, cwd = self._rooted(name, argv, workdir), "/"
         log = open(self.log_dir / f"{name}.log", "wb")  # noqa: SIM115 - the child holds it
         proc = subprocess.Popen(
-            argv, env=env, cwd=workdir, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
+            argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
         )
         log.close()
         self.procs[namespace, name] = proc
@@ -300,6 +308,7 @@ class FakeKubernetes:
             },
         )
         code = proc.wait()
+        self._unmount(name)
         with self._cond:
             self._free_ips.append(ip)
             pod_now = self.objects.get(("pods", namespace, name))
@@ -335,8 +344,35 @@ class FakeKubernetes:
             },
         )
 
+    def _rooted(self, name: str, argv: list[str], workdir: str) -> list[str]:
+        """bwrap argv running argv on a fresh overlay of self.rootfs (the pod's writable layer)."""
+        assert self.rootfs is not None
+        top = self.log_dir / "pods" / name
+        for part in ("upper", "work", "root"):
+            (top / part).mkdir(parents=True)
+        options = f"lowerdir={self.rootfs},upperdir={top / 'upper'},workdir={top / 'work'}"
+        subprocess.run(["mount", "-t", "overlay", "overlay", "-o", options, str(top / "root")], check=True)
+        (top / "root" / workdir.lstrip("/")).mkdir(parents=True, exist_ok=True)  # as the container runtime does
+        # A new PID namespace with bwrap's reaper as its init: killing bwrap (--die-with-parent) ends every
+        # process of the "container", as a runtime ends a container's.
+        return [
+            *("bwrap", "--die-with-parent", "--unshare-pid", "--unshare-ipc", "--unshare-uts"),
+            *("--bind", str(top / "root"), "/", "--proc", "/proc", "--dev", "/dev"),
+            *("--ro-bind", str(self.agent_path), AGENT_IN_POD, "--chdir", workdir, "--", AGENT_IN_POD, *argv[1:]),
+        ]
+
+    def _unmount(self, name: str) -> None:
+        root = self.log_dir / "pods" / name / "root"
+        if self.rootfs is not None and root.exists():
+            subprocess.run(["umount", "-l", str(root)], check=False, capture_output=True)
+
     def _kill(self, key: tuple[str, str]) -> None:
         proc = self.procs.pop(key, None)
+        if proc is not None and self.rootfs is not None:
+            proc.kill()  # bwrap passes no SIGTERM on; the kernel ends its PID namespace with it
+            proc.wait()
+            self._unmount(key[1])
+            return
         if proc is not None and proc.poll() is None:
             proc.terminate()  # the agent kills its commands and exits
             try:

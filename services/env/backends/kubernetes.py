@@ -4,8 +4,10 @@
 Egress: one namespace-wide NetworkPolicy denies sandbox pods all egress; a sandbox's CIDR rules become an allow
 policy of its own. Readiness comes from one pod watch (k8s_watch.py), warm pools keep pods started ahead
 (k8s_pool.py), and labels/annotations (k8s_manifests.py) let a restarted instance remove what it left and any
-instance remove what expired. Not supported: snapshots (Unimplemented), host-name egress rules
-(FailedPrecondition: NetworkPolicy matches IP blocks only), and a per-sandbox process limit.
+instance remove what expired. A pod whose container dies is reported to the manager (ReportingBackend). Snapshots
+are what the pod's root filesystem became, saved by its agent to the service's disk and restored into a fork's
+pod before it is ready (k8s_snapshots.py). Not supported: host-name egress rules (FailedPrecondition:
+NetworkPolicy matches IP blocks only), and a per-sandbox process limit.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+import shutil
 import socket
 import time
 from dataclasses import dataclass
@@ -26,11 +29,11 @@ from orchard.errors import (
     OrchardError,
     ResourceExhausted,
     Unavailable,
-    Unimplemented,
 )
 from orchard.runtime import tenancy
 from orchard.services.env.agent_client import AgentClient, connect_tcp
 from orchard.services.env.backends import k8s_manifests as m
+from orchard.services.env.backends import k8s_snapshots as snapshots
 from orchard.services.env.backends.base import (
     EgressRule,
     Resources,
@@ -71,6 +74,8 @@ class _Pod:
     expire_s: float
     client: AgentClient | None = None
     has_policy: bool = False
+    since: str = ""
+    """When (the pod's clock, epoch seconds) its files began to differ from its image: what a snapshot saves."""
 
 
 class KubernetesBackend:
@@ -100,6 +105,7 @@ class KubernetesBackend:
         self._cache: PodCache | None = None
         self._pools: WarmPools | None = None
         self._pods: dict[str, _Pod] = {}
+        self._snapshots = settings.state_dir / "snapshots"
         self._report: SandboxEnded = lambda sandbox_id, why: None
         self._closing: set[asyncio.Task[None]] = set()  # agent clients of pods that died, being closed
 
@@ -330,9 +336,8 @@ class KubernetesBackend:
         )
 
     async def create(self, spec: SandboxSpec) -> AgentClient:
-        if spec.layers:
-            raise Unimplemented("snapshots are not supported by the kubernetes backend yet")
         sid = spec.sandbox_id
+        snapshot = snapshots.files_of(self._snapshots, spec.layers[0]) if spec.layers else None
         expire_s = spec.expire_time or time.time() + self._settings.max_ttl_s
         tenant = spec.tenant or tenancy.current_tenant()
         # Built first: a rule NetworkPolicy cannot express fails the create before any pod exists.
@@ -377,6 +382,9 @@ class KubernetesBackend:
             pod.client = await connect_tcp(
                 state.ip, self._cfg.agent_port, pod.token, label=sid, timeout=self._settings.agent_start_timeout_s
             )
+            pod.since = await snapshots.pod_clock(pod.client)
+            if snapshot is not None:
+                await snapshots.restore(pod.client, snapshot)
             if warm is not None:
                 await _make_dir(pod.client, spec.workdir)
         except BaseException:
@@ -446,13 +454,21 @@ class KubernetesBackend:
             pod.has_policy = False
 
     async def snapshot(self, sandbox_id: str, snapshot_id: str) -> SnapshotFiles:
-        raise Unimplemented("snapshots are not supported by the kubernetes backend yet")
+        """What the pod's files became since it started, saved by its agent to the service's disk: one layer
+        (a fork's own snapshot holds what it restored too)."""
+        pod = self._pods.get(sandbox_id)
+        if pod is None or pod.client is None:
+            raise NotFound(f"sandbox {sandbox_id!r} has no pod")
+        if not pod.since:
+            raise FailedPrecondition(f"{snapshots.NEEDS}: `date` did not run when the sandbox started")
+        size = await snapshots.take(pod.client, pod.since, self._snapshots / snapshot_id)
+        return SnapshotFiles(layers=(snapshot_id,), size_bytes=size)
 
     async def stored_snapshots(self) -> set[str]:
-        return set()  # no snapshots on this backend yet
+        return await asyncio.to_thread(snapshots.stored, self._snapshots)
 
     async def delete_snapshot(self, snapshot_id: str) -> None:
-        return None  # none are ever made
+        await asyncio.to_thread(shutil.rmtree, self._snapshots / snapshot_id, ignore_errors=True)
 
     async def oom_kills(self, sandbox_id: str) -> int:
         """The pod cgroup's oom_kill count, read by the agent; at least 1 once the container was OOMKilled."""
