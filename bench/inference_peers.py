@@ -5,7 +5,10 @@ one request at a time, under a lock). The contenders alternate in blocks within 
 round, so load drifts hit each alike. Per block: single-request decode tokens/s (one chat, --max-tokens, greedy,
 streamed: tokens after the first over the time after the first), time to first token, and the aggregate tokens/s of
 --concurrent chats at once (the peer serves them one after another, as its server does). Every contender gets the
-same prompt token ids (the model's chat template, rendered once) and the same number of threads. Prints one JSON
+same prompt token ids (the model's chat template, rendered once) and the same number of threads. Every prompt is
+new, and each contender keeps its prompt cache as it would serving users (llama-cpp-python reuses the prefix shared
+with the previous prompt, the llama_cpp engine its cached prefixes, the transformers engine none), so what a cache
+saves is the chat template's shared system prompt. Prints one JSON
 object: per-contender medians, each block, ratios (Orchard engine / peer) and the load average at start and end.
 
     python bench/inference_peers.py [--rounds 4] [--singles 2] [--concurrent 8] [--max-tokens 48] [--threads 1]
@@ -61,16 +64,25 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def prompt_ids(count: int) -> list[list[int]]:
-    """The chat-templated prompts as token ids, from the service's own tokenizer (the converted embedded model)."""
-    from transformers import AutoTokenizer
+class Prompts:
+    """Chat-templated prompts as token ids, from the service's own tokenizer (the converted embedded model). Each is
+    new ("<tag> <i>: <prompt>"), so a prompt cache helps only with the chat template's shared system prompt."""
 
-    tok = AutoTokenizer.from_pretrained(resolve_model("", default_cache_dir())[0])
-    texts = [
-        str(tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False))
-        for p in PROMPTS
-    ]
-    return [list(tok.encode(texts[i % len(texts)], add_special_tokens=False)) for i in range(count)]
+    def __init__(self) -> None:
+        from transformers import AutoTokenizer
+
+        self.tok = AutoTokenizer.from_pretrained(resolve_model("", default_cache_dir())[0])
+
+    def __call__(self, tag: str, count: int) -> list[list[int]]:
+        texts = [
+            self.tok.apply_chat_template(
+                [{"role": "user", "content": f"{tag} {i}: {PROMPTS[i % len(PROMPTS)]}"}],
+                add_generation_prompt=True,
+                tokenize=False,
+            )
+            for i in range(count)
+        ]
+        return [list(self.tok.encode(str(t), add_special_tokens=False)) for t in texts]
 
 
 def rates(first: float, last: float, started: float, tokens: int) -> Figures:
@@ -141,7 +153,6 @@ class Peer:
         )
 
     def single(self, ids: list[int], max_tokens: int) -> Figures:
-        self.llm.reset()  # no prompt cache across calls: each request prefills, as the services do
         started = time.perf_counter()
         first = last = 0.0
         tokens = 0
@@ -157,7 +168,6 @@ class Peer:
         started = time.perf_counter()
         tokens = 0
         for ids in prompts:  # one at a time, as llama-cpp-python's server serves concurrent requests
-            self.llm.reset()
             out: Any = self.llm.create_completion(ids, max_tokens=max_tokens, temperature=0.0)
             tokens += int(out["usage"]["completion_tokens"])
         return {"aggregate_tokens_per_s": tokens / (time.perf_counter() - started), "tokens": float(tokens)}
@@ -168,7 +178,7 @@ def median(blocks: list[dict[str, Any]], name: str, key: str) -> float:
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    prompts = prompt_ids(max(args.concurrent, 1))
+    prompts = Prompts()
     services = {name: Service(engine, args.threads, args.concurrent) for name, engine in SERVICES.items()}
     peer = Peer(args.threads)
     blocks: list[dict[str, Any]] = []
@@ -186,31 +196,37 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         raise SystemExit(f"the {name} service did not start") from None
                     await asyncio.sleep(0.5)
 
-        def contender(name: str) -> tuple[Callable[[], Awaitable[Figures]], Callable[[], Awaitable[Figures]]]:
+        Single = Callable[[list[int]], Awaitable[Figures]]
+        Many = Callable[[list[list[int]]], Awaitable[Figures]]
+
+        def contender(name: str) -> tuple[Single, Many]:
             if name == PEER:
                 return (
-                    lambda: asyncio.to_thread(peer.single, prompts[0], args.max_tokens),
-                    lambda: asyncio.to_thread(peer.concurrent, prompts, args.max_tokens),
+                    lambda ids: asyncio.to_thread(peer.single, ids, args.max_tokens),
+                    lambda chats: asyncio.to_thread(peer.concurrent, chats, args.max_tokens),
                 )
             svc, client = services[name], connections[name]
             return (
-                lambda: svc.single(client, prompts[0], args.max_tokens),
-                lambda: svc.concurrent(client, prompts, args.max_tokens),
+                lambda ids: svc.single(client, ids, args.max_tokens),
+                lambda chats: svc.concurrent(client, chats, args.max_tokens),
             )
 
         names = [*SERVICES, PEER]
         for name in names:  # one warm-up of each, not counted
             single, many = contender(name)
-            await single()
-            await many()
-        for r in range(args.rounds):
+            await single(prompts("Warm-up", 1)[0])
+            await many(prompts("Warm-up chat", max(args.concurrent, 1)))
+        for r in range(args.rounds):  # every contender gets the same prompts, in the same order
             for name in names[r % len(names) :] + names[: r % len(names)]:
                 single, many = contender(name)
-                for _ in range(args.singles):
-                    blocks.append({"round": r, "contender": name, "kind": "single", **await single()})
+                for j, ids in enumerate(prompts(f"Request {r}.", args.singles)):
+                    blocks.append({"round": r, "contender": name, "kind": "single", "prompt": j, **await single(ids)})
                 if args.concurrent:
-                    blocks.append({"round": r, "contender": name, "kind": "concurrent", **await many()})
-        gap = await logprob_gap(connections["orchard_llama_cpp"], connections["orchard_transformers"], prompts, args)
+                    chats = prompts(f"Chat {r}.", args.concurrent)
+                    blocks.append({"round": r, "contender": name, "kind": "concurrent", **await many(chats)})
+        gap = await logprob_gap(
+            connections["orchard_llama_cpp"], connections["orchard_transformers"], prompts("Gap", 8), args
+        )
         for client in connections.values():
             await client.close()
     finally:

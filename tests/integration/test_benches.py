@@ -130,7 +130,7 @@ def test_inference_peers_benchmark() -> None:
     for name in names[:2]:
         assert set(report["ratio_over_peer"][name]) == {"decode", "ttft", "aggregate"}, report
         assert all(float(v) > 0 for v in report["ratio_over_peer"][name].values()), report
-    assert report["logprob_gap_llama_cpp_vs_transformers_score"]["tokens"] == 8, report
+    assert report["logprob_gap_llama_cpp_vs_transformers_score"]["tokens"] == 8 * 4, report
     assert len(report["loadavg_start"]) == len(report["loadavg_end"]) == 3, report
 
 

@@ -6,16 +6,16 @@ sequence (llama.cpp's sequence ids, one per row). A step is one `llama_decode` b
 tokens): the last sampled token of every running sequence, then the whole prompt of each request admitted in that
 step, its tokens tagged with all n of its sequences' ids so the n samples share the prompt's cache cells (as
 llama.cpp's `batched` example does). Logits come back for the decode tokens and each prompt's last token; sampling,
-stop strings and text are `Sequence`'s, the same as the transformers engine's. A finished or aborted sequence's cells
-are removed at once. A request is admitted when its prompt plus n * max_tokens fit in the cache beside what the
+stop strings and text are `Sequence`'s, the same as the transformers engine's. An aborted sequence's cells are
+removed at once, a finished one's stay as a cached prefix (below). A request is admitted when its prompt plus n * max_tokens fit in the cache beside what the
 running ones reserved; until then it waits, holding its place.
 
 Prefix cache: a finished sequence's cells (its prompt and what it generated) stay as a cached prefix, in
 least-recently-used order, up to `cache_slots` of them. A new request's prompt starts from the longest cached prefix
 it shares (`llama_memory_seq_cp`: its sequences share those cells) and decodes only the rest, so an agent's next
 turn, which repeats the conversation so far, or n samples of the same prompt in later calls, prefill only what is
-new. Cached prefixes are evicted, oldest first, when a request needs their room. On the Q4_1 GGUF the logits do
-not change with it (llama.cpp computes each token's row on its own), so outputs are the same with or without it.
+new. Cached prefixes are evicted, oldest first, when a request needs their room. Logits can differ from a full
+prefill's, as they already do between llama.cpp's many-token and one-token steps (docs/inference.md).
 """
 
 from __future__ import annotations
