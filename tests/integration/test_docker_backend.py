@@ -18,7 +18,7 @@ from typing import Any
 
 import grpc
 import pytest
-from env_helpers import EnvServer, StartEnv, duration, run
+from env_helpers import EnvServer, StartEnv, duration, needs_image, run
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from podman_engine import PodmanEngine, skip_unless_podman
 from test_env_pty import open_term
@@ -26,7 +26,7 @@ from test_env_service import REPO_SETUP, download, rpc_error, upload
 
 from orchard.env.v1 import env_pb2 as pb
 from orchard.env.v1 import env_pb2_grpc
-from orchard.services.env.images import default_images_dir
+from orchard.services.env.images import ImageStore, default_images_dir
 from orchard.services.env.models import sandbox_key  # another tenant's containers carry its internal key
 
 pytestmark = [pytest.mark.timeout(90)]
@@ -551,3 +551,63 @@ async def test_bad_archives_are_refused(tmp_path: Path) -> None:
         await store.import_archive("text", tmp_path / "text.tar")
     with pytest.raises(Exception, match="built from a recipe"):
         await store.import_archive("python:3.11-slim", junk)
+
+
+@needs_image("claw")
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+async def test_the_claw_environment_runs_in_a_container(engine: PodmanEngine, start_env: StartEnv) -> None:
+    """The Claw environment on the docker backend: the `claw` rootfs imported into the engine, its SMTP, IMAP and
+    CalDAV servers started under a terminal session in a container (which has no network but lo), every kind of
+    tool through them, and one task's scripted solution passing its grader."""
+    from test_assistant_env import FIXTURE, call, first_of_each_template
+
+    from orchard.assistant import AssistantEnv
+    from orchard.harness import AgentLoop, Limits, SamplingConfig, run_rollouts
+    from orchard.harness.assistant import AssistantHarness, AssistantScriptModel
+    from orchard.sdk import AsyncSandboxClient
+
+    store = ImageStore(default_images_dir())
+    t0 = time.monotonic()
+    await asyncio.to_thread(
+        engine.import_over, REF, store.resolve(IMAGE).rootfs, store.resolve("claw").rootfs, "localhost/orchard-claw"
+    )
+    import_s = time.monotonic() - t0
+    env = await _start_docker(start_env, engine.host)
+    async with AsyncSandboxClient(f"127.0.0.1:{env.server.port}") as client:
+        t0 = time.monotonic()
+        world = await AssistantEnv.start(client, FIXTURE)
+        start_s = time.monotonic() - t0
+        try:
+            assert len(_containers(engine.host, world.sandbox.sandbox_id)) == 1
+            assert [m["id"] for m in await call(world, "search_mail", query="noodles")] == ["m1"]
+            assert await call(world, "send_mail", to=["mei.kim@acme.test"], subject="Agenda", body="At 10") == {
+                "id": "m4"
+            }
+            assert [e["uid"] for e in await call(world, "find_events", query="budget")] == ["e1"]
+            assert await call(world, "delete_event", uid="e2") == {"uid": "e2"}
+            assert await call(world, "read_file", path="reports/q1.csv") == FIXTURE["files"]["reports/q1.csv"]
+            state = await world.state()
+        finally:
+            await world.close()
+        assert [m["subject"] for m in state["mail"] if m["folder"] == "Sent"] == ["Re: Lunch", "Agenda"]
+        assert [e["uid"] for e in state["events"]] == ["e1"]
+
+        t0 = time.monotonic()
+        task = next(t for t in first_of_each_template() if any(c["tool"] == "send_mail" for c in t.solution))
+        loop = AgentLoop(
+            AssistantScriptModel([task]),
+            Limits(max_steps=20, max_tokens=400_000),
+            SamplingConfig(max_step_tokens=4096),
+            run_id="claw-docker",
+        )
+        [result] = await run_rollouts(
+            [task], 1, loop=loop, client=client, make_harness=lambda t: AssistantHarness(t, client), concurrency=1
+        )
+        assert result.grade is not None and result.grade.resolved and result.grade.value == 1.0, result.grade
+        print(
+            f"claw on docker: image import {import_s:.1f} s, environment start {start_s:.1f} s, "
+            f"one task rolled out and graded {time.monotonic() - t0:.1f} s"
+        )
+        assert [s async for s in client.list_sandboxes()] == []
+    assert _containers(engine.host) == []
