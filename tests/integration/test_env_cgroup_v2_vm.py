@@ -1,8 +1,14 @@
 """The env service on a pure cgroup v2 hierarchy, for real: scripts/vm/boot.sh boots Debian's kernel as user-mode
-Linux with this machine's / (this checkout, its venv and agent) as the VM's read-only root, and inside it the
-limits tests and the quick start run (the service in a delegated cgroup, as under systemd's Delegate=yes), a stress
-run, and cgroup_delegation_probe.py as an unprivileged user given its own cgroup; this test passes only when every
-test inside passed, none skipped, every stressed sandbox came and went, and the user's sandbox group held."""
+Linux with this machine's / (this checkout, its venv and agent) as the VM's read-only root, and inside it run the
+limits tests, the quick start, the PTY tests but those of an interactive shell, the egress tests that make no
+allowlist (the service in a delegated cgroup, as under systemd's Delegate=yes), a stress run,
+cgroup_delegation_probe.py as an unprivileged user given its own cgroup, and egress_refusal_probe.py; this test passes
+only when every test inside passed, none skipped, every stressed sandbox came and went, the user's sandbox group
+held, and an allowlist was refused, leaving nothing behind.
+
+Debian's user-mode kernel has nftables with the `bridge` family only (CONFIG_NF_TABLES_INET, _IPV4 and _IPV6 are off:
+no `inet`, `ip` or `ip6` tables), and egress allowlists need `inet`: there a sandbox with one is FAILED_PRECONDITION
+naming what is missing, and the egress tests that make allowlists run on hosts only."""
 
 from __future__ import annotations
 
@@ -22,7 +28,26 @@ pytestmark = [needs_sandboxes, pytest.mark.slow, pytest.mark.timeout(600)]
 
 REPO = Path(__file__).resolve().parents[2]
 STRESS_SANDBOXES = 30
-TESTS = ["tests/integration/test_env_limits.py", "tests/integration/test_sdk.py::test_sync_quick_start"]
+PTY, NETWORK = "tests/integration/test_env_pty.py", "tests/integration/test_env_network.py"
+# The PTY tests that start an interactive bash stay out: each shell runs this machine's /root/.bashrc (`pyenv init`,
+# ~100 processes), 16-30 s per shell in the VM where every fork is slow (107 s of the PTY tests' 127 s there).
+INTERACTIVE = [
+    "shell_session",
+    "client_cancel_kills_the_process_tree",
+    "deleting_the_sandbox_ends_the_session",
+    "sdk_pty",
+    "sync_sdk_pty_and_attach",
+]
+TESTS = [
+    "tests/integration/test_env_limits.py",
+    "tests/integration/test_sdk.py::test_sync_quick_start",
+    PTY,
+    *(f"--deselect={PTY}::test_{name}" for name in INTERACTIVE),
+    # The egress tests that make no allowlist: no network by default, refusals, the resolver.
+    f"{NETWORK}::test_default_sandbox_has_only_loopback_at_no_cost",
+    f"{NETWORK}::test_policy_of_a_sandbox_created_without_one",
+    f"{NETWORK}::test_unresolvable_host_is_invalid_argument",
+]
 PYTEST = [".venv/bin/python", "-m", "pytest", "-q", "-p", "no:cacheprovider"]
 INSIDE = f"""
 cd {REPO}
@@ -36,12 +61,13 @@ export d=/sys/fs/cgroup/nobody-service
 mkdir $d && chown 65534:65534 $d $d/cgroup.procs $d/cgroup.subtree_control $d/cgroup.threads
 sh -c 'echo $$ > $d/cgroup.procs && exec setpriv --reuid=65534 --regid=65534 --clear-groups --inh-caps=+dac_read_search \
   --ambient-caps=+dac_read_search .venv/bin/python tests/integration/cgroup_delegation_probe.py' > /run/out/delegation.json
+.venv/bin/python tests/integration/egress_refusal_probe.py /tmp/egress-probe > /run/out/egress.json
 """
 
 
 def test_limits_and_stress_on_cgroup_v2_vm(tmp_path: Path) -> None:
-    """Every limits test and the quick start pass inside a cgroup v2 VM, and a stress run there creates and deletes
-    every sandbox."""
+    """Every limits test, the quick start and the PTY and egress tests that apply pass inside a cgroup v2 VM, a stress run there
+    creates and deletes every sandbox, and an allowlist is refused for want of nftables' inet family."""
     (tmp_path / "command.sh").write_text(INSIDE)
     listed = subprocess.run([*PYTEST, "--collect-only", *TESTS], cwd=REPO, capture_output=True, text=True, timeout=120)
     collected = sum(1 for line in listed.stdout.splitlines() if "::" in line)  # the same tests on this host
@@ -83,6 +109,11 @@ def test_limits_and_stress_on_cgroup_v2_vm(tmp_path: Path) -> None:
     )
     assert (counts["failures"], counts["errors"], counts["skipped"]) == (0, 0, 0), "\n".join(failed)
     assert counts["tests"] == collected > 18, listed.stdout[-2000:]
+
+    egress = json.loads((tmp_path / "egress.json").read_text())
+    assert "cannot set up the network of sandbox" in egress["refused"], egress
+    assert "Operation not supported" in egress["refused"] and "CONFIG_NF_TABLES_INET" in egress["refused"], egress
+    assert (egress["sandboxes"], egress["left"]) == ([], []), egress
 
     delegated = json.loads((tmp_path / "delegation.json").read_text())
     assert delegated == {

@@ -290,8 +290,8 @@ class SandboxNetworks:
             Path(f"/proc/sys/net/ipv4/conf/{link.veth}/forwarding").write_text("1\n")
         except CommandFailed as err:
             raise FailedPrecondition(
-                f"cannot set up the network of sandbox {sandbox_id!r}: {err} (egress "
-                "allowlists need root, iproute2 and nftables)"
+                f"cannot set up the network of sandbox {sandbox_id!r}: {err} (egress allowlists need root, "
+                "iproute2, nftables and a kernel with nftables' inet family, CONFIG_NF_TABLES_INET)"
             ) from None
 
     async def apply(self, sandbox_id: str, rules: tuple[EgressRule, ...]) -> None:
