@@ -128,6 +128,9 @@ class EnvSettings(ServiceSettings):
     """kubernetes backend: pods kept started per sandbox image, e.g. {"python:3.11-slim": 4}, handed out to
     creates with the default resources and no env (forks too: the snapshot is restored into the pod handed out);
     refilled in the background."""
+    k8s_snapshot_max_bytes: int = Field(default=8 << 30, ge=1)
+    """kubernetes backend: the largest tar of what a sandbox changed that a snapshot keeps (on the service's disk,
+    <state_dir>/snapshots); a larger one is RESOURCE_EXHAUSTED."""
     browser_path: str = "/usr/bin/chromium"
     """Chromium binary that browser sandboxes run (Playwright drives it; never `playwright install`)."""
     max_browser_sandboxes: int = Field(default=32, ge=0)

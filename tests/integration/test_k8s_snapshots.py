@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 import test_env_snapshots as contract
 from env_helpers import EnvServer, StartEnv, needs_image, needs_sandboxes, run
@@ -124,3 +125,22 @@ async def test_a_fork_from_the_warm_pool(start_env: StartEnv, rooted_fake: FakeK
     assert (
         await contract.sh(stub, forked.sandbox_id, "cat one; test -e /etc/debian_version || echo gone") == "one\ngone\n"
     )
+
+
+async def test_a_snapshot_past_its_size_limit(start_env: StartEnv) -> None:
+    """What the pod sends is bounded: past k8s_snapshot_max_bytes (a real tar, or a `tar` the sandbox replaced that
+    prints forever) the snapshot is RESOURCE_EXHAUSTED at once, nothing of it is kept, and the sandbox carries on."""
+    env = await start_env(k8s_snapshot_max_bytes=200_000)
+    stub = env.stub
+    sid = (await contract.create(stub, image="host")).sandbox_id
+    await contract.sh(stub, sid, "head -c 300000 /dev/urandom > blob")
+    err = await contract.rpc_error(contract.snapshot(stub, sid))
+    assert err.code() is grpc.StatusCode.RESOURCE_EXHAUSTED and "200000 bytes" in (err.details() or ""), err
+    await contract.sh(
+        stub, sid, "rm blob && printf '#!/bin/sh\\nexec yes\\n' > /usr/local/bin/tar && chmod +x /usr/local/bin/tar"
+    )
+    began = time.monotonic()
+    err = await contract.rpc_error(contract.snapshot(stub, sid))
+    assert err.code() is grpc.StatusCode.RESOURCE_EXHAUSTED and time.monotonic() - began < 10, err
+    assert contract.layers_on_disk(env) == [] and not (await stub.ListSnapshots(pb.ListSnapshotsRequest())).snapshots
+    assert await contract.sh(stub, sid, "echo alive") == "alive\n"

@@ -20,11 +20,13 @@ import shutil
 from pathlib import Path
 from typing import IO
 
-from orchard.errors import FailedPrecondition, NotFound, Unavailable
+from orchard.errors import FailedPrecondition, NotFound, ResourceExhausted, Unavailable
 from orchard.services.env.agent_client import AgentClient
 
 CHUNK = 1 << 20  # as files move: at most 1 MiB per agent frame
 TIMEOUT_S = 1800.0
+MAX_LISTING = 256 << 20  # the path list is held in memory: ~2 million paths
+"""What the pod sends is the sandbox's (hostile) doing, whatever its tools print: both parts are bounded."""
 RESTORE_DIR = "/tmp/.orchard-restore"
 _FIND = "cd / && find . -xdev \\( -path ./proc -o -path ./sys -o -path ./dev -o -path ./.orchard{extra} \\) -prune -o "
 LIST = _FIND.format(extra="") + "-print0"
@@ -51,17 +53,18 @@ async def pod_clock(client: AgentClient) -> str:
     return str(int(out) - 1) if code == 0 and out.strip().isdigit() else ""
 
 
-async def take(client: AgentClient, since: str, dest: Path) -> int:
-    """Save the pod's paths and the tar of what changed since `since` into dest (made here); bytes of the tar."""
+async def take(client: AgentClient, since: str, dest: Path, max_bytes: int) -> int:
+    """Save the pod's paths and the tar of what changed since `since` (at most max_bytes) into dest (made here);
+    bytes of the tar."""
     await asyncio.to_thread(dest.mkdir, parents=True)
     try:
-        code, listing, err = await _run(client, ["bash", "-c", LIST])
+        code, listing, err = await _run(client, ["bash", "-c", LIST], limit=MAX_LISTING)
         if code != 0:
             raise FailedPrecondition(f"{NEEDS}: listing the files exited {code}: {_text(err)}")
         paths = b"\0".join(sorted(p for p in listing.split(b"\0") if p)) + b"\0"
         await asyncio.to_thread((dest / "paths").write_bytes, paths)
         with await asyncio.to_thread(open, dest / "changed.tar", "wb") as out:
-            code, _, err = await _run(client, ["bash", "-c", CHANGED, "bash", since], into=out)
+            code, _, err = await _run(client, ["bash", "-c", CHANGED, "bash", since], into=out, limit=max_bytes)
         if code not in (0, 1):  # tar's 1: a file changed while it was read (a background process wrote it)
             raise FailedPrecondition(f"{NEEDS}: the tar of the changed files exited {code}: {_text(err)}")
         return (dest / "changed.tar").stat().st_size
@@ -74,7 +77,7 @@ async def restore(client: AgentClient, src: Path) -> None:
     """Make a fresh pod's files those of the snapshot in src (before the sandbox is handed to anyone)."""
     for name in ("paths", "changed.tar"):
         await _upload(client, src / name, f"{RESTORE_DIR}/{name}")
-    code, _, err = await _run(client, ["bash", "-c", RESTORE])
+    code, _, err = await _run(client, ["bash", "-c", RESTORE], limit=1 << 20)
     if code != 0:
         raise FailedPrecondition(f"cannot restore snapshot {src.name} into the pod ({NEEDS}): {_text(err)}")
 
@@ -93,18 +96,31 @@ async def _upload(client: AgentClient, path: Path, target: str) -> None:
                 return
 
 
-async def _run(client: AgentClient, argv: list[str], *, into: IO[bytes] | None = None) -> tuple[int, bytes, bytes]:
-    """argv's exit code, stdout (unless written into `into`) and the end of its stderr."""
-    out, err = bytearray(), bytearray()
-    async for event in client.exec(argv, cwd="/", env={}, stdin=b"", timeout=TIMEOUT_S, max_output=1 << 40):
+async def _run(
+    client: AgentClient, argv: list[str], *, into: IO[bytes] | None = None, limit: int = 4096
+) -> tuple[int, bytes, bytes]:
+    """argv's exit code, stdout (unless written into `into`) and the end of its stderr. Past limit bytes of stdout it
+    is killed: ResourceExhausted."""
+    out, err, sent, ids = bytearray(), bytearray(), 0, []
+    async for event in client.exec(
+        argv, cwd="/", env={}, stdin=b"", timeout=TIMEOUT_S, max_output=limit + 1, on_id=ids.append
+    ):
         if event.kind == "out" and event.fd == 1:
-            if into is None:
+            sent += len(event.data)
+            if sent > limit:
+                await client.cancel(ids[0], "too large")
+            elif into is None:
                 out += event.data
             else:
                 await asyncio.to_thread(into.write, event.data)
         elif event.kind == "out":
             err = (err + event.data)[-4096:]
         elif event.kind == "exit":
+            if sent > limit:
+                raise ResourceExhausted(
+                    f"the sandbox's snapshot is larger than {limit} bytes (ORCHARD_ENV_K8S_SNAPSHOT_MAX_BYTES bounds "
+                    "the tar of what it changed): remove what it need not keep, or raise the limit"
+                )
             if event.error:
                 raise FailedPrecondition(f"{NEEDS}: {event.error}")
             if event.reason:

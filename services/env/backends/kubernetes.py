@@ -461,7 +461,8 @@ class KubernetesBackend:
             raise NotFound(f"sandbox {sandbox_id!r} has no pod")
         if not pod.since:
             raise FailedPrecondition(f"{snapshots.NEEDS}: `date` did not run when the sandbox started")
-        size = await snapshots.take(pod.client, pod.since, self._snapshots / snapshot_id)
+        limit = self._settings.k8s_snapshot_max_bytes
+        size = await snapshots.take(pod.client, pod.since, self._snapshots / snapshot_id, limit)
         return SnapshotFiles(layers=(snapshot_id,), size_bytes=size)
 
     async def stored_snapshots(self) -> set[str]:
