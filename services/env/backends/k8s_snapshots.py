@@ -101,7 +101,8 @@ async def _run(
 ) -> tuple[int, bytes, bytes]:
     """argv's exit code, stdout (unless written into `into`) and the end of its stderr. Past limit bytes of stdout it
     is killed: ResourceExhausted."""
-    out, err, sent, ids = bytearray(), bytearray(), 0, []
+    out, err, sent = bytearray(), bytearray(), 0
+    ids: list[int] = []  # the agent-side id, to cancel it
     async for event in client.exec(
         argv, cwd="/", env={}, stdin=b"", timeout=TIMEOUT_S, max_output=limit + 1, on_id=ids.append
     ):
