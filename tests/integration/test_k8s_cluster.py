@@ -8,6 +8,7 @@ NetworkPolicy, e.g. Calico or Cilium); otherwise the policies are checked as API
 
 from __future__ import annotations
 
+import asyncio
 import os
 import uuid
 from collections.abc import Iterator
@@ -101,3 +102,35 @@ async def test_sandbox_on_a_cluster(cluster: Any, start_env: StartEnv) -> None:
     assert all(p.metadata.deletion_timestamp for p in left)  # gone, or going
     policies = {p.metadata.name for p in net.list_namespaced_network_policy(namespace).items}
     assert m.egress_policy_name(sid) not in policies
+
+
+async def test_snapshots_forks_and_pod_deaths_on_a_cluster(cluster: Any, start_env: StartEnv) -> None:
+    """A snapshot of a real container runtime's root filesystem forks into a new pod with the files, a deletion, a
+    replaced directory and a mode restored; a pod deleted behind the service's back fails its sandbox, saying so."""
+    namespace, core, _ = cluster
+    env = await start_env(
+        backend="kubernetes",
+        k8s_namespace=namespace,
+        k8s_kubeconfig=os.environ["KUBECONFIG"],
+        k8s_service_id=f"test-{uuid.uuid4().hex[:6]}",
+        agent_start_timeout_s=60,
+    )
+    (env.settings.state_dir / "sandboxes").mkdir(exist_ok=True)  # the start_env fixture checks it is empty
+    stub = env.stub
+    sid = (await stub.CreateSandbox(pb.CreateSandboxRequest(image=IMAGE), timeout=600)).sandbox.sandbox_id
+    setup = "echo base > a.txt && chmod 640 a.txt && rm /etc/debian_version && rm -rf /etc/apt && mkdir /etc/apt"
+    assert (await run(stub, sid, setup)).state == pb.EXEC_STATE_SUCCEEDED
+    snap = (await stub.SnapshotSandbox(pb.SnapshotSandboxRequest(sandbox_id=sid), timeout=600)).snapshot
+    fork = await stub.CreateSandbox(pb.CreateSandboxRequest(from_snapshot=snap.snapshot_id), timeout=600)
+    check = "cat a.txt; stat -c %a a.txt; test -e /etc/debian_version || echo deleted; ls -A /etc/apt | wc -l"
+    seen = await run(stub, fork.sandbox.sandbox_id, check)
+    assert seen.stdout == b"base\n640\ndeleted\n0\n", (seen.stdout, seen.stderr)
+
+    (pod,) = core.list_namespaced_pod(namespace, label_selector=f"{m.LABEL_SANDBOX}={sid}").items
+    core.delete_namespaced_pod(pod.metadata.name, namespace, grace_period_seconds=0)
+    for _ in range(600):
+        got = (await stub.GetSandbox(pb.GetSandboxRequest(sandbox_id=sid), timeout=10)).sandbox
+        if got.state == pb.SANDBOX_STATE_FAILED:
+            break
+        await asyncio.sleep(0.1)
+    assert got.state == pb.SANDBOX_STATE_FAILED and pod.metadata.name in got.failure_reason, got
