@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any, TypeAlias
@@ -19,17 +20,42 @@ from orchard.env.v1 import env_pb2_grpc
 from orchard.errors import NotFound
 from orchard.sdk import AsyncSandboxClient, SandboxClient
 
-pytestmark = [needs_sandboxes, pytest.mark.timeout(30)]
+pytestmark = [needs_sandboxes, pytest.mark.timeout(120)]  # a slow host's shells: see shell_wait_s
 
 Code: TypeAlias = grpc.StatusCode
 SLOW = "echo first; sleep 0.5; echo between; sleep 0.5; echo last"
+WAIT_S = 10.0
+"""How long one step on a terminal may take; a step that waits for an interactive shell to start allows more
+(shell_wait_s)."""
+
+
+@pytest.fixture(scope="module")
+def measured() -> dict[str, float]:
+    """What shell_wait_s measured, for the module's other tests."""
+    return {}
+
+
+@pytest.fixture
+async def shell_wait_s(stub: env_pb2_grpc.EnvServiceStub, sandbox: pb.Sandbox, measured: dict[str, float]) -> float:
+    """How long a step that waits for an interactive bash to start may take: WAIT_S and three times the start-up of
+    one, measured in a sandbox once per module. It runs the image's rc files: on the "host" image this machine's
+    /root/.bashrc, whose `pyenv init` starts ~100 processes, under 1 s on this host and 4-30 s in the user-mode Linux
+    VM of test_env_cgroup_v2_vm.py, where every fork is slow; there one shell's start varies by a factor of three
+    from the next, and a test's polling execs compete with it for the VM's one CPU."""
+    if "shell_start_s" not in measured:
+        began = time.monotonic()
+        ex = await run(stub, sandbox.sandbox_id, ["bash", "-ic", "exit"], timeout=110)
+        assert ex.state == pb.EXEC_STATE_SUCCEEDED, ex
+        measured["shell_start_s"] = time.monotonic() - began
+    return WAIT_S + 3 * measured["shell_start_s"]
 
 
 class Term:
     """A raw OpenPty call and what its terminal printed so far."""
 
-    def __init__(self, call: grpc.aio.StreamStreamCall) -> None:
+    def __init__(self, call: grpc.aio.StreamStreamCall, wait_s: float) -> None:
         self.call = call
+        self.wait_s = wait_s
         self.seen = b""
         self.exit_code: int | None = None
 
@@ -51,7 +77,7 @@ class Term:
 
     async def until(self, pattern: bytes) -> bytes:
         """Read until the regex matches the output; returns the match and forgets the output up to it."""
-        async with asyncio.timeout(10):
+        async with asyncio.timeout(self.wait_s):
             while (match := re.search(pattern, self.seen)) is None:
                 assert await self._read(), f"ended before {pattern!r} appeared: {self.seen!r}"
         self.seen = self.seen[match.end() :]
@@ -59,21 +85,22 @@ class Term:
 
     async def until_end(self) -> int | None:
         """Read everything up to the end of the call; returns the exit code."""
-        async with asyncio.timeout(10):
+        async with asyncio.timeout(self.wait_s):
             while await self._read():
                 pass
         return self.exit_code
 
 
-async def open_term(stub: env_pb2_grpc.EnvServiceStub, sandbox_id: str, **start: Any) -> Term:
-    call = stub.OpenPty(timeout=30)
+async def open_term(stub: env_pb2_grpc.EnvServiceStub, sandbox_id: str, wait_s: float = WAIT_S, **start: Any) -> Term:
+    """An OpenPty call, started; its waits for output allow wait_s."""
+    call = stub.OpenPty(timeout=20 + wait_s)
     await call.write(pb.OpenPtyRequest(start=pb.PtyStart(sandbox_id=sandbox_id, **start)))
-    return Term(call)
+    return Term(call, wait_s)
 
 
-async def test_shell_session(stub: env_pb2_grpc.EnvServiceStub, sandbox: pb.Sandbox) -> None:
+async def test_shell_session(stub: env_pb2_grpc.EnvServiceStub, sandbox: pb.Sandbox, shell_wait_s: float) -> None:
     """bash on a terminal: input runs, tty is a /dev/pts device, resizes show in stty, `exit 3` ends it with 3."""
-    term = await open_term(stub, sandbox.sandbox_id, rows=30, cols=100)
+    term = await open_term(stub, sandbox.sandbox_id, shell_wait_s, rows=30, cols=100)
     await term.send(b"echo hi-$((1+1))\n")
     await term.until(rb"hi-2")
     await term.send(b"tty; stty size\n")
@@ -109,25 +136,27 @@ async def _marked_processes(stub: env_pb2_grpc.EnvServiceStub, sandbox_id: str, 
     return int(ex.stdout)
 
 
-async def test_client_cancel_kills_the_process_tree(stub: env_pb2_grpc.EnvServiceStub, sandbox: pb.Sandbox) -> None:
+async def test_client_cancel_kills_the_process_tree(
+    stub: env_pb2_grpc.EnvServiceStub, sandbox: pb.Sandbox, shell_wait_s: float
+) -> None:
     """Cancelling the call kills everything the session started, including a process that left its session;
     commands run meanwhile (the session does not hold the sandbox's command order)."""
     marker = f"{uuid.uuid4().int % 10**6 + 10**6}.5"
-    term = await open_term(stub, sandbox.sandbox_id)
+    term = await open_term(stub, sandbox.sandbox_id, shell_wait_s)
     await term.send(f"sleep {marker} & setsid sleep {marker} & sleep {marker}\n".encode())
-    async with asyncio.timeout(10):
+    async with asyncio.timeout(shell_wait_s):
         while await _marked_processes(stub, sandbox.sandbox_id, marker) < 3:
             await asyncio.sleep(0.05)
     term.call.cancel()
-    async with asyncio.timeout(10):
+    async with asyncio.timeout(WAIT_S):
         while await _marked_processes(stub, sandbox.sandbox_id, marker):
             await asyncio.sleep(0.05)
 
 
-async def test_deleting_the_sandbox_ends_the_session(stub: env_pb2_grpc.EnvServiceStub) -> None:
+async def test_deleting_the_sandbox_ends_the_session(stub: env_pb2_grpc.EnvServiceStub, shell_wait_s: float) -> None:
     """A session whose sandbox is deleted ends with UNAVAILABLE saying so."""
     sb = await create(stub)
-    term = await open_term(stub, sb.sandbox_id)
+    term = await open_term(stub, sb.sandbox_id, shell_wait_s)
     await term.send(b"echo hi-$((1+1))\n")
     await term.until(rb"hi-2")
     await stub.DeleteSandbox(pb.DeleteSandboxRequest(sandbox_id=sb.sandbox_id), timeout=30)
