@@ -141,8 +141,14 @@ async def run(args: argparse.Namespace, address: str, service_pid: int) -> dict[
                 except Exception as err:
                     failed("exec", err)
                     return False
-                return result.stdout == f"ok-{sandbox.sandbox_id}\n"
+                if result.stdout == f"ok-{sandbox.sandbox_id}\n":
+                    return True
+                mismatches.append(  # what a wrong answer was: the first few, whole enough to read
+                    {"exit_code": result.exit_code, "stdout": result.stdout[:200], "stderr": result.stderr[:200]}
+                )
+                return False
 
+        mismatches: list[dict[str, object]] = []
         exec_ok = sum(await asyncio.gather(*(exec_one(s) for s in sandboxes)))
 
         async def delete_one(sandbox) -> bool:  # type: ignore[no-untyped-def]
@@ -167,6 +173,7 @@ async def run(args: argparse.Namespace, address: str, service_pid: int) -> dict[
         "concurrency": args.concurrency,
         "created": len(sandboxes),
         "exec_ok": exec_ok,
+        "exec_mismatches": mismatches[:5],
         "deleted": delete_ok,
         "success_rate": round(min(len(sandboxes), exec_ok, delete_ok) / n, 4),
         "all_alive_after_s": round(all_alive - begin, 2),
