@@ -52,10 +52,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     g.add_argument("--sft-epochs", type=count(1), default=160, help="epochs over the teacher's trajectories")
     g.add_argument("--sft-lr", type=rate, default=3e-3, help="the SFT job's learning rate (default: 3e-3)")
     g.add_argument("--rl-steps", type=count(1), default=6, help="the RL job's steps (default: 6)")
-    g.add_argument("--rl-lr", type=rate, default=1e-4, help="the RL job's learning rate (default: 1e-4)")
+    g.add_argument("--rl-lr", type=rate, default=5e-4, help="the RL job's learning rate (default: 5e-4)")
     g.add_argument("--group-size", type=count(2), default=4, help="RL rollouts per task and step (default: 4)")
     g.add_argument(
-        "--rl-updates", type=count(1), default=2, help="the RL job's optimiser steps per rollout step (default: 2)"
+        "--rl-updates", type=count(1), default=4, help="the RL job's optimiser steps per rollout step (default: 4)"
     )
     g.add_argument(
         "--rl-negative-scale",
