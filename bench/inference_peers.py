@@ -12,6 +12,7 @@ saves is the chat template's shared system prompt. Prints one JSON
 object: per-contender medians, each block, ratios (Orchard engine / peer) and the load average at start and end.
 
     python bench/inference_peers.py [--rounds 4] [--singles 2] [--concurrent 8] [--max-tokens 48] [--threads 1]
+                                    [--llama-weights gguf|f16|f32]
 """
 
 from __future__ import annotations
@@ -93,7 +94,7 @@ def rates(first: float, last: float, started: float, tokens: int) -> Figures:
 class Service:
     """`orchard serve inference --engine <engine>` on a free port, with the embedded model."""
 
-    def __init__(self, engine: str, threads: int, concurrent: int) -> None:
+    def __init__(self, engine: str, threads: int, concurrent: int, llama_weights: str) -> None:
         self.address = f"127.0.0.1:{free_port()}"
         self.proc = subprocess.Popen(
             [ORCHARD, "serve", "inference", "--port", self.address.rsplit(":", 1)[1], "--log-level", "WARNING"],
@@ -103,6 +104,7 @@ class Service:
                 "ORCHARD_INFERENCE_ENGINE": engine,
                 "ORCHARD_INFERENCE_TORCH_THREADS": str(threads),
                 "ORCHARD_INFERENCE_LLAMA_THREADS": str(threads),
+                "ORCHARD_INFERENCE_LLAMA_WEIGHTS": llama_weights,
                 "ORCHARD_INFERENCE_MAX_BATCH_SIZE": str(max(8, concurrent)),
             },
             stdout=subprocess.DEVNULL,
@@ -179,7 +181,9 @@ def median(blocks: list[dict[str, Any]], name: str, key: str) -> float:
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     prompts = Prompts()
-    services = {name: Service(engine, args.threads, args.concurrent) for name, engine in SERVICES.items()}
+    services = {
+        name: Service(engine, args.threads, args.concurrent, args.llama_weights) for name, engine in SERVICES.items()
+    }
     peer = Peer(args.threads)
     blocks: list[dict[str, Any]] = []
     try:
@@ -277,6 +281,9 @@ def main() -> None:
     parser.add_argument("--concurrent", type=int, default=8, help="chats at once per block (0: none)")
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--threads", type=int, default=1, help="threads of every contender")
+    parser.add_argument(
+        "--llama-weights", default="gguf", choices=["gguf", "f16", "f32"], help="the llama_cpp engine's weights"
+    )
     args = parser.parse_args()
     load_start = os.getloadavg()
     figures = asyncio.run(run(args))
@@ -297,6 +304,7 @@ def main() -> None:
             {
                 "bench": "inference_peers",
                 "model": "SmolLM2-135M-Instruct (Q4_1 GGUF; transformers: dequantized to fp32)",
+                "llama_cpp_engine_weights": args.llama_weights,
                 "cores": os.cpu_count(),
                 "threads": args.threads,
                 "rounds": args.rounds,
