@@ -31,30 +31,13 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from inference_throughput import PROMPTS  # open-ended: answers run to --max-tokens (the first is the single request's)
+
 from orchard import clients
 from orchard.inference.v1 import inference_pb2 as pb
 from orchard.model_files import default_cache_dir, embedded_gguf, resolve_model
 
 ORCHARD = str(Path(sys.executable).with_name("orchard"))
-# Open-ended prompts, so answers run to --max-tokens (the first is the single request's).
-PROMPTS = [
-    "Write a short story about a robot who learns to paint.",
-    "Explain in detail how a bicycle works.",
-    "Describe a walk through a busy city market.",
-    "Write a letter to a friend about your summer holiday.",
-    "Explain how plants grow, step by step.",
-    "Describe the history of the printing press.",
-    "Write a poem about the ocean at night.",
-    "Explain how a computer runs a program.",
-    "Describe your ideal house and its garden.",
-    "Write a story about a dragon who is afraid of the dark.",
-    "Explain why exercise is good for health.",
-    "Describe how bread is made, from wheat to loaf.",
-    "Write a diary entry of a sailor on a long voyage.",
-    "Explain how rain forms and falls.",
-    "Describe a day in the life of a honeybee.",
-    "Write a speech for the opening of a new library.",
-]
 
 Figures = dict[str, float]
 

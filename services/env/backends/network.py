@@ -114,13 +114,14 @@ async def resolve(rules: tuple[EgressRule, ...]) -> list[Allowed]:
     return list(await asyncio.gather(*(one(i, rule) for i, rule in enumerate(rules))))
 
 
-def inner_ruleset(allowed: list[Allowed]) -> str:
+def inner_ruleset(allowed: list[Allowed], first: str = "") -> str:
     """The sandbox's own rules, one transaction that replaces the last (a flush, not a delete of the table: that
     waits for an RCU grace period, ~12 ms): only the allowed destinations leave.
 
     Outgoing packets of a connection are matched against the rules every time (no blanket "established accept"),
     so taking a rule away also cuts the connections it had admitted; `ct direction reply` passes answers to
     connections opened into the sandbox from this host. Refused packets get an ICMP error: connects fail at once.
+    `first`: rules put before the accepts (the rootless sandbox's guards of this host's own addresses).
     """
     accepts = "".join(f"    {a.match()} accept\n" for a in allowed)
     return (
@@ -129,7 +130,7 @@ def inner_ruleset(allowed: list[Allowed]) -> str:
         "    type filter hook output priority filter; policy drop;\n"
         '    oif "lo" accept\n'
         "    ct direction reply accept\n"
-        f"{accepts}"
+        f"{first}{accepts}"
         "    reject with icmpx type admin-prohibited\n"
         "  }\n}\n"
     )

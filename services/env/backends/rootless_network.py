@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from orchard.errors import FailedPrecondition, Unavailable
 from orchard.services.env.backends.base import EgressRule
-from orchard.services.env.backends.network import INNER_TABLE, Allowed, CommandFailed, _run, resolve
+from orchard.services.env.backends.network import Allowed, CommandFailed, _run, inner_ruleset, resolve
 
 TUN = "/dev/net/tun"
 PASTA_ARGS = (
@@ -38,17 +38,7 @@ def ruleset(allowed: list[Allowed], protected: list[str]) -> str:
         addresses = [a for a in protected if ipaddress.ip_address(a).version == version]
         if addresses:
             guards += f"    {family} daddr {{ {', '.join(addresses)} }} reject with icmpx type admin-prohibited\n"
-    accepts = "".join(f"    {a.match()} accept\n" for a in allowed)
-    return (
-        f"table inet {INNER_TABLE}\nflush table inet {INNER_TABLE}\n"
-        f"table inet {INNER_TABLE} {{\n  chain output {{\n"
-        "    type filter hook output priority filter; policy drop;\n"
-        '    oif "lo" accept\n'
-        "    ct direction reply accept\n"
-        f"{single}{guards}{accepts}"
-        "    reject with icmpx type admin-prohibited\n"
-        "  }\n}\n"
-    )
+    return inner_ruleset(allowed, first=single + guards)
 
 
 def check_host() -> None:
