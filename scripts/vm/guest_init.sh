@@ -12,7 +12,10 @@ mkdir -p /dev/pts /dev/shm
 mount -t devpts -o newinstance,ptmxmode=0666 devpts /dev/pts
 mount -t tmpfs -o mode=1777 tmpfs /dev/shm
 ln -sf /proc/self/fd /dev/fd
+repo=$(cd "$(dirname "$0")/../.." && pwd)  # the checkout this init is in: before the tmpfs mounts hide it
 for dir in /tmp /run /var/tmp; do mount -t tmpfs -o mode=1777 tmpfs "$dir"; done
+# A checkout under one of those (a clone in /tmp, as CI may make) is shown again, read-only like the rest.
+if [ ! -d "$repo/scripts/vm" ]; then mkdir -p "$repo" && mount -r -t hostfs -o "$repo" none "$repo"; fi
 mkdir -p /run/out /run/modules/lib
 mount -t hostfs -o "$out" none /run/out
 # The VM kernel's modules (overlay, loop, veth, nf_tables ...) are in the user-mode-linux package, not under the
