@@ -326,7 +326,8 @@ async def test_undelegated_cgroup_v2_subtree_is_refused(start_env: StartEnv) -> 
     limits naming what is missing and how to delegate them, and refuses explicit defaults at start-up."""
     v2_root = CGROUP_FS if HIERARCHY == "v2" else CGROUP_FS / "unified"  # a hybrid host's v2 mount
     if not (v2_root / "cgroup.controllers").exists():
-        pytest.skip(f"no cgroup v2 hierarchy at {v2_root}")
+        # Runs here (this hybrid host's empty v2 mount) and in the cgroup v2 VM (test_env_cgroup_v2_vm.py).
+        pytest.skip(f"this host mounts no cgroup v2 hierarchy at {v2_root}, neither unified nor hybrid")
     outer = v2_root / f"orchard-test-{os.getpid()}"
     subtree = outer / "undelegated"  # outer hands nothing down: subtree's cgroup.controllers is empty
     subtree.mkdir(parents=True)
