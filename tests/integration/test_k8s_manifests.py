@@ -74,8 +74,9 @@ def container(workload: dict[str, Any], name: str) -> dict[str, Any]:
     return c
 
 
-def env_deployment(target: str) -> dict[str, Any]:
-    return find(target, "Deployment", "orchard-env")
+def env_workload(target: str) -> dict[str, Any]:
+    """env's StatefulSet (a state claim per replica)."""
+    return find(target, "StatefulSet", "orchard-env")
 
 
 def inference_deployment(target: str) -> dict[str, Any]:
@@ -107,8 +108,8 @@ def test_every_document_validates_strictly(target: str) -> None:
 
 
 def test_validator_rejects_a_broken_document(tmp_path: Path) -> None:
-    """A Deployment with a bad type and an unknown field fails validation (so the check above can fail)."""
-    dep = env_deployment("base")
+    """A workload with a bad type and an unknown field fails validation (so the check above can fail)."""
+    dep = env_workload("base")
     text = yaml.safe_dump(dep).replace("containerPort: 50051", "containerPort: fifty")
     (tmp_path / "bad.yaml").write_text(text)
     bad = yaml.safe_load((tmp_path / "bad.yaml").read_text())
@@ -124,7 +125,7 @@ def test_validator_rejects_a_broken_document(tmp_path: Path) -> None:
 @pytest.mark.parametrize("target", TARGETS)
 def test_env_has_grpc_probes_on_the_named_grpc_port(target: str) -> None:
     """env's readiness and liveness probes are gRPC probes on the port named `grpc` (50051)."""
-    c = container(env_deployment(target), "env")
+    c = container(env_workload(target), "env")
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert ports == {"grpc": 50051, "metrics": 9100}
     for probe in ("readinessProbe", "livenessProbe"):
@@ -135,7 +136,7 @@ def test_env_has_grpc_probes_on_the_named_grpc_port(target: str) -> None:
 def test_env_requests_equal_limits(target: str) -> None:
     """Every Orchard service's and NATS's resource requests equal their limits (Guaranteed QoS)."""
     for workload, name in (
-        (env_deployment(target), "env"),
+        (env_workload(target), "env"),
         (inference_deployment(target), "inference"),
         (find(target, "Deployment", "orchard-experience"), "experience"),
         (find(target, "Deployment", "orchard-reward"), "reward"),
@@ -152,7 +153,7 @@ def test_env_settings_are_real_env_settings(target: str) -> None:
     privileged, in single-node), and every ORCHARD_ENV_* var names an EnvSettings field."""
     from orchard.services.env.settings import EnvSettings
 
-    deployment = env_deployment(target)
+    deployment = env_workload(target)
     c = container(deployment, "env")
     assert c["args"] == ["serve", "env"]
     env = env_vars(c)
@@ -231,9 +232,29 @@ def test_env_service_exposes_grpc_and_metrics(target: str) -> None:
     svc = find(target, "Service", "orchard-env")
     ports = {p["name"]: (p["port"], p["targetPort"]) for p in svc["spec"]["ports"]}
     assert ports == {"grpc": (50051, "grpc"), "metrics": (9100, "metrics")}
-    labels = env_deployment(target)["spec"]["template"]["metadata"]["labels"]
+    labels = env_workload(target)["spec"]["template"]["metadata"]["labels"]
     assert svc["spec"]["selector"].items() <= labels.items()
-    assert env_deployment(target)["spec"]["template"]["spec"]["serviceAccountName"] == "orchard-env"
+    assert env_workload(target)["spec"]["template"]["spec"]["serviceAccountName"] == "orchard-env"
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_env_state_dir_is_a_claim_per_replica(target: str) -> None:
+    """env's state dir (snapshots of the kubernetes backend; the local backend's sandboxes) is each replica's own
+    ReadWriteOnce claim from volumeClaimTemplates, not an emptyDir: it outlives the pod, kept on scale-down, and the
+    service's group may write it (fsGroup)."""
+    sts = env_workload(target)
+    pod = sts["spec"]["template"]["spec"]
+    c = container(sts, "env")
+    state = env_vars(c)["ORCHARD_ENV_STATE_DIR"]
+    (mount,) = [m for m in c["volumeMounts"] if m["mountPath"] == state]
+    assert mount["name"] not in {v["name"] for v in pod["volumes"]}  # not a pod volume: a claim template
+    (claim,) = [t for t in sts["spec"]["volumeClaimTemplates"] if t["metadata"]["name"] == mount["name"]]
+    assert claim["spec"]["accessModes"] == ["ReadWriteOnce"] and claim["spec"]["resources"]["requests"]["storage"]
+    assert sts["spec"]["serviceName"] == "orchard-env" and sts["spec"]["podManagementPolicy"] == "Parallel"
+    assert "persistentVolumeClaimRetentionPolicy" not in sts["spec"]  # Retain: a replica scaled away keeps its claim
+    if target in POD_PER_SANDBOX:
+        assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsGroup"]
+    assert not [d for d in docs(target) if d["kind"] == "Deployment" and d["metadata"]["name"] == "orchard-env"]
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -283,10 +304,12 @@ def test_rbac_lets_env_manage_sandbox_pods_and_network_policies(target: str) -> 
 @pytest.mark.parametrize("target", ("base", "overlays/prod"))
 @pytest.mark.parametrize("service", ("orchard-env", "orchard-inference"))
 def test_hpa_scales_env_and_inference_on_cpu(target: str, service: str) -> None:
-    """autoscaling/v2 HPAs target the env and inference Deployments on CPU utilization (dev has none)."""
+    """autoscaling/v2 HPAs target the env StatefulSet and the inference Deployment on CPU utilization (dev has
+    none)."""
     hpa = find(target, "HorizontalPodAutoscaler", service)
     assert hpa["apiVersion"] == "autoscaling/v2"
-    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": service}
+    kind = "StatefulSet" if service == "orchard-env" else "Deployment"
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": kind, "name": service}
     assert hpa["spec"]["minReplicas"] <= hpa["spec"]["maxReplicas"]
     assert [m["resource"]["name"] for m in hpa["spec"]["metrics"]] == ["cpu"]
     for small in ("overlays/dev", "overlays/single-node"):
@@ -408,7 +431,7 @@ def test_trainer_writes_the_checkpoints_inference_reads(target: str) -> None:
 
 def test_prod_is_bigger_than_dev() -> None:
     """Prod runs more and bigger env replicas than dev; dev uses the `dev` image tag."""
-    dev, prod = env_deployment("overlays/dev"), env_deployment("overlays/prod")
+    dev, prod = env_workload("overlays/dev"), env_workload("overlays/prod")
     assert dev["spec"]["replicas"] == 1 < prod["spec"]["replicas"]
     assert (
         prod["spec"]["replicas"]
@@ -429,7 +452,7 @@ def test_prod_network_policy_limits_env_grpc_to_labelled_clients() -> None:
     for target in ("base", "overlays/dev", "overlays/single-node"):
         assert not [d for d in docs(target) if d["kind"] == "NetworkPolicy"], target
     pol = find("overlays/prod", "NetworkPolicy", "orchard-env-ingress")
-    labels = env_deployment("overlays/prod")["spec"]["template"]["metadata"]["labels"]
+    labels = env_workload("overlays/prod")["spec"]["template"]["metadata"]["labels"]
     assert pol["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
     assert pol["spec"]["policyTypes"] == ["Ingress"]
     grpc_rules = [r for r in pol["spec"]["ingress"] if {"port": "grpc", "protocol": "TCP"} in r["ports"]]
@@ -454,7 +477,7 @@ def test_prod_network_policies_for_inference_and_sandbox_agents() -> None:
     assert source["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}}
     assert (
         source["podSelector"]["matchLabels"].items()
-        <= env_deployment("overlays/prod")["spec"]["template"]["metadata"]["labels"].items()
+        <= env_workload("overlays/prod")["spec"]["template"]["metadata"]["labels"].items()
     )
     from orchard.services.env.settings import EnvSettings
 
@@ -493,7 +516,10 @@ def test_prod_network_policies_for_the_trainer() -> None:
         d for d in docs("overlays/prod") if d["kind"] == "NetworkPolicy" and d["metadata"]["namespace"] == NAMESPACE
     ]
     for service in ("orchard-inference", "orchard-experience", "orchard-env", "orchard-reward"):
-        pods = find("overlays/prod", "Deployment", service)["spec"]["template"]["metadata"]["labels"]
+        workload = (
+            env_workload("overlays/prod") if service == "orchard-env" else find("overlays/prod", "Deployment", service)
+        )
+        pods = workload["spec"]["template"]["metadata"]["labels"]
         for policy in policies:
             if policy["spec"]["podSelector"].get("matchLabels", {}).items() <= pods.items():
                 assert _admits(policy, trainer, "grpc"), (service, policy["metadata"]["name"])
