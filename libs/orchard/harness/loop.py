@@ -21,7 +21,7 @@ from orchard.chat.tools import TOOL_BLOCK
 from orchard.errors import OrchardError
 from orchard.harness.base import ActionResult, Harness
 from orchard.harness.events import EventSink, NullSink
-from orchard.harness.model import Model, ModelError, SamplingConfig
+from orchard.harness.model import Model, ModelError, SamplingConfig, step_seed
 from orchard.prototime import duration as _seconds
 from orchard.types.v1 import types_pb2 as tpb
 
@@ -162,7 +162,8 @@ class AgentLoop:
             step = tpb.Step(index=index, prompt_token_count=len(seq))
             step.start_time.GetCurrentTime()
             began = time.monotonic()
-            seed = None if self.sampling.seed is None else self.sampling.seed + 1000 * traj.sample_index + index
+            base = self.sampling.seed
+            seed = None if base is None else step_seed(base, traj.task_id, traj.sample_index, index)
             # The images of the conversation so far, in message order: seq holds their placeholders.
             images = [p.image for m in traj.messages for p in m.parts if p.HasField("image")]
             sample = await self.model.generate(

@@ -229,7 +229,8 @@ class ReferenceModel(ScriptedModel):
     """A synthetic policy of chosen quality built from the tasks' gold patches (see the module docstring).
 
     A rollout's choices come from an RNG seeded with `seed`, the task and the rollout's identity: in a seeded
-    run the sample index (the loop seeds step s of sample i with base + 1000 * i + s), else the trajectory id.
+    run the sample (the loop's `step_seed` of step s is the sample's seed + s, so seed - s names it), else the
+    trajectory id.
     So the k samples of a task differ, and a seeded run repeats exactly.
     """
 

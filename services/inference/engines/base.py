@@ -35,7 +35,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     """Generation ends before any of these strings; the text excludes it, token_ids keep the tokens sampled."""
     seed: int | None = None
-    """Choice i samples with a generator seeded with seed + i; random when None."""
+    """Choice i samples with a generator seeded with seed_bits(seed + i); random when None."""
     n: int = 1
     """Choices sampled from the same prompt."""
     logprobs: bool = False
@@ -164,3 +164,12 @@ class Engine(abc.ABC):
         Raises NotFound/InvalidArgument for a bad checkpoint; the old weights keep serving.
         """
         raise Unimplemented(f"the {self.info.engine} engine cannot update weights")
+
+
+def seed_bits(seed: int) -> int:
+    """The 32 bits a torch generator keeps of a seed, with every bit of the 64 given counted.
+
+    torch's generator (and so vLLM's) seeds its Mersenne Twister with the low 32 bits only: seeds that differ
+    above them would sample the same tokens. Folding the high half in keeps distinct int64 seeds distinct."""
+    seed &= 0xFFFFFFFFFFFFFFFF  # a negative int64 as its two's complement
+    return (seed ^ (seed >> 32)) & 0xFFFFFFFF

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import torch
 
-from orchard.services.inference.engines.base import SamplingParams, TokenEvent
+from orchard.services.inference.engines.base import SamplingParams, TokenEvent, seed_bits
 
 Decode = Callable[[list[int]], str]
 
@@ -40,7 +40,7 @@ class Sequence:
         if params.seed is None:
             self.generator.seed()
         else:
-            self.generator.manual_seed(params.seed + index)
+            self.generator.manual_seed(seed_bits(params.seed + index))
 
     def choose(self, logits: torch.Tensor) -> int:
         """Sample the next token from this position's raw logits ([vocab], float32)."""

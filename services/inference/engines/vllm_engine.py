@@ -27,6 +27,7 @@ from orchard.services.inference.engines.base import (
     ScoreResult,
     TokenEvent,
     ToolSpec,
+    seed_bits,
     vision_unsupported,
 )
 from orchard.services.inference.settings import InferenceSettings
@@ -59,7 +60,7 @@ def sampling_kwargs(params: SamplingParams) -> dict[str, Any]:
         "top_p": params.top_p,
         "top_k": params.top_k or -1,  # -1 = no cut, accepted by every vLLM release
         "stop": list(params.stop),
-        "seed": params.seed,
+        "seed": None if params.seed is None else seed_bits(params.seed),  # vLLM's torch generator keeps 32 bits
         # vLLM's logprobs=k returns the sampled token's log-prob plus the k most likely; 0 = the sampled one only.
         "logprobs": params.top_logprobs if want else None,
         "skip_special_tokens": True,

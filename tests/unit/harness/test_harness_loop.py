@@ -25,7 +25,7 @@ from orchard.harness import (
     run_rollouts,
     tool,
 )
-from orchard.harness.model import Sample
+from orchard.harness.model import Sample, step_seed
 from orchard.harness.runner import run_one
 from orchard.harness.scripted import IM_END, LOGPROB, decode
 from orchard.sdk import AsyncSandboxClient
@@ -262,6 +262,7 @@ class RecordingModel(ScriptedModel):
     def __init__(self, replies: list[str]) -> None:
         super().__init__(replay(replies))
         self.images: list[list[bytes]] = []
+        self.seeds: list[int | None] = []
 
     async def generate(
         self,
@@ -272,6 +273,7 @@ class RecordingModel(ScriptedModel):
         images: Sequence[tpb.Image] = (),
     ) -> Sample:
         self.images.append([image.data for image in images])
+        self.seeds.append(seed)
         return await super().generate(token_ids, max_tokens, seed, labels, images)
 
 
@@ -289,3 +291,23 @@ async def test_loop_passes_the_conversations_images(harness: type[EchoHarness], 
     assert traj.stop_reason == tpb.STOP_REASON_SUBMITTED and model.images == expected
     assert decode(sequence(traj)).count("<|im_start|>tool\necho: hi<|im_end|>\n<|im_start|>assistant\n") == 2
     assert traj.token_count == len(sequence(traj))
+
+
+async def test_seeded_rollouts_draw_their_own_streams_per_task_sample_and_step() -> None:
+    """Step s of sample i of a task gets step_seed(base, task, i, s): the same sample of two tasks no longer shares
+    one random stream (a seed's luck was every task's at once), and seed - s still names the sample."""
+    seeds: dict[tuple[str, int], list[int | None]] = {}
+    for task in ("t1", "t2"):
+        for sample in (0, 1):
+            model = RecordingModel([ECHO, SUBMIT])
+            await AgentLoop(model, sampling=SamplingConfig(seed=5)).run(EchoHarness(task), sample_index=sample)
+            seeds[task, sample] = model.seeds
+            assert model.seeds == [step_seed(5, task, sample, 0), step_seed(5, task, sample, 1)]
+            assert model.seeds[1] - 1 == model.seeds[0]  # type: ignore[operator]
+    drawn = [s for pair in seeds.values() for s in pair]
+    assert len(set(drawn)) == len(drawn) == 8
+    assert all(0 <= s < 2**63 for s in drawn if s is not None)  # an int64 on the wire
+    assert step_seed(5, "t1", 0, 0) - step_seed(0, "t1", 0, 0) == 5  # the base still shifts every stream
+    model = RecordingModel([SUBMIT])
+    await AgentLoop(model).run(EchoHarness())
+    assert model.seeds == [None]  # unseeded: the engine draws

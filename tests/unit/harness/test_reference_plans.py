@@ -11,6 +11,7 @@ import pytest
 from orchard.cli.rollout import reference_quality
 from orchard.errors import InvalidArgument
 from orchard.harness import ModelError, ReferenceModel, SWEHarness
+from orchard.harness.model import step_seed
 from orchard.harness.reference import (
     FLAWS,
     deletion,
@@ -140,17 +141,16 @@ def test_a_rollout_that_solves_at_some_quality_solves_at_every_higher_one() -> N
 
 
 async def test_generate_follows_one_plan_per_rollout() -> None:
-    """Step s of sample i in a seeded run comes with seed base + 1000 * i + s: every step of it reads one plan."""
+    """Step s of sample i in a seeded run comes with seed step_seed(base, task, i, s): every step reads one plan."""
     task = TASKS[1]
     model = ReferenceModel(TASKS, 0.5)
     harness = SWEHarness(task, client=None)  # type: ignore[arg-type]  # only its prompt is used
     prompt = await model.render(harness.initial_messages(), harness.tools, add_generation_prompt=True)
     for sample in range(3):
-        plan = model.plan(task, f"sample {7 + 1000 * sample}")
+        plan = model.plan(task, f"sample {step_seed(7, task.instance_id, sample, 0)}")
         for step in range(2):
-            reply = await model.generate(
-                prompt.token_ids, 8192, 7 + 1000 * sample + step, {"trajectory_id": "t", "step": str(step)}
-            )
+            seed = step_seed(7, task.instance_id, sample, step)
+            reply = await model.generate(prompt.token_ids, 8192, seed, {"trajectory_id": "t", "step": str(step)})
             assert decode(reply.token_ids[:-1]) == plan.replies[step] and reply.weights_version == "reference-q0.50"
     unseeded = await model.generate(prompt.token_ids, 8192, None, {"trajectory_id": "run-x-0", "step": "0"})
     assert decode(unseeded.token_ids[:-1]) == model.plan(task, "run-x-0").replies[0]
