@@ -1,7 +1,7 @@
 #!/bin/sh
 # PID 1 of the cgroup v2 test VM (boot.sh): the host's / is its root, read-only. Mounts a pure cgroup v2 hierarchy,
-# the kernel filesystems and tmpfs where programs write, points the kernel's module loader at the VM kernel's
-# modules, puts itself in a delegated cgroup (as systemd's Delegate=yes gives a service), runs the out folder's
+# the kernel filesystems, tmpfs and an ext4 /tmp where programs write, points the kernel's module loader at the VM
+# kernel's modules, puts itself in a delegated cgroup (as systemd's Delegate=yes gives a service), runs the out folder's
 # command.sh with its output in output.log and exit status in rc, and halts.
 out=${orchard_out:?no orchard_out= on the kernel command line}
 mount -t proc proc /proc
@@ -12,11 +12,9 @@ mkdir -p /dev/pts /dev/shm
 mount -t devpts -o newinstance,ptmxmode=0666 devpts /dev/pts
 mount -t tmpfs -o mode=1777 tmpfs /dev/shm
 ln -sf /proc/self/fd /dev/fd
-repo=$(cd "$(dirname "$0")/../.." && pwd)  # the checkout this init is in: before the tmpfs mounts hide it
-for dir in /tmp /run /var/tmp; do mount -t tmpfs -o mode=1777 tmpfs "$dir"; done
-# A checkout under one of those (a clone in /tmp, as CI may make) is shown again, read-only like the rest.
-if [ ! -d "$repo/scripts/vm" ]; then mkdir -p "$repo" && mount -r -t hostfs -o "$repo" none "$repo"; fi
-mkdir -p /run/out /run/modules/lib
+repo=$(cd "$(dirname "$0")/../.." && pwd)  # the checkout this init is in: before the mounts below hide it
+for dir in /run /var/tmp; do mount -t tmpfs -o mode=1777 tmpfs "$dir"; done
+mkdir -p /run/out /run/modules/lib /run/disk
 mount -t hostfs -o "$out" none /run/out
 # The VM kernel's modules (overlay, loop, veth, nf_tables ...) are in the user-mode-linux package, not under the
 # root's /lib/modules: the kernel's loader runs modprobe on that tree.
@@ -25,6 +23,14 @@ printf '#!/bin/sh\nexec /sbin/modprobe -d /run/modules "$@"\n' > /run/modprobe
 chmod 755 /run/modprobe
 echo /run/modprobe > /proc/sys/kernel/modprobe
 /run/modprobe loop  # its device nodes appear once it is loaded
+/run/modprobe tun  # /dev/net/tun, for pasta
+# /tmp is ext4 in memory (a file on a tmpfs; discard gives freed blocks back): this kernel's tmpfs has no user.*
+# xattrs (they came in 6.6), which a rootless sandbox's writable layer needs.
+mount -t tmpfs -o size=2G tmpfs /run/disk
+truncate -s 2G /run/disk/tmp.img && mkfs.ext4 -q /run/disk/tmp.img && mount -o loop,discard /run/disk/tmp.img /tmp
+chmod 1777 /tmp
+# A checkout under /tmp (a clone there, as CI may make) is shown again, read-only like the rest.
+if [ ! -d "$repo/scripts/vm" ]; then mkdir -p "$repo" && mount -r -t hostfs -o "$repo" none "$repo"; fi
 hostname orchard-vm
 ip link set lo up
 echo "+memory +cpu +pids" > /sys/fs/cgroup/cgroup.subtree_control

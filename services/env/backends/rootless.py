@@ -81,6 +81,15 @@ async def probe(state_dir: Path) -> None:
     with tempfile.TemporaryDirectory(prefix="probe-", dir=state_dir) as tmp:
         for name in ("lower", "upper", "work", "merged"):
             os.mkdir(os.path.join(tmp, name))
+        try:  # overlayfs in a user namespace keeps opaque folders in user.overlay.* xattrs of the writable layer
+            os.setxattr(os.path.join(tmp, "upper"), "user.orchard.probe", b"1")
+        except OSError as no_xattrs:
+            raise FailedPrecondition(
+                f"the state dir {state_dir} is on a filesystem without user extended attributes ({no_xattrs.strerror}; "
+                "tmpfs has them from Linux 6.6), which a rootless sandbox's writable layer needs (overlayfs in a user "
+                "namespace keeps its opaque folders in them): give the service a --state-dir on ext4, xfs or btrfs; "
+                f"or {HOW_TO_ROOT}"
+            ) from None
         options = overlay_options(Path(tmp), [], Path(tmp) / "lower", Path(tmp) / "upper", Path(tmp) / "work")
         proc = await asyncio.create_subprocess_exec(
             *enter_argv(Path(tmp), options, Path(tmp) / "merged", ["true"]),

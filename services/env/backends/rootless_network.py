@@ -77,6 +77,24 @@ class RootlessNetworks:
 
     def __init__(self) -> None:
         self._nets: dict[str, _Net] = {}
+        self._nftables_checked = False
+
+    async def _check_nftables(self) -> None:
+        """Once: load a table of nftables' inet family in a network namespace of this user, as each allowlisted
+        sandbox's rules will be; FailedPrecondition naming what the kernel lacks if it refuses (the sandbox's agent
+        would otherwise fail to start with nft's message in its log)."""
+        if self._nftables_checked:
+            return
+        try:
+            await _run("unshare", "--user", "--map-root-user", "--net", "nft", "-f", "-", stdin="table inet probe {}\n")
+        except CommandFailed as err:
+            raise FailedPrecondition(
+                f"egress allowlists of a rootless env service need nftables' inet family in the sandbox's network "
+                f"namespace, and this kernel refuses it: {err} (CONFIG_NF_TABLES_INET); create the sandbox without a "
+                "network policy",
+                field="network_policy",
+            ) from None
+        self._nftables_checked = True
 
     def __contains__(self, sandbox_id: str) -> bool:
         return sandbox_id in self._nets
@@ -84,6 +102,7 @@ class RootlessNetworks:
     async def enter_argv(self, sandbox_id: str, rules: tuple[EgressRule, ...], argv: list[str]) -> list[str]:
         """argv behind pasta (dying with this service) and the sandbox's allowlist, loaded before argv starts; the
         caller has made sure of the host with check_host."""
+        await self._check_nftables()
         allowed = await resolve(rules)
         text = ruleset(allowed, await host_addresses())
         self._nets[sandbox_id] = _Net()
