@@ -9,14 +9,14 @@ use crate::frame::Out;
 use crate::json::{obj, s, Value};
 use crate::sys;
 use std::collections::{BTreeMap, HashMap};
-use std::ffi::OsString;
+use std::ffi::{CString, OsString};
 use std::io::{self, Read, Write};
 use std::fs::File;
 use std::os::unix::io::AsRawFd;
-use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::process::{Command, Stdio};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::process::CommandExt;
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -166,7 +166,7 @@ pub fn start(agent: &Arc<Agent>, rid: i64, header: &Value, body: Vec<u8>) {
             return;
         }
     };
-    let job = Job::new(started.child.id() as i32, rid);
+    let job = Job::new(started.pid, rid);
     agent.jobs.lock().unwrap().insert(rid, job.clone());
     let (agent, header) = (agent.clone(), header.clone());
     spawn_thread("exec", move || run(&agent, &job, &header, started, body));
@@ -299,133 +299,154 @@ pub fn prepare(agent: &Agent, rid: i64, header: &Value, defaults: &[(&str, &str)
     Ok(Launch { argv, env, cwd, program })
 }
 
-/// The pipes are Files from sys::pipe (std::io::pipe is newer than Debian's rustc).
+/// A started command: its pid and our ends of its pipes (Files from sys::pipe: std::io::pipe is newer than
+/// Debian's rustc).
 struct Started {
-    child: std::process::Child,
+    pid: i32,
     out_r: File,
     err_r: File,
     stdin_w: Option<File>,
 }
 
+fn c_string(text: &[u8]) -> Result<CString, StartError> {
+    CString::new(text).map_err(|_| StartError::Cannot("embedded null byte".into()))
+}
+
+/// Start the command with posix_spawn (a vfork: the agent's memory is not copied), in its own session.
 fn spawn(agent: &Agent, rid: i64, header: &Value, has_stdin: bool) -> Result<Started, StartError> {
     let launch = prepare(agent, rid, header, &[])?;
+    let program = c_string(launch.program.as_bytes())?;
+    let argv = launch.argv.iter().map(|a| c_string(a.as_bytes())).collect::<Result<Vec<_>, _>>()?;
+    let env = launch
+        .env
+        .iter()
+        .map(|(k, v)| c_string(&[k.as_bytes(), b"=", v.as_bytes()].concat()))
+        .collect::<Result<Vec<_>, _>>()?;
+    let cwd = launch.cwd.as_deref().map(|c| c_string(c.as_bytes())).transpose()?;
     let pipe_err = |e: io::Error| StartError::Request(Failure::os(&e, "pipe").without_name());
     let (out_r, out_w) = sys::pipe().map_err(pipe_err)?;
     let (err_r, err_w) = sys::pipe().map_err(pipe_err)?;
-    let (stdin, stdin_w) = if has_stdin {
+    let (stdin_r, stdin_w) = if has_stdin {
         let (r, w) = sys::pipe().map_err(pipe_err)?;
-        (Stdio::from(r), Some(w))
+        (Some(r), Some(w))
     } else {
-        (Stdio::null(), None)
+        (None, None)
     };
-    let mut command = launch.command();
-    command.stdin(stdin).stdout(out_w).stderr(err_w);
-    let child = launch.spawn(&mut command)?;
-    drop(command); // our copies of its ends of the pipes: its end of file is ours
-    Ok(Started { child, out_r, err_r, stdin_w })
+    let pid = sys::spawn(
+        &program,
+        &argv,
+        &env,
+        cwd.as_deref(),
+        stdin_r.as_ref().map(|r| r.as_raw_fd()),
+        out_w.as_raw_fd(),
+        err_w.as_raw_fd(),
+    )
+    .map_err(|err| StartError::Cannot(os_message(&err, &launch.program)))?;
+    // out_w, err_w and stdin_r close here: the command holds the only write ends, so its end of file is ours.
+    Ok(Started { pid, out_r, err_r, stdin_w })
 }
 
+/// One thread per command: it waits on the command's pidfd and reads both its pipes in one epoll, so the exit
+/// frame goes out as soon as the command ended and its pipes reached end of file (or DRAIN_AFTER_EXIT passed).
 fn run(agent: &Arc<Agent>, job: &Job, header: &Value, started: Started, body: Vec<u8>) {
     let cap = header.get("max_output").and_then(Value::as_i64).unwrap_or(1 << 20).max(0) as u64;
-    let Started { mut child, out_r, err_r, stdin_w } = started;
-    let (pid, rid) = (job.pid, job.rid);
-
-    let exited = Arc::new(AtomicBool::new(false)); // output then drains regardless of the manager's pace
-    let stop = Arc::new(AtomicBool::new(false)); // stop reading and writing the pipes
-    let (done_tx, done_rx) = mpsc::channel::<[u64; 2]>();
-    let reader = {
-        let (out, exited, stop) = (agent.out.clone(), exited.clone(), stop.clone());
-        spawn_thread("reader", move || {
-            let _ = done_tx.send(forward([out_r, err_r], rid, cap, &out, &exited, &stop));
-        })
-    };
+    let Started { pid, out_r, err_r, stdin_w } = started;
+    let rid = job.rid;
+    let stop = Arc::new(AtomicBool::new(false)); // stop feeding stdin
     if let Some(stdin_w) = stdin_w {
         let stop = stop.clone();
         spawn_thread("stdin", move || feed(stdin_w, body, &stop));
     }
-
     let timeout = header.get("timeout").and_then(Value::as_f64).filter(|t| *t > 0.0);
     let deadline = timeout.map(|t| Instant::now() + Duration::from_secs_f64(t.min(1e9)));
-    let status = wait_child(agent, job, &mut child, deadline);
-    exited.store(true, Ordering::Relaxed);
-
-    // Its pipes at end of file, or DRAIN_AFTER_EXIT passed (background children may hold them open).
-    let drained = done_rx.recv_timeout(DRAIN_AFTER_EXIT).ok();
+    let (code, totals) = watch(agent, job, [out_r, err_r], cap, deadline);
     stop.store(true, Ordering::Relaxed);
     agent.kill_tree(pid, rid); // leftovers of a finished command die with it
     agent.jobs.lock().unwrap().remove(&rid);
-    let _ = reader.join();
-    let totals = drained.or_else(|| done_rx.try_recv().ok()).unwrap_or([0, 0]);
-    let code = match status {
-        Some(status) => status.code().map(i64::from).or(status.signal().map(|n| 128 + n as i64)).unwrap_or(255),
-        None => 255,
-    };
     let reason = job.reasons.lock().unwrap().first().cloned().unwrap_or(Value::Null);
-    agent.out.send(&exit_frame(rid, code, totals, reason, Value::Null), b"");
+    agent.out.send_now(&exit_frame(rid, code, totals, reason, Value::Null), b"");
 }
 
-/// Wait for the command to end, killing its tree at the deadline.
-fn wait_child(agent: &Agent, job: &Job, child: &mut std::process::Child, deadline: Option<Instant>)
-    -> Option<std::process::ExitStatus> {
-    let pidfd = sys::pidfd_open(job.pid);
-    let mut timed_out = false;
-    loop {
-        if let Ok(Some(status)) = child.try_wait() {
-            return Some(status);
-        }
-        let wait_ms = match (deadline, timed_out) {
-            (Some(deadline), false) => {
-                let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    timed_out = true;
-                    job.reasons.lock().unwrap().push(s("timeout"));
-                    agent.kill_tree(job.pid, job.rid);
-                    continue;
-                }
-                left.as_millis().min(i32::MAX as u128) as i32 + 1
-            }
-            _ => -1,
-        };
-        match &pidfd {
-            Some(fd) => {
-                if sys::wait_fd(fd.as_raw_fd(), sys::POLLIN, wait_ms).is_err() {
-                    return child.wait().ok();
-                }
-            }
-            None => std::thread::sleep(Duration::from_millis(if wait_ms < 0 { 10 } else { wait_ms.min(10) as u64 })),
-        }
-    }
+const PIDFD: u64 = 2; // the epoll token of the command's pidfd (0 and 1: its stdout and stderr)
+
+fn millis_until(at: Instant) -> i32 {
+    at.saturating_duration_since(Instant::now()).as_millis().min(i32::MAX as u128 - 1) as i32 + 1
 }
 
-/// Send what the command writes to its stdout and stderr (up to the cap on each; the rest is only counted), in
-/// the order the pipes became readable; the two totals, once both pipes are at end of file (or `stop`).
-fn forward(pipes: [File; 2], rid: i64, cap: u64, out: &Out, exited: &AtomicBool, stop: &AtomicBool) -> [u64; 2] {
+/// Forward what the command writes to its stdout and stderr (up to the cap on each; the rest is only counted),
+/// in the order the pipes became readable, until it has ended and both pipes are at end of file (or
+/// DRAIN_AFTER_EXIT passed since it ended: background children may hold them open); kill its tree at the
+/// deadline. While the manager is behind, output stays in the pipes (the command blocks on them), until the
+/// command ends: then its pipes drain regardless. Its exit code and the two totals.
+fn watch(agent: &Agent, job: &Job, pipes: [File; 2], cap: u64, deadline: Option<Instant>) -> (i64, [u64; 2]) {
     let heads: Vec<String> = [1, 2]
         .iter()
-        .map(|fd| obj(vec![("id", Value::Int(rid)), ("ev", s("out")), ("fd", Value::Int(*fd))]).dumps())
+        .map(|fd| obj(vec![("id", Value::Int(job.rid)), ("ev", s("out")), ("fd", Value::Int(*fd))]).dumps())
         .collect();
     let mut totals = [0u64; 2];
+    let pidfd = sys::pidfd_open(job.pid);
     let epoll = match sys::Epoll::new() {
         Ok(epoll) => epoll,
-        Err(_) => return totals,
+        Err(_) => return (sys::reap(job.pid, true).unwrap_or(255), totals),
     };
     let mut open = [false; 2];
     for (i, pipe) in pipes.iter().enumerate() {
         open[i] = epoll.add(pipe.as_raw_fd(), sys::EPOLLIN, i as u64).is_ok();
     }
+    // Without a pidfd (Linux < 5.3) the loop looks at the command every 10 ms.
+    let pidfd_watched = pidfd.as_ref().map_or(false, |fd| epoll.add(fd.as_raw_fd(), sys::EPOLLIN, PIDFD).is_ok());
+    let (mut code, mut drain_until, mut timed_out) = (None, None, false);
     let mut buf = vec![0u8; CHUNK];
-    while open[0] || open[1] {
-        if stop.load(Ordering::Relaxed) {
+    loop {
+        if code.is_none() {
+            code = sys::reap(job.pid, false);
+            if code.is_some() {
+                drain_until = Some(Instant::now() + DRAIN_AFTER_EXIT);
+                if let (true, Some(fd)) = (pidfd_watched, &pidfd) {
+                    epoll.remove(fd.as_raw_fd()); // readable from now on: it would wake every wait
+                }
+            }
+        }
+        if code.is_some() && !(open[0] || open[1]) {
             break;
         }
-        let ready = match epoll.wait(POLL_MS) {
+        let mut wait_ms = -1;
+        match (code.is_some(), deadline) {
+            (true, _) => {
+                let until = drain_until.expect("set with code");
+                if Instant::now() >= until {
+                    break;
+                }
+                wait_ms = millis_until(until);
+            }
+            (false, Some(deadline)) if !timed_out => {
+                if Instant::now() >= deadline {
+                    timed_out = true;
+                    job.reasons.lock().unwrap().push(s("timeout"));
+                    agent.kill_tree(job.pid, job.rid);
+                    continue;
+                }
+                wait_ms = millis_until(deadline);
+            }
+            _ => {}
+        }
+        if !pidfd_watched && code.is_none() {
+            wait_ms = if wait_ms < 0 { 10 } else { wait_ms.min(10) };
+        }
+        if code.is_none() && agent.out.congested() {
+            // The manager is behind: leave the output in the pipes, and look at the command now and then.
+            let limit = if wait_ms < 0 { POLL_MS } else { wait_ms.min(POLL_MS) };
+            agent.out.wait_room(Duration::from_millis(limit as u64));
+            continue;
+        }
+        let ready = match epoll.wait(wait_ms) {
             Ok(ready) => ready,
             Err(_) => break,
         };
         for token in ready {
             let i = token as usize;
-            if !open[i] || stop.load(Ordering::Relaxed) {
-                continue;
+            if token == PIDFD || !open[i] {
+                continue; // the command ended: the loop's top reaps it
             }
             let n = match (&pipes[i]).read(&mut buf) {
                 Ok(n) => n,
@@ -446,13 +467,13 @@ fn forward(pipes: [File; 2], rid: i64, cap: u64, out: &Out, exited: &AtomicBool,
                 frame.extend_from_slice(&(head.len() as u32).to_be_bytes());
                 frame.extend_from_slice(head.as_bytes());
                 frame.extend_from_slice(&buf[..take]);
-                out.push(frame);
-                // The manager is behind: leave the output in the pipes (the command waits on them).
-                out.wait_for_room(exited);
+                agent.out.push(frame);
             }
         }
     }
-    totals
+    // Ended (or the epoll failed: then wait for it here).
+    let code = code.or_else(|| sys::reap(job.pid, true)).unwrap_or(255);
+    (code, totals)
 }
 
 /// Write the command's stdin as its pipe takes it, then close it. EPIPE (the command did not read it all)

@@ -1,11 +1,10 @@
 //! Frames: u32 total length (big-endian), u32 header length, JSON header, raw body; total = 4 + header +
 //! body. And the one writer of a connection (stdout, or a socket): frames queue here and a single thread
-//! writes them whole, in order.
+//! writes them whole, in order (send_now writes from the sender's thread when nothing is queued or being written).
 
 use crate::json::Value;
 use std::collections::VecDeque;
 use std::io::{self, Read, Write};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
@@ -53,12 +52,15 @@ struct Queue {
     pending: usize,
     congested: bool,
     closed: bool,
+    writing: bool, // a thread is writing to the sink (the writer, or a sender through send_now)
+    broken: bool,  // a send_now found the sink gone: the writer calls on_broken
 }
 
-/// Frames to the manager. send() never blocks; wait_for_room() is where command output waits while the
+/// Frames to the manager. send() never blocks; congested() and wait_room() are where command output waits while the
 /// manager is behind (the command then blocks on its full pipe, not the agent's memory).
 pub struct Out {
     queue: Mutex<Queue>,
+    sink: Mutex<Box<dyn Write + Send>>,
     wake_writer: Condvar,
     room: Condvar,
 }
@@ -68,7 +70,15 @@ impl Out {
     /// The thread ends then, or once the queue is closed.
     pub fn start(sink: Box<dyn Write + Send>, on_broken: impl FnOnce() + Send + 'static) -> Arc<Out> {
         let out = Arc::new(Out {
-            queue: Mutex::new(Queue { frames: VecDeque::new(), pending: 0, congested: false, closed: false }),
+            queue: Mutex::new(Queue {
+                frames: VecDeque::new(),
+                pending: 0,
+                congested: false,
+                closed: false,
+                writing: false,
+                broken: false,
+            }),
+            sink: Mutex::new(sink),
             wake_writer: Condvar::new(),
             room: Condvar::new(),
         });
@@ -76,7 +86,7 @@ impl Out {
         std::thread::Builder::new()
             .name("writer".into())
             .stack_size(64 * 1024)
-            .spawn(move || writer.run(sink, on_broken))
+            .spawn(move || writer.run(on_broken))
             .expect("writer thread");
         out
     }
@@ -98,6 +108,36 @@ impl Out {
         self.wake_writer.notify_one();
     }
 
+    /// Send a frame, written by this thread itself when nothing else is queued or being written (the hand-off to
+    /// the writer thread is a wake-up that costs a command's exit frame a scheduler round trip on a busy
+    /// machine); queued as send() does otherwise. It may block while the manager is not reading.
+    pub fn send_now(&self, header: &Value, body: &[u8]) {
+        let frame = encode(header, body);
+        {
+            let mut queue = self.queue.lock().unwrap();
+            if queue.closed {
+                return;
+            }
+            if !queue.frames.is_empty() || queue.writing {
+                queue.pending += frame.len();
+                queue.frames.push_back(frame);
+                self.wake_writer.notify_one();
+                return;
+            }
+            queue.writing = true;
+        }
+        let written = {
+            let mut sink = self.sink.lock().unwrap();
+            sink.write_all(&frame).and_then(|_| sink.flush())
+        };
+        let mut queue = self.queue.lock().unwrap();
+        queue.writing = false;
+        queue.broken |= written.is_err();
+        if queue.broken || !queue.frames.is_empty() {
+            self.wake_writer.notify_one();
+        }
+    }
+
     /// Send nothing more (the agent is ending, or the connection is gone): frames not yet written are
     /// dropped, so are later ones, and the writer thread ends.
     pub fn close(&self) {
@@ -109,26 +149,35 @@ impl Out {
         self.wake_writer.notify_all();
     }
 
-    /// Wait while the backlog is high (until it falls below OUT_LOW), unless `done` is set (a command that
-    /// has ended drains regardless).
-    pub fn wait_for_room(&self, done: &AtomicBool) {
-        let mut queue = self.queue.lock().unwrap();
-        while queue.congested && !done.load(Ordering::Relaxed) {
-            queue = self.room.wait_timeout(queue, Duration::from_millis(50)).unwrap().0;
-        }
+    /// Whether the backlog is high: running commands' output should stay in their pipes for now.
+    pub fn congested(&self) -> bool {
+        self.queue.lock().unwrap().congested
     }
 
-    fn run(&self, mut sink: Box<dyn Write + Send>, on_broken: impl FnOnce()) {
+    /// Wait up to `limit` for the backlog to fall (below OUT_LOW); whether it has.
+    pub fn wait_room(&self, limit: Duration) -> bool {
+        let queue = self.queue.lock().unwrap();
+        let (queue, _) = self.room.wait_timeout_while(queue, limit, |q| q.congested).unwrap();
+        !queue.congested
+    }
+
+    fn run(&self, on_broken: impl FnOnce()) {
         loop {
             let mut batch = Vec::new();
             {
                 let mut queue = self.queue.lock().unwrap();
-                while queue.frames.is_empty() {
+                while queue.frames.is_empty() || queue.writing {
+                    if queue.broken {
+                        drop(queue);
+                        on_broken();
+                        return;
+                    }
                     if queue.closed {
                         return;
                     }
                     queue = self.wake_writer.wait(queue).unwrap();
                 }
+                queue.writing = true;
                 let mut size = 0;
                 while size < 256 * 1024 {
                     match queue.frames.pop_front() {
@@ -140,6 +189,7 @@ impl Out {
                     }
                 }
             }
+            let mut sink = self.sink.lock().unwrap();
             let mut slices: Vec<io::IoSlice> = batch.iter().map(|f| io::IoSlice::new(f)).collect();
             // slices[first..] are left to write; slices[first] starts at batch[first][offset..].
             let (mut first, mut offset) = (0, 0);
@@ -169,11 +219,15 @@ impl Out {
                     }
                 }
             }
-            if failed || sink.flush().is_err() {
+            let failed = failed || sink.flush().is_err();
+            drop(sink);
+            let mut queue = self.queue.lock().unwrap();
+            queue.writing = false;
+            if failed {
+                drop(queue);
                 on_broken();
                 return;
             }
-            let mut queue = self.queue.lock().unwrap();
             queue.pending -= written;
             if queue.congested && queue.pending < OUT_LOW {
                 queue.congested = false;

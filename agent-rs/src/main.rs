@@ -4,8 +4,10 @@
 //! list, stat, info.
 //!
 //! Threads, not an event loop: the main thread reads requests and answers the bounded ones (files, terminal
-//! input and sizes) itself; each exec has a thread (plus one per pipe), each terminal one; one writer thread
-//! owns stdout, fed by a queue, so frames stay whole and each request's frames stay in order.
+//! input and sizes) itself; each exec has a thread (started with posix_spawn, watched in one epoll over its pipes
+//! and its pidfd; plus one feeding its stdin, when it has one), each terminal one; one writer thread owns stdout,
+//! fed by a queue, so frames stay whole and each request's frames stay in order (an exec's exit frame is written by
+//! its own thread when nothing is queued: one wake-up less).
 //!
 //! `orchard-agent` serves one manager on stdin/stdout and ends with it (its commands too).
 //! `orchard-agent --listen PATH` serves the same protocol on a unix socket at PATH instead (mode 0600; a
