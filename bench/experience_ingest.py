@@ -235,6 +235,11 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
                         row["publisher_acked_per_s"] = round(len(block) / accepted[1])  # type: ignore[index]
                     row[f"{side}_cpu_ms_per_1k"] = {k: round(v * 1e6 / len(block), 1) for k, v in cpu.items()}
                 row["ratio"] = round(row["stored_per_s"] / row["raw_publish_per_s"], 3)
+                # On cores shared with other work the ratio follows this one: CPU the raw side spent per event
+                # over what the Orchard side spent (all processes summed).
+                row["cpu_ratio"] = round(
+                    sum(row["raw_cpu_ms_per_1k"].values()) / sum(row["orchard_cpu_ms_per_1k"].values()), 3
+                )
                 rows.append(row)
         await js.delete_stream("BENCH_RAW")
         await nc.close()
@@ -259,6 +264,11 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
         "stored_events_per_s": round(statistics.median(row["stored_per_s"] for row in rows)),
         "raw_jetstream_publish_per_s": round(statistics.median(row["raw_publish_per_s"] for row in rows)),
         "ratio_stored_to_raw_publish": round(ratio, 3),
+        "cpu_ms_per_1k_raw": round(statistics.median(sum(row["raw_cpu_ms_per_1k"].values()) for row in rows), 1),
+        "cpu_ms_per_1k_orchard": round(
+            statistics.median(sum(row["orchard_cpu_ms_per_1k"].values()) for row in rows), 1
+        ),
+        "cpu_ratio_raw_to_orchard": round(statistics.median(row["cpu_ratio"] for row in rows), 3),
         "publisher_accept_per_s": round(statistics.median(row["publisher_accept_per_s"] for row in rows)),
         "publisher_acked_per_s": round(statistics.median(row["publisher_acked_per_s"] for row in rows)),
         "target_ratio": 0.9,

@@ -101,6 +101,7 @@ def test_experience_ingest_benchmark() -> None:
     assert isinstance(blocks, list) and [b["round"] for b in blocks] == [0, 1, 2, 3], report
     assert all(b["raw_publish_per_s"] > 0 and b["stored_per_s"] > 0 for b in blocks), report
     assert float(report["ratio_stored_to_raw_publish"]) > 0 and len(report["loadavg_end"]) == 3, report
+    assert float(report["cpu_ratio_raw_to_orchard"]) > 0 and all(b["cpu_ratio"] > 0 for b in blocks), report
 
 
 def test_inference_throughput_benchmark() -> None:
