@@ -139,7 +139,8 @@ async def test_delete_removes_cgroups_and_mounts(env: EnvServer) -> None:
     assert (len(before[0]), before[1]) == (len(CGROUP_ROOTS), [])  # the service's parent groups only
     sandboxes = await asyncio.gather(*(create(env.stub, resources=EVERY_LIMIT) for _ in range(3)))
     assert len(cgroups_of(state)) == len(CGROUP_ROOTS) * (1 + 3)
-    assert len(mounts_under(state)) == 3 * 3  # per sandbox: the capped layer, its loop device, the overlay on it
+    # Per sandbox: the capped layer and its loop device; its overlay is mounted in a mount namespace of its own.
+    assert len(mounts_under(state)) == 3 * 2
     for sandbox in sandboxes:
         await delete_quietly(env.stub, sandbox.sandbox_id)
     assert cgroups_of(state) == before[0]
@@ -176,7 +177,8 @@ async def test_restart_removes_what_a_crashed_service_left(start_env: StartEnv, 
     finally:
         service.send_signal(signal.SIGKILL)
         await service.wait()
-    assert len(cgroups_of(state)) == len(CGROUP_ROOTS) * 2 and len(mounts_under(state)) == 3
+    # Left on the host: the capped layer and its loop device (the overlay died with the sandbox's mount namespace).
+    assert len(cgroups_of(state)) == len(CGROUP_ROOTS) * 2 and len(mounts_under(state)) == 2
 
     restarted = await start_env(state_dir=state)
     assert (len(cgroups_of(state)), mounts_under(state)) == (len(CGROUP_ROOTS), [])  # the new service's parents only

@@ -110,7 +110,8 @@ def _crash_and_restart(state: Path, port: int, services: list[subprocess.Popen[b
         ).sandbox
         stub.StartExec(pb.StartExecRequest(sandbox_id=plain.sandbox_id, shell="sleep 300 &"), timeout=10)
         during = _leftovers(state)
-        assert during["processes"] > 1 and during["mounts"] >= 4 and during["netns"] == 1
+        # On the host: the capped layer (each overlay is mounted in a mount namespace of its sandbox's own).
+        assert during["processes"] > 1 and during["mounts"] >= 1 and during["netns"] == 1
         assert during["cgroups"] > before["cgroups"]
 
     proc.send_signal(signal.SIGKILL)
