@@ -33,7 +33,10 @@ LEARN = ["--tasks", "toyrepair", "--held-out", "2"]
 RL_STEPS = 6
 """`orchard learn`'s default --rl-steps."""
 DISTILLED_AT_LEAST = 0.25
-"""The training tasks' pass@1 after distillation is at least this (from 0)."""
+"""The training tasks' pass@1 after distillation is at least this (from 0; 0.46-0.63 at sampling seeds 0-3)."""
+RL_RISE_AT_LEAST = 0.125
+"""The training tasks' pass@1 after RL exceeds the distilled student's by at least this (3 of the 24 samples):
++4 to +6 of 24 at sampling seeds 0-3 in docs/training.md#learning-on-a-cpu, the main job's seed 0 among them."""
 
 
 def _free_port() -> int:
@@ -256,18 +259,21 @@ def test_main_job(tmp_path: Path) -> None:
             assert list(stages) == ["base", "distilled", "rl", "best-of-4"]
             assert [line.split()[0] for line in learned.splitlines()[2:6]] == list(stages)
             assert stages["base"]["model"] == "orchard-student" and stages["base"]["train"] == 0.0
-            # Learning: distillation lifts the training tasks' pass@1 from nothing by a margin (0.54 to 0.83 measured
-            # at seed 0; bench/learning_run.py has the spread over seeds); the held-out tasks are reported beside.
+            # Learning: distillation lifts the training tasks' pass@1 from nothing, and RL lifts it again, each by a
+            # margin measured to hold at four sampling seeds; the held-out tasks are reported beside.
             assert stages["distilled"]["train"] >= DISTILLED_AT_LEAST, learned
+            assert stages["rl"]["train"] >= stages["distilled"]["train"] + RL_RISE_AT_LEAST, learned
             assert all(s["held_out"] is not None for s in stages.values())
             # The RL job took real gradient steps on signal, on-policy: (nearly) every step kept groups with both
             # outcomes, with non-zero advantages, and the trainer's log-probs of the sampled tokens are the
-            # inference service's. (Its reward does not rise yet: docs/training.md#learning-on-a-cpu; #22 stays open.)
+            # inference service's; its rollouts resolved more in its last three steps than in its first three.
             rl = report["rl"]
             assert len(rl["reward_per_step"]) == RL_STEPS
             kept = [k > 0 for k in rl["groups_kept_per_step"]]
             assert sum(kept) >= RL_STEPS - 1, learned  # one step may draw no group with both outcomes
             assert all(a > 0 for a, k in zip(rl["advantage_abs_mean_per_step"], kept, strict=True) if k), learned
+            half = RL_STEPS // 2
+            assert sum(rl["resolved_per_step"][half:]) > sum(rl["resolved_per_step"][:half]), learned
             assert rl["logprob_diff_max"] < 1e-3
             assert all(k >= 0 for k in rl["kl_per_step"]) and any(k > 0 for k in rl["kl_per_step"])
             assert (tmp_path / "runs" / "main-e2e-learn" / "learning.png").stat().st_size > 1000

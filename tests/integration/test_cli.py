@@ -313,6 +313,8 @@ async def test_train_follows_the_job_and_pushes_its_checkpoint(experience: str, 
                 "2",
                 "--lr",
                 "1e-3",
+                "--warmup",
+                "0.5",
                 "--job-id",
                 "cli-sft",
                 "--push",
@@ -325,6 +327,8 @@ async def test_train_follows_the_job_and_pushes_its_checkpoint(experience: str, 
             assert (report["job_id"], report["kind"], report["steps"]) == ("cli-sft", "sft", 4)
             assert report["checkpoint"]["version"] == "cli-sft-step-4" and report["metrics"]["samples"] == 4
             assert [s["step"] for s in report["per_step"]][-1] == 4 and "loss" in report["per_step"][-1]
+            # --warmup 0.5: the first half of the 4 steps rises to the peak (--lr), then the cosine decays it.
+            assert [round(s["learning_rate"], 6) for s in report["per_step"][:3]] == [5e-4, 1e-3, 1e-3]
             assert "job cli-sft: sft of" in err and "rollouts of run before" in err
             steps = [line for line in err.splitlines() if line.startswith("[")]
             # Not a terminal: plain lines (no \r frames), at most one every few seconds, the last step always.
@@ -418,6 +422,7 @@ async def test_train_follows_the_job_and_pushes_its_checkpoint(experience: str, 
         (["train", "--run", "r", "--epochs", "0"], "--epochs: must be at least 1, got 0"),
         (["train", "--run", "r", "--lr=-1"], "--lr: must be above 0"),
         (["train", "--run", "r", "--batch", "two"], "--batch: 'two' is not a whole number"),
+        (["train", "--run", "r", "--warmup", "2"], "--warmup: must be from 0 to 1, got 2"),
         (["train", "--run", "r", "--kind", "dpo"], "invalid choice: 'dpo'"),
         (["train", "--kind", "rl", "--tasks", "toyrepair", "--group-size", "1"], "--group-size: must be at least 2"),
         (["learn", "--held-out", "0"], "--held-out: must be at least 1, got 0"),

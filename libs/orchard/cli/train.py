@@ -133,6 +133,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         help="the learning rate's schedule (default: the recipe's: cosine; value: linear)",
     )
     p.add_argument(
+        "--warmup",
+        type=fraction,
+        default=0.0,
+        help="the fraction of the steps over which the learning rate rises linearly to its peak first (default: 0)",
+    )
+    p.add_argument(
         "--batch",
         type=count(1),
         default=None,
@@ -413,6 +419,7 @@ async def train(args: argparse.Namespace) -> int:
         micro_batch_size=args.micro_batch or 0,
         max_seq_len=args.max_seq_len or 0,
         lr_schedule=f"LR_SCHEDULE_{(args.schedule or 'unspecified').upper()}",
+        warmup_ratio=args.warmup,
     )
     if rl:
         config = rl_config(args, base_model, eval_files, hyperparameters)
