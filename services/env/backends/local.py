@@ -376,9 +376,14 @@ class LocalBackend:
                 else:
                     # Mounted in a mount namespace of the sandbox's own, not the host's: every bwrap copies the mount
                     # table it starts from, so 1,000 overlays on the host made each start ~4x slower (and serialized).
-                    names = [f"{snapshot_id}/layer" for snapshot_id in spec.layers] if layers else []
-                    lower = ":".join([*names, str(image.rootfs)])  # snapshot layers relative: options fit a page
-                    options = f"lowerdir={lower},upperdir={layer / 'upper'},workdir={layer / 'work'}"
+                    options = rootless_mode.overlay_options(
+                        self._snapshots,
+                        spec.layers if layers else (),
+                        image.rootfs,
+                        layer / "upper",
+                        layer / "work",
+                        userxattr=False,
+                    )
                     argv = rootless_mode.enter_argv(self._snapshots, options, rootfs, argv, userns=False)
                 if (res.cpu_millis or res.memory_bytes or res.pids) and not self._cgroups_unusable:
                     argv = enter_argv(await asyncio.to_thread(self._cgroups.create, spec.sandbox_id, res), argv)

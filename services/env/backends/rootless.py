@@ -39,11 +39,14 @@ def rootless() -> bool:
     return os.geteuid() != 0
 
 
-def overlay_options(layers_dir: Path, layers: Sequence[str], image: Path, upper: Path, work: Path) -> str:
+def overlay_options(
+    layers_dir: Path, layers: Sequence[str], image: Path, upper: Path, work: Path, *, userxattr: bool = True
+) -> str:
     """The overlay's mount options: snapshot layers named relative to layers_dir (mount options must fit in a page,
-    and 64 absolute layer paths under a long state dir would not), user.* xattrs (trusted.* needs the host's root)."""
+    and 64 absolute layer paths under a long state dir would not); rootless, user.* xattrs (trusted.* needs the
+    host's root)."""
     lower = ":".join([*(f"{layer}/layer" for layer in layers), str(image)])
-    return f"lowerdir={lower},upperdir={upper},workdir={work},userxattr"
+    return f"lowerdir={lower},upperdir={upper},workdir={work}" + (",userxattr" if userxattr else "")
 
 
 def enter_argv(
