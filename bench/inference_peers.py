@@ -12,7 +12,10 @@ saves is the chat template's shared system prompt. Prints one JSON
 object: per-contender medians, each block, ratios (Orchard engine / peer) and the load average at start and end.
 
     python bench/inference_peers.py [--rounds 4] [--singles 2] [--concurrent 8] [--max-tokens 48] [--threads 1]
-                                    [--llama-weights gguf|f16|f32]
+                                    [--llama-weights gguf|f16|f32] [--peer-weights same|gguf|f16|f32]
+
+--llama-weights f16 is what an RL trainer serves (log-probs within 0.02 of the trainer's); the peer then loads the
+same F16 GGUF, converted from the same dequantized folder, unless --peer-weights says otherwise.
 """
 
 from __future__ import annotations
@@ -22,10 +25,12 @@ import asyncio
 import json
 import logging
 import os
+import shutil
 import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -127,15 +132,20 @@ class Service:
 
 
 class Peer:
-    """llama.cpp through llama-cpp-python's `Llama` API, on the same GGUF file, threads and context."""
+    """llama.cpp through llama-cpp-python's `Llama` API, on the same weights, threads and context: the embedded GGUF
+    file, or (f16, f32) the GGUF that the llama_cpp engine's converter writes from the dequantized folder."""
 
-    def __init__(self, threads: int) -> None:
+    def __init__(self, threads: int, weights: str, tokenizer: Any, scratch: Path) -> None:
         logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
         from llama_cpp import Llama
 
-        self.llm = Llama(
-            model_path=str(embedded_gguf()), n_ctx=4096, n_threads=threads, n_threads_batch=threads, verbose=False
-        )
+        model = embedded_gguf()
+        if weights != "gguf":
+            from orchard.services.inference.engines.gguf_export import write_gguf
+
+            model = scratch / f"peer-{weights}.gguf"
+            write_gguf(resolve_model("", default_cache_dir())[0], tokenizer, model, weights)  # type: ignore[arg-type]
+        self.llm = Llama(model_path=str(model), n_ctx=4096, n_threads=threads, n_threads_batch=threads, verbose=False)
 
     def single(self, ids: list[int], max_tokens: int) -> Figures:
         started = time.perf_counter()
@@ -162,12 +172,17 @@ def median(blocks: list[dict[str, Any]], name: str, key: str) -> float:
     return round(statistics.median(b[key] for b in blocks if b["contender"] == name and key in b), 2)
 
 
+def peer_weights(args: argparse.Namespace) -> str:
+    return str(args.llama_weights if args.peer_weights == "same" else args.peer_weights)
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     prompts = Prompts()
     services = {
         name: Service(engine, args.threads, args.concurrent, args.llama_weights) for name, engine in SERVICES.items()
     }
-    peer = Peer(args.threads)
+    scratch = Path(tempfile.mkdtemp(prefix="inference-peers-"))
+    peer = Peer(args.threads, peer_weights(args), prompts.tok, scratch)
     blocks: list[dict[str, Any]] = []
     try:
         connections = {}
@@ -219,6 +234,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         for svc in services.values():
             svc.close()
+        shutil.rmtree(scratch, ignore_errors=True)
     return {
         name: {
             "decode_tokens_per_s": median(blocks, name, "decode_tokens_per_s"),
@@ -267,6 +283,9 @@ def main() -> None:
     parser.add_argument(
         "--llama-weights", default="gguf", choices=["gguf", "f16", "f32"], help="the llama_cpp engine's weights"
     )
+    parser.add_argument(
+        "--peer-weights", default="same", choices=["same", "gguf", "f16", "f32"], help="llama.cpp's weights (the peer)"
+    )
     args = parser.parse_args()
     load_start = os.getloadavg()
     figures = asyncio.run(run(args))
@@ -286,8 +305,9 @@ def main() -> None:
         json.dumps(
             {
                 "bench": "inference_peers",
-                "model": "SmolLM2-135M-Instruct (Q4_1 GGUF; transformers: dequantized to fp32)",
+                "model": "SmolLM2-135M-Instruct (Q4_1 GGUF; transformers: dequantized to fp32; f16/f32: converted from that)",
                 "llama_cpp_engine_weights": args.llama_weights,
+                "peer_weights": peer_weights(args),
                 "cores": os.cpu_count(),
                 "threads": args.threads,
                 "rounds": args.rounds,

@@ -6,7 +6,10 @@ and held-out tasks; the RL reward per step) to <out>/learning_run.png; prints on
 base stage: the untrained student on the same tasks and samples.
 
     python bench/learning_run.py [--tasks toyrepair-extended] [--held-out 4] [--seeds 0 1 2] [--out DIR]
-                                 [-- <more orchard learn flags>]
+                                 [--include EARLIER.json] [-- <more orchard learn flags>]
+
+A seed takes about an hour on 2 cores, so seeds can be run apart: `--include` folds the runs of an earlier
+learning_run.json (same tasks, held-out count and flags; its seeds not rerun) into this one's summary and curve.
 """
 
 from __future__ import annotations
@@ -126,26 +129,53 @@ def plot(runs: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
+def included_runs(path: Path, args: argparse.Namespace, extra: list[str]) -> dict[int, dict[str, Any]]:
+    """The runs of an earlier report by seed, refused unless it ran the same pipeline."""
+    try:
+        report = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"--include {path}: not a readable learning_run.json ({e})") from None
+    if report.get("bench") != "learning_run":
+        raise SystemExit(f"--include {path}: not a learning_run.json (bench={report.get('bench')!r})")
+    mine = {"tasks": args.tasks, "held_out": args.held_out, "learn_flags": extra}
+    theirs = {key: report.get(key) for key in mine}
+    if theirs != mine:
+        raise SystemExit(f"--include {path}: it ran {theirs}, this run is {mine}; their seeds are not comparable")
+    return {int(seed): run for seed, run in zip(report["seeds"], report["runs"], strict=True)}
+
+
+def earlier_seconds(path: Path) -> float:
+    report = json.loads(path.read_text())
+    return float(report.get("seconds", 0.0)) + float(report.get("seconds_included", 0.0))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tasks", default="toyrepair-extended")
     p.add_argument("--held-out", type=int, default=4)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--out", default=".state/bench/learning_run")
+    p.add_argument("--include", type=Path, help="an earlier learning_run.json whose runs join this summary")
     args, extra = p.parse_known_args()
     extra = [a for a in extra if a != "--"]
+    earlier = included_runs(args.include, args, extra) if args.include else {}
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    runs = [one_seed(seed, args, extra, out) for seed in args.seeds]
+    fresh = {seed: one_seed(seed, args, extra, out) for seed in args.seeds if seed not in earlier}
+    by_seed = {**earlier, **fresh}
+    seeds = sorted(by_seed)
+    runs = [by_seed[seed] for seed in seeds]
     report = {
         "bench": "learning_run",
         "tasks": args.tasks,
         "held_out": args.held_out,
-        "seeds": args.seeds,
+        "seeds": seeds,
+        "seeds_included": sorted(earlier),
         "learn_flags": extra,
         "cores": os.cpu_count(),
         "seconds": time.monotonic() - started,
+        "seconds_included": earlier_seconds(args.include) if args.include else 0.0,
         **summary(runs),
         "runs": runs,
     }
