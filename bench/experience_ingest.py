@@ -269,6 +269,12 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
             statistics.median(sum(row["orchard_cpu_ms_per_1k"].values()) for row in rows), 1
         ),
         "cpu_ratio_raw_to_orchard": round(statistics.median(row["cpu_ratio"] for row in rows), 3),
+        **{
+            f"cpu_ms_per_1k_{side}_by_process": {
+                name: round(statistics.median(row[f"{side}_cpu_ms_per_1k"][name] for row in rows), 1) for name in pids
+            }
+            for side in ("raw", "orchard")
+        },
         "publisher_accept_per_s": round(statistics.median(row["publisher_accept_per_s"] for row in rows)),
         "publisher_acked_per_s": round(statistics.median(row["publisher_acked_per_s"] for row in rows)),
         "target_ratio": 0.9,

@@ -5,9 +5,11 @@ Two owned tasks form a pipeline, so NATS delivery and SQL writes overlap:
    than a batch of messages waits, and collects the replies on one inbox subscription. A request with
    `no_wait` and `expires` returns what is there at once, or waits for the first message; it ends when its
    batch is delivered or with one status message (404 No Messages, 408 Request Timeout). nats-py's `fetch()`
-   does the same with a task and a timer per message, which cost more CPU than the whole SQL write.
+   does the same with a task and a timer per message, which cost more CPU than the whole SQL write. The inbox's
+   messages come as bytes straight from the protocol parser (`raw_subscribe`): no `Msg` objects, parsed headers or
+   queue hop per message.
 2. The writer takes up to a batch of waiting messages, decodes them, writes them in one transaction, and
-   only then acks each one (AckPolicy.EXPLICIT).
+   only then acks each one (AckPolicy.EXPLICIT), the batch's acks sent as one write.
 Not AckPolicy.ALL: after a crash the restarted consumer is handed *new* messages while the dead one's batch
 waits out ack_wait, and its first cumulative ack would ack that unwritten batch too, losing it. A crash between
 commit and ack only means JetStream redelivers the batch after ack_wait, and the store's idempotent writes make
@@ -27,12 +29,12 @@ import logging
 
 from google.protobuf.message import DecodeError
 from nats.aio.client import Client as NatsClient
-from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, Header
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 from prometheus_client import Counter
 
+from orchard.events.publisher import raw_subscribe, raw_unsubscribe, send_raw
 from orchard.events.subjects import STREAM, SUBJECT_PREFIX, ensure_stream
 from orchard.experience.v1.experience_pb2 import RolloutEvent
 from orchard.services.experience.backends.base import SqlStore
@@ -45,8 +47,14 @@ WRITE_ERRORS = Counter("orchard_experience_write_errors", "Batches the store fai
 
 PULL_EXPIRES_S = 1.0
 """How long a pull request waits for a first message; the puller asks again after it ends."""
-_END_OF_REQUEST = ("404", "408")
+_END_OF_REQUEST = (b"404", b"408")
 """Statuses that end a pull request normally: nothing (more) to deliver now, or it expired."""
+_ACK, _TERM = b"+ACK", b"+TERM"
+_NAK_1S = b'-NAK {"delay": 1000000000}'
+"""Redeliver after a second: a failed write is retried soon, but not in a tight loop."""
+
+_Delivery = tuple[bytes, bytes, bytes]
+"""A delivered message as it came off the wire: (subject, ack subject, payload)."""
 
 
 class EventConsumer:
@@ -60,7 +68,7 @@ class EventConsumer:
         self._inbox = nc.new_inbox()
         self._subscription: Subscription | None = None
         # Delivered, not yet taken by the writer. At most ~2 batches: the puller asks for room only.
-        self._ready: collections.deque[Msg] = collections.deque()
+        self._ready: collections.deque[_Delivery] = collections.deque()
         self._arrived = asyncio.Event()  # set when _ready gains messages
         self._room = asyncio.Event()  # set when the writer took messages out of _ready
         self._request_ended = asyncio.Event()  # set when the pull request in flight got its batch or a status
@@ -83,7 +91,7 @@ class EventConsumer:
                     await self._runner
 
     async def _run(self) -> None:
-        self._subscription = await self._nc.subscribe(self._inbox, cb=self._on_message)
+        self._subscription = await raw_subscribe(self._nc, self._inbox, self._on_message)
         try:
             async with asyncio.TaskGroup() as tasks:
                 puller = tasks.create_task(self._pull(), name="orchard-experience-puller")
@@ -93,27 +101,26 @@ class EventConsumer:
             # Otherwise the connection's drain waits (30 s) on the inbox; what was delivered but not written
             # goes back at once (not after ack_wait) to a replica or the next start.
             with contextlib.suppress(Exception):
-                await self._subscription.unsubscribe()
-            for msg in self._ready:
-                with contextlib.suppress(Exception):
-                    await msg.nak()
+                await raw_unsubscribe(self._subscription)
+            with contextlib.suppress(Exception):
+                await self._reply([reply for _, reply, _ in self._ready], b"-NAK")
             self._ready.clear()
 
     # -- 1. pull ----------------------------------------------------------------------------------------------
 
-    async def _on_message(self, msg: Msg) -> None:
-        """The inbox callback: keep deliveries, and note when the pull request in flight has ended."""
-        headers = msg.headers or {}
-        status = headers.get(Header.STATUS)
-        if status is None:
-            self._ready.append(msg)
+    def _on_message(self, subject: bytes, reply: bytes, header: bytes, payload: bytes) -> None:
+        """The inbox's route: keep deliveries (they carry an ack subject), and note when the pull request in
+        flight has ended (a status message: header `NATS/1.0 <code> <description>`, no ack subject)."""
+        if reply:
+            self._ready.append((subject, reply, payload))
             self._arrived.set()
             self._requested -= 1
             if self._requested <= 0:
                 self._request_ended.set()
             return
-        if status not in _END_OF_REQUEST:
-            self._request_error = f"{status} {headers.get(Header.DESCRIPTION, '')}".strip()
+        status = header[9:].split(b"\r\n", 1)[0].strip() if header.startswith(b"NATS/1.0 ") else b""
+        if status[:3] not in _END_OF_REQUEST:
+            self._request_error = status.decode(errors="replace") or "a message without an ack subject"
         self._request_ended.set()
 
     async def _pull(self) -> None:
@@ -189,32 +196,39 @@ class EventConsumer:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stopping.wait(), min(2.0, 0.1 * failures))
 
-    async def _handle(self, msgs: list[Msg]) -> None:
+    async def _handle(self, msgs: list[_Delivery]) -> None:
         events = []
-        good: list[Msg] = []
-        for msg in msgs:
+        good: list[bytes] = []
+        poison: list[bytes] = []
+        for subject, reply, data in msgs:
             try:
-                events.append(RolloutEvent.FromString(msg.data))
-                good.append(msg)
+                events.append(RolloutEvent.FromString(data))
+                good.append(reply)
             except DecodeError:
                 POISON.inc()
                 _log.error(
                     "dropping a message on %s that is not a RolloutEvent (%d bytes); term()ed",
-                    msg.subject,
-                    len(msg.data),
+                    subject.decode(errors="replace"),
+                    len(data),
                 )
-                await msg.term()
+                poison.append(reply)
+        if poison:
+            await self._reply(poison, _TERM)
         try:
             if events:
                 await self._store.write_events(events)
         except Exception:
             WRITE_ERRORS.inc()
-            for msg in good:
-                with contextlib.suppress(Exception):
-                    await msg.nak(delay=1)
+            with contextlib.suppress(Exception):
+                await self._reply(good, _NAK_1S)
             raise
         STORED.inc(len(events))
-        # Only after the commit above. ack() is a fire-and-forget publish (buffered, sent by nats-py's flusher):
+        # Only after the commit above. The acks are fire-and-forget (buffered, sent by nats-py's flusher):
         # a lost ack means a redelivery, which the idempotent store absorbs.
-        for msg in good:
-            await msg.ack()
+        await self._reply(good, _ACK)
+
+    async def _reply(self, ack_subjects: list[bytes], payload: bytes) -> None:
+        """Send `payload` (+ACK, -NAK, +TERM) to each message's ack subject, all in one write."""
+        if ack_subjects:
+            tail = b" %d\r\n%s\r\n" % (len(payload), payload)
+            await send_raw(self._nc, b"".join(b"PUB " + subject + tail for subject in ack_subjects))

@@ -222,3 +222,51 @@ async def _true(value: bool) -> bool:
 def _count(db: Path) -> int:
     with sqlite3.connect(db) as conn:
         return int(conn.execute("SELECT count(*) FROM events").fetchone()[0])
+
+
+async def test_messages_that_are_not_events_are_terminated_and_the_rest_stored(
+    tmp_path: Path, nats_server: NatsServer
+) -> None:
+    published = rollouts(3)
+    await publish(nats_server.url, published)  # creates the stream
+    nc = await connect_nats(nats_server.url)
+    for i in range(5):  # not RolloutEvents: the consumer must term() them (never redelivered), not stall on them
+        await nc.jetstream().publish("orchard.rollouts.run-c.step", b"\xff\xff not a protobuf %d" % i)
+    store = CountingStore(f"sqlite:///{tmp_path / 'e.db'}")
+    await store.open()
+    consumer = EventConsumer(nc, store, durable=DURABLE, batch_size=1000, ack_wait_s=1)
+    await consumer.start()
+    try:
+        await until(lambda: _all_acked(nc, len(published) + 5))
+        await asyncio.sleep(1.5)  # past ack_wait: nothing comes back
+        assert await ack_state(nc) == (len(published) + 5, 0)
+    finally:
+        await consumer.stop()
+        await store.close()
+        await nc.close()
+    assert store.written == len(published)
+    await assert_stored_once(tmp_path / "e.db", published, 3)
+
+
+async def test_the_consumer_rides_out_a_nats_restart(tmp_path: Path, nats_server: NatsServer) -> None:
+    """Through the restart the consumer keeps its connection object: nats-py reconnects it and resubscribes the
+    inbox whose messages the consumer reads off the wire itself; the events published after it are stored."""
+    published = rollouts(10)
+    half = len(published) // 2
+    await publish(nats_server.url, published[:half])
+    nc = await connect_nats(nats_server.url)
+    store = CountingStore(f"sqlite:///{tmp_path / 'e.db'}")
+    await store.open()
+    consumer = EventConsumer(nc, store, durable=DURABLE, batch_size=30, ack_wait_s=30)
+    await consumer.start()
+    try:
+        await until(lambda: _all_acked(nc, half))
+        await asyncio.to_thread(nats_server.restart)
+        await publish(nats_server.url, published[half:])
+        await until(lambda: _all_acked(nc, len(published)), timeout_s=60)
+        assert nc.stats["reconnects"] == 1  # the same connection, reconnected
+    finally:
+        await consumer.stop()
+        await store.close()
+        await nc.close()
+    await assert_stored_once(tmp_path / "e.db", published, 10)
