@@ -34,8 +34,8 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 from prometheus_client import Counter
 
-from orchard.events.publisher import raw_subscribe, raw_unsubscribe, send_raw
 from orchard.events.subjects import STREAM, SUBJECT_PREFIX, ensure_stream
+from orchard.events.wire import raw_subscribe, raw_unsubscribe, send_raw
 from orchard.experience.v1.experience_pb2 import RolloutEvent
 from orchard.services.experience.backends.base import SqlStore
 

@@ -17,7 +17,7 @@ from nats.aio.client import Client
 from nats.errors import ProtocolError
 from nats.protocol.parser import Parser
 
-from orchard.events.publisher import RawParser, raw_parser
+from orchard.events.wire import RawParser, raw_parser
 
 ROUTED, OTHER = 7, 3
 BIG = bytes(range(256)) * 300  # 76.8 KB: more than one 32 KiB read
