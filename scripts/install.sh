@@ -5,7 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # 1. System packages: bubblewrap (sandboxes), debootstrap (images), git (patches), nftables/iproute2/nsenter
-#    (egress allowlists; passt's pasta carries a rootless service's), e2fsprogs/losetup (disk caps), openssl (the
+#    (egress allowlists; iptables' legacy tools where the kernel lacks nftables' inet family; passt's pasta carries a
+#    rootless service's), e2fsprogs/losetup (disk caps), openssl (the
 #    TLS tests make their certificates),
 #    podman/runc (a Docker-compatible engine for the docker backend's tests) with the CNI dnsname plugin
 #    (composed services find each other by name; without it experience cannot resolve "nats"), postgresql (the
@@ -15,8 +16,8 @@ cd "$(dirname "$0")/.."
 #    Rust toolchain builds the native agent, agent-rs/; a rustup cargo on PATH does as well), user-mode-linux and
 #    kmod (the cgroup v2 VM test boots Debian's kernel as a process and loads its modules: scripts/vm/boot.sh).
 missing=()
-for pair in bwrap:bubblewrap debootstrap:debootstrap git:git nft:nftables ip:iproute2 mkfs.ext4:e2fsprogs \
-            nsenter:util-linux losetup:mount pasta:passt openssl:openssl podman:podman runc:runc \
+for pair in bwrap:bubblewrap debootstrap:debootstrap git:git nft:nftables iptables-legacy:iptables ip:iproute2 \
+            mkfs.ext4:e2fsprogs nsenter:util-linux losetup:mount pasta:passt openssl:openssl podman:podman runc:runc \
             /usr/lib/cni/dnsname:golang-github-containernetworking-plugin-dnsname \
             pg_ctlcluster:postgresql chromium:chromium runsc:runsc \
             /usr/lib/x86_64-linux-gnu/libseccomp.so.2:libseccomp2 cargo:cargo linux.uml:user-mode-linux \

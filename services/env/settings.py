@@ -101,6 +101,10 @@ class EnvSettings(ServiceSettings):
     cgroup_root: Path | None = None
     """local backend on cgroup v2: the delegated subtree (a directory under /sys/fs/cgroup with the memory, cpu and
     pids controllers) to make sandboxes' groups in; unset = the service's own cgroup (systemd's Delegate=yes)."""
+    egress_firewall: Literal["auto", "nftables", "iptables"] = "auto"
+    """local backend: the firewall that carries egress allowlists: "nftables" (its inet family), "iptables" (legacy
+    iptables, iptables-legacy, the same rules for kernels without that family, such as Debian's user-mode Linux), or
+    "auto": nftables where the kernel gives it, else iptables; decided once per service, at its first allowlist."""
     k8s_namespace: str = "orchard-sandboxes"
     """kubernetes backend: the namespace of sandbox pods and their network policies (deploy/k8s/base/env-rbac.yaml)."""
     k8s_kubeconfig: Path | None = None

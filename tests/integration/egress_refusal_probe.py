@@ -1,6 +1,7 @@
 """Run inside the cgroup v2 VM (test_env_cgroup_v2_vm.py), whose kernel has no nftables `inet` family: an env service
-asked for a sandbox with an egress allowlist refuses it, saying what the kernel lacks, and leaves no sandbox, network
-namespace or veth behind. Prints one JSON object."""
+held to nftables (egress_firewall="nftables", where "auto" takes legacy iptables there) refuses a sandbox with an
+egress allowlist, saying what the kernel lacks, and leaves no sandbox, network namespace or veth behind. Prints one
+JSON object."""
 
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ from orchard.services.env.settings import EnvSettings
 
 
 async def main(state_dir: Path) -> None:
-    server, manager = await build(EnvSettings(port=0, state_dir=state_dir, log_format="text"))
+    server, manager = await build(
+        EnvSettings(port=0, state_dir=state_dir, log_format="text", egress_firewall="nftables")
+    )
     port = await server.start()
     try:
         async with await AsyncSandboxClient.connect(f"127.0.0.1:{port}") as client:

@@ -1,5 +1,7 @@
 """Egress allowlists of the env service with real sandboxes on the "host" image. Test servers live on link-local
-addresses only: in a network namespace each test makes itself, or on the host's end of a sandbox's veth."""
+addresses only: in a network namespace each test makes itself, or on the host's end of a sandbox's veth. The tests
+marked LEGACY run once more with the rules in legacy iptables (egress_firewall="iptables"), the firewall of kernels
+without nftables' inet family; "auto" is nftables on this host's kernel."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import asyncio
 import ipaddress
 import random
 import re
+import shutil
 import socket
 import sys
 import uuid
@@ -17,6 +20,7 @@ from pathlib import Path
 import grpc
 import pytest
 from env_helpers import EnvServer, StartEnv, create, delete_quietly, needs_sandboxes, run, start
+from pytest import FixtureRequest
 
 from orchard.env.v1 import env_pb2 as pb
 from orchard.env.v1 import env_pb2_grpc
@@ -27,6 +31,8 @@ pytestmark = [needs_sandboxes, pytest.mark.timeout(30)]
 Stub = env_pb2_grpc.EnvServiceStub
 Code = grpc.StatusCode
 REPO = Path(__file__).resolve().parents[2]
+LEGACY = pytest.mark.parametrize("env", ["auto", "iptables"], indirect=True)
+"""The test runs with the firewall this kernel gives ("auto") and with legacy iptables forced."""
 
 # Connects to each host:port argument and prints "<host:port> <first line received or errno name> <seconds>".
 PROBE = """
@@ -90,8 +96,17 @@ async def network_objects(*state_dirs: Path) -> set[str]:
     names = {f"netns {line.split()[0]}" for line in (await sh("ip", "netns", "list")).splitlines()}
     names |= {f"veth {alias}" for alias in re.findall(r"\balias (\S+)", await sh("ip", "-o", "link"))}
     names |= {f"table {line.split()[-1]}" for line in (await sh("nft", "list", "tables")).splitlines()}
+    for save in ("iptables-legacy-save", "ip6tables-legacy-save"):  # a sandbox's chains count as its one table
+        saved = (await sh(save)) if shutil.which(save) else ""
+        names |= {f"table {line[1:].split()[0].rsplit('-', 1)[0]}" for line in saved.splitlines() if line[:1] == ":"}
     prefixes = tuple(name_prefix(d) for d in state_dirs)
     return {name for name in names if name.split()[1].startswith(prefixes)}
+
+
+@pytest.fixture
+async def env(start_env: StartEnv, request: FixtureRequest) -> EnvServer:
+    """One env server with default settings but egress_firewall, the test's parameter where it has one (LEGACY)."""
+    return await start_env(egress_firewall=getattr(request, "param", "auto"))
 
 
 @dataclass
@@ -190,6 +205,7 @@ async def gateway(stub: Stub, sandbox_id: str) -> str:
     return ex.stdout.decode().split()[2]
 
 
+@LEGACY
 async def test_allowed_destination_is_reachable_and_nothing_else(stub: Stub, test_host: LinkLocalHost) -> None:
     """Only the allowed address and port answer (masqueraded); another port, address or the host itself fail fast."""
     allowed = f"{test_host.allowed}:8080"
@@ -212,6 +228,7 @@ async def test_allowed_destination_is_reachable_and_nothing_else(stub: Stub, tes
     assert list(sb.network_policy.allow) == [rule(f"{test_host.allowed}/32", 8080)]
 
 
+@LEGACY
 async def test_broad_rule_opens_the_world_but_not_this_host(stub: Stub, test_host: LinkLocalHost) -> None:
     """0.0.0.0/0 reaches outside hosts, but this host's own services (the env service among them) stay closed
     unless a rule names their one address."""
@@ -282,6 +299,7 @@ async def test_set_network_policy_changes_a_live_sandbox(stub: Stub, test_host: 
         host_server.close()
 
 
+@LEGACY
 async def test_taking_a_rule_away_cuts_open_connections(stub: Stub, test_host: LinkLocalHost) -> None:
     """A connection the old policy admitted stops working once the new policy no longer allows it."""
     sb = await create(stub, network_policy=pb.NetworkPolicy(allow=[rule(f"{test_host.allowed}/32", 8080)]))
@@ -296,13 +314,14 @@ async def test_taking_a_rule_away_cuts_open_connections(stub: Stub, test_host: L
 
 
 async def test_sandbox_cannot_change_its_own_network(stub: Stub, test_host: LinkLocalHost) -> None:
-    """Root in the sandbox cannot flush its rules, drop its route or take its link down; the policy still holds."""
+    """Root in the sandbox cannot flush its rules (nftables' or iptables'), drop its route or take its link down; the
+    policy still holds."""
     allowed = f"{test_host.allowed}:8080"
     sb = await create(stub, network_policy=pb.NetworkPolicy(allow=[rule(f"{test_host.allowed}/32", 8080)]))
-    for command in ("nft flush ruleset", "ip route del default", "ip link set eth0 down"):
+    for command in ("nft flush ruleset", "iptables-legacy -F", "ip route del default", "ip link set eth0 down"):
         ex = await run(stub, sb.sandbox_id, command)
         assert ex.exit_code != 0, command
-        assert b"not permitted" in ex.stderr, ex.stderr
+        assert b"not permitted" in ex.stderr or b"Permission denied" in ex.stderr, ex.stderr
     assert await probe(stub, sb.sandbox_id, allowed, f"{test_host.other}:8080") == {
         allowed: f"hello_8080_from_{test_host.router}",
         f"{test_host.other}:8080": "EHOSTUNREACH",
@@ -384,8 +403,10 @@ async def test_unresolvable_host_is_invalid_argument(tmp_path: Path) -> None:
     ), failed
 
 
-async def test_teardown_and_crash_leave_nothing(start_env: StartEnv, tmp_path: Path) -> None:
-    """Delete and stop remove every namespace, veth and table; a restart removes what a killed service left."""
+@pytest.mark.parametrize("firewall", ["auto", "iptables"])
+async def test_teardown_and_crash_leave_nothing(start_env: StartEnv, tmp_path: Path, firewall: str) -> None:
+    """Delete and stop remove every namespace, veth and table (iptables: chains); a restart removes what a killed
+    service left."""
     state_dir = tmp_path / "crashed"
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -399,6 +420,8 @@ async def test_teardown_and_crash_leave_nothing(start_env: StartEnv, tmp_path: P
             str(port),
             "--state-dir",
             str(state_dir),
+            "--egress-firewall",
+            firewall,
             cwd=REPO,
             stdout=log,
             stderr=log,
@@ -415,7 +438,7 @@ async def test_teardown_and_crash_leave_nothing(start_env: StartEnv, tmp_path: P
     finally:
         crashed.kill()  # no clean-up: as if it crashed (its sandboxes die with it: --die-with-parent)
         await crashed.wait()
-        env = await start_env(state_dir=state_dir)  # removes what the crashed one left
+        env = await start_env(state_dir=state_dir, egress_firewall=firewall)  # removes what the crashed one left
     assert len(left) == 2 * 3, (tmp_path / "crashed.log").read_text()  # a namespace, a veth and a table each
     assert await network_objects(state_dir) == set()
     for _ in range(2):

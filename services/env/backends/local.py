@@ -170,12 +170,14 @@ class LocalBackend:
         self._clients: dict[str, AgentClient] = {}
         self._lock_fd: int | None = None
         self._cgroups = Cgroups(settings.state_dir, settings.cgroup_root)
-        self._net = SandboxNetworks(settings.state_dir)
+        self._net = SandboxNetworks(settings.state_dir, settings.egress_firewall)
         self._confinement = default_confinement()  # FailedPrecondition at start without libseccomp
         self._agent = agent_binary(settings)
         self._rootless = rootless_mode.rootless()  # each bwrap then starts in a user namespace (rootless.py)
         self._cgroups_unusable = False  # rootless, and no cgroups this user may write: pids through RLIMIT_NPROC
-        self._pasta = RootlessNetworks()  # rootless sandboxes with a network policy
+        self._pasta = RootlessNetworks(
+            settings.state_dir, settings.egress_firewall
+        )  # rootless sandboxes with a network policy
         if shutil.which(settings.bwrap_path) is None:
             raise FailedPrecondition(
                 f"bubblewrap ({settings.bwrap_path!r}) is not installed; run scripts/install.sh "

@@ -1,6 +1,8 @@
 """Egress allowlists of the local backend. A sandbox with rules gets a network namespace of its own, a veth pair to
-this host's namespace with a link-local /30, a default route via the host's end, and nftables rules on both sides;
-a sandbox without rules never comes here and keeps bubblewrap's empty namespace (only lo)."""
+this host's namespace with a link-local /30, a default route via the host's end, and firewall rules on both sides:
+nftables' (inet family), or where the kernel lacks that family legacy iptables' (iptables.py renders the same rules),
+chosen once per service (choose_firewall). A sandbox without rules never comes here and keeps bubblewrap's empty
+namespace (only lo)."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from orchard.errors import (
     ResourceExhausted,
     Unavailable,
 )
+from orchard.services.env.backends import iptables
 from orchard.services.env.backends.base import EgressRule
 
 log = logging.getLogger(__name__)
@@ -33,6 +36,8 @@ INNER_TABLE = "orchard"
 COMMAND_TIMEOUT_S = 10.0
 RESOLVE_TIMEOUT_S = 10.0
 SLOT_TRIES = 64
+FIREWALLS = ("nftables", "iptables")
+"""The firewalls that can carry an allowlist, in the order egress_firewall="auto" tries them."""
 
 
 @dataclass(frozen=True)
@@ -48,9 +53,14 @@ class Allowed:
         return f"{self.family} daddr {self.daddr}{ports}"
 
     @property
+    def addresses(self) -> list[str]:
+        """The destinations one by one: a network, or the addresses a host name resolved to."""
+        return [p.strip() for p in self.daddr.strip("{} ").split(",") if p.strip()]
+
+    @property
     def single_address(self) -> bool:
         """True when the rule names one address, not a range."""
-        parts = [p.strip() for p in self.daddr.strip("{} ").split(",") if p.strip()]  # an address, net or set
+        parts = self.addresses
         return len(parts) == 1 and ipaddress.ip_network(parts[0], strict=False).num_addresses == 1
 
 
@@ -114,15 +124,22 @@ async def resolve(rules: tuple[EgressRule, ...]) -> list[Allowed]:
     return list(await asyncio.gather(*(one(i, rule) for i, rule in enumerate(rules))))
 
 
-def inner_ruleset(allowed: list[Allowed], first: str = "") -> str:
+def inner_ruleset(allowed: list[Allowed], protected: list[str] | tuple[()] = ()) -> str:
     """The sandbox's own rules, one transaction that replaces the last (a flush, not a delete of the table: that
     waits for an RCU grace period, ~12 ms): only the allowed destinations leave.
 
     Outgoing packets of a connection are matched against the rules every time (no blanket "established accept"),
     so taking a rule away also cuts the connections it had admitted; `ct direction reply` passes answers to
     connections opened into the sandbox from this host. Refused packets get an ICMP error: connects fail at once.
-    `first`: rules put before the accepts (the rootless sandbox's guards of this host's own addresses).
+    `protected`: this host's own addresses, refused unless a rule names that one address (a rootless sandbox's
+    guards: it has no host side to filter on).
     """
+    first = ""
+    if protected:
+        first = "".join(f"    {a.match()} accept\n" for a in allowed if a.single_address)
+        for family, version in (("ip", 4), ("ip6", 6)):
+            if addresses := [a for a in protected if ipaddress.ip_address(a).version == version]:
+                first += f"    {family} daddr {{ {', '.join(addresses)} }} reject with icmpx type admin-prohibited\n"
     accepts = "".join(f"    {a.match()} accept\n" for a in allowed)
     return (
         f"table inet {INNER_TABLE}\nflush table inet {INNER_TABLE}\n"
@@ -172,7 +189,8 @@ async def _run(*argv: str, stdin: str = "") -> str:
     """Run one `ip`/`nft` command and return its stdout; CommandFailed with its stderr when it fails."""
     if shutil.which(argv[0]) is None:
         raise FailedPrecondition(
-            f"{argv[0]!r} is not installed; egress allowlists need iproute2 and nftables (run scripts/install.sh)"
+            f"{argv[0]!r} is not installed; egress allowlists need iproute2, and nftables or iptables (run "
+            "scripts/install.sh)"
         )
     proc = await asyncio.create_subprocess_exec(
         *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
@@ -199,6 +217,87 @@ async def _all(*steps: Awaitable[object]) -> None:
             raise result
 
 
+ROOTLESS_MODULES = (
+    " (a rootless service cannot load kernel modules: root loads legacy iptables' for it, e.g. from "
+    f"/etc/modules-load.d: {' '.join(iptables.MODULES)})"
+)
+Load = tuple[list[str], str]
+"""A command that reads rules on its stdin, and those rules."""
+TOOLS = {"nftables": ["nft"], "iptables": ["iptables-legacy-restore", "ip6tables-legacy-restore"]}
+
+
+def inner_loads(
+    firewall: str, allowed: list[Allowed], protected: list[str] | tuple[()] = (), lock: str = ""
+) -> list[Load]:
+    """What loads a sandbox's own rules (inner_ruleset's) with this firewall, run in its network namespace."""
+    if firewall == "nftables":
+        return [(["nft", "-f", "-"], inner_ruleset(allowed, protected))]
+    return [
+        (iptables.restore_argv(v, lock=lock), iptables.inner_rules(allowed, v, protected)) for v in iptables.VERSIONS
+    ]
+
+
+def host_loads(firewall: str, link: Link, chains: str, allowed: list[Allowed], *, hook: bool) -> list[Load]:
+    """What loads this host's rules for a sandbox's veth (host_ruleset's) with this firewall; `chains` and `hook`:
+    iptables.host_rules'."""
+    if firewall == "nftables":
+        return [(["nft", "-f", "-"], host_ruleset(link, allowed))]
+    return [
+        (iptables.restore_argv(v, noflush=True), iptables.host_rules(chains, link, allowed, v, hook=hook))
+        for v in iptables.VERSIONS
+    ]
+
+
+async def choose_firewall(setting: str, netns: list[str], *, host: bool, lock: str = "") -> str:
+    """The firewall that carries this service's allowlists: the one `setting` names, or with "auto" the first of
+    FIREWALLS that works here, each tried by loading the rules a sandbox gets (`host`: and this host's for it) in a
+    new network namespace (`netns`: the command that makes one; `lock`: iptables.restore_argv's). FailedPrecondition
+    naming what each lacks when none does."""
+    sample = [Allowed("ip", "192.0.2.1/32", 80), Allowed("ip6", "2001:db8::1/128", 0)]
+    link = Link("orchard-probe", SLOTS[0])
+    problems = []
+    for name in FIREWALLS if setting == "auto" else (setting,):
+        loads = inner_loads(name, sample, lock=lock) + (
+            host_loads(name, link, "probe-", sample, hook=True) if host else []
+        )
+        if missing := [tool for tool in TOOLS[name] if shutil.which(tool) is None]:
+            problems.append(f"{name}: {', '.join(missing)} not installed")
+            continue
+        try:
+            await _all(*(_run(*netns, *argv, stdin=text) for argv, text in loads))
+        except CommandFailed as err:
+            problems.append(f"{name}: {str(err).splitlines()[0]}")  # nft repeats its error for every line
+            continue
+        if problems:
+            log.info("egress allowlists through %s (%s)", name, "; ".join(problems))
+        return name
+    raise FailedPrecondition(
+        "egress allowlists need nftables with its inet family (a kernel with CONFIG_NF_TABLES_INET) or legacy "
+        f"iptables (iptables-legacy, with conntrack, REJECT{' and NAT' if host else ''}), and none works here "
+        f"({'; '.join(problems)}); install nftables or iptables (scripts/install.sh){'' if host else ROOTLESS_MODULES}"
+        f", or set the env service's egress_firewall (now {setting!r}); create the sandbox without a network policy "
+        "meanwhile",
+        field="network_policy",
+    )
+
+
+async def _remove_chains(chains: str) -> set[str]:
+    """Remove this host's iptables chains whose names begin with `chains`, and the jumps to them; their names."""
+    found: set[str] = set()
+
+    async def family(version: int) -> None:
+        tables = Path(f"/proc/net/ip{'6' if version == 6 else ''}_tables_names")  # none loaded: no rules at all
+        if not tables.exists() or not tables.read_text().strip():
+            return
+        saved = await _run("ip6tables-legacy-save" if version == 6 else "iptables-legacy-save")
+        if text := iptables.removal(saved, chains):
+            await _run(*iptables.restore_argv(version, noflush=True), stdin=text)
+            found.update(line.split()[1] for line in text.splitlines() if line.startswith("-X "))
+
+    await _all(*(family(v) for v in iptables.VERSIONS))
+    return found
+
+
 class SandboxNetworks:
     """The networks of one env service's sandboxes: allocation, set-up, rule changes and teardown.
 
@@ -207,8 +306,11 @@ class SandboxNetworks:
     and no other service's.
     """
 
-    def __init__(self, state_dir: Path) -> None:
+    def __init__(self, state_dir: Path, firewall: str = "auto") -> None:
         self._prefix = name_prefix(state_dir)
+        self._setting = firewall
+        self._firewall = ""  # chosen at the first allowlist, once (choose_firewall)
+        self._choosing = asyncio.Lock()
         self._links: dict[str, Link] = {}
         self._used: set[int] = set()
         self._cursor = 0  # allocation goes round the pool, so a freed slot is not reused at once
@@ -219,8 +321,9 @@ class SandboxNetworks:
         return [] if link is None else ["nsenter", f"--net={link.netns_path}"]
 
     async def remove_leftovers(self) -> int:
-        """Remove the namespaces, veths and tables a previous run of this service left; returns how many."""
-        if shutil.which("ip") is None or shutil.which("nft") is None:
+        """Remove the namespaces, veths, tables and chains a previous run of this service left; returns how many
+        (whichever firewall it used)."""
+        if shutil.which("ip") is None:
             return 0
         names = [
             line.split()[0]
@@ -229,18 +332,26 @@ class SandboxNetworks:
         ]
         tables = [
             line.split()[2]
-            for line in (await _run("nft", "list", "tables", "inet")).splitlines()
+            for line in (await _run("nft", "list", "tables", "inet") if shutil.which("nft") else "").splitlines()
             if line.split()[2:3] and line.split()[2].startswith(self._prefix)
         ]
         for name in names:
             await self._remove(Link(name, -1), netns=True, table=False)
         if tables:
             await _run("nft", "-f", "-", stdin="".join(f"delete table inet {t}\n" for t in tables))
-        return len(set(names) | set(tables))
+        chains = await _remove_chains(self._prefix) if shutil.which("iptables-legacy-save") else set()
+        return len(set(names) | set(tables)) + len({c.rsplit("-", 1)[0] for c in chains})
+
+    async def _chosen(self) -> str:
+        async with self._choosing:
+            if not self._firewall:
+                self._firewall = await choose_firewall(self._setting, ["unshare", "--net"], host=True)
+        return self._firewall
 
     async def create(self, sandbox_id: str, rules: tuple[EgressRule, ...]) -> None:
         """Make the sandbox's namespace, link and rules; the sandbox's processes start in it (enter_argv)."""
         allowed = await resolve(rules)  # first: a bad host name must not leave anything behind
+        await self._chosen()
         name = f"{self._prefix}{sandbox_id}"
         self._links[sandbox_id] = link = Link(name, -1)  # destroy() finds whatever exists from here on
         try:
@@ -285,14 +396,14 @@ class SandboxNetworks:
                         f"route add default via {link.host_addr}\n"
                     ),
                 ),
-                self._apply(link, allowed),
+                self._apply(link, allowed, hook=True),
             )
             # Forward what comes in on this veth only (the host-wide ip_forward stays as it is).
             Path(f"/proc/sys/net/ipv4/conf/{link.veth}/forwarding").write_text("1\n")
         except CommandFailed as err:
             raise FailedPrecondition(
-                f"cannot set up the network of sandbox {sandbox_id!r}: {err} (egress allowlists need root, "
-                "iproute2, nftables and a kernel with nftables' inet family, CONFIG_NF_TABLES_INET)"
+                f"cannot set up the network of sandbox {sandbox_id!r} through {self._firewall}: {err} (egress "
+                "allowlists need root, iproute2, and nftables with its inet family or legacy iptables)"
             ) from None
 
     async def apply(self, sandbox_id: str, rules: tuple[EgressRule, ...]) -> None:
@@ -313,14 +424,19 @@ class SandboxNetworks:
         except CommandFailed as err:
             raise Unavailable(f"cannot change the network policy of sandbox {sandbox_id!r}: {err}") from None
 
-    async def _apply(self, link: Link, allowed: list[Allowed]) -> None:
-        # The sandbox's own table decides; the host's repeats it. Each swaps atomically, and a packet must pass
-        # both: while one is old and the other new, the sandbox reaches no more than either policy allows. So they
-        # go side by side (taking rules away waits ~12 ms for an RCU grace period in each).
-        await _all(
-            _run("nsenter", f"--net={link.netns_path}", "nft", "-f", "-", stdin=inner_ruleset(allowed)),
-            _run("nft", "-f", "-", stdin=host_ruleset(link, allowed)),
-        )
+    async def _apply(self, link: Link, allowed: list[Allowed], *, hook: bool = False) -> None:
+        # The sandbox's own rules decide; the host's repeat them. Each swaps atomically (per IP version with
+        # iptables), and a packet must pass both: while one is old and the other new, the sandbox reaches no more than
+        # either policy allows. So they go side by side (taking rules away waits ~12 ms for an RCU grace period in
+        # each). `hook`: the sandbox's first rules (iptables: the jumps to its chains come with them).
+        inside = ["nsenter", f"--net={link.netns_path}"]
+        loads = [([*inside, *argv], text) for argv, text in inner_loads(self._firewall, allowed)]
+        loads += host_loads(self._firewall, link, self._chains(link), allowed, hook=hook)
+        await _all(*(_run(*argv, stdin=text) for argv, text in loads))
+
+    def _chains(self, link: Link) -> str:
+        """How the names of the sandbox's iptables chains on this host begin (iptables.SUFFIXES end them)."""
+        return f"{self._prefix}{link.slot}-"
 
     async def destroy(self, sandbox_id: str) -> None:
         """Remove the sandbox's veth pair, namespace and host table; idempotent."""
@@ -345,9 +461,18 @@ class SandboxNetworks:
             await step("ip", "-n", link.name, "link", "del", "eth0")
             await step("ip", "netns", "del", link.name)
 
-        await _all(
-            *([namespace()] if netns else []), *([step("nft", "delete", "table", "inet", link.name)] if table else [])
-        )
+        async def chains() -> None:
+            try:
+                await _remove_chains(self._chains(link))
+            except CommandFailed as err:
+                log.warning("sandbox network teardown: %s", err)
+
+        tables = []
+        if table and self._firewall == "nftables":
+            tables = [step("nft", "delete", "table", "inet", link.name)]
+        elif table and self._firewall == "iptables" and link.slot >= 0:
+            tables = [chains()]
+        await _all(*([namespace()] if netns else []), *tables)
 
     def _allocate(self) -> int:
         for i in range(len(SLOTS)):

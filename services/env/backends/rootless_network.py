@@ -1,7 +1,8 @@
 """Egress allowlists of a rootless `local` sandbox. Its network namespace is made by pasta (the passt package): a
 user and network namespace of the service's user with a tap device, whose traffic pasta carries out through this
-host's own sockets. The allowlist is nftables rules inside that namespace, loaded before the sandbox starts and
-swapped in one transaction later; the sandbox's processes have no capabilities to change them.
+host's own sockets. The allowlist is firewall rules inside that namespace (nftables', or legacy iptables' where the
+kernel lacks nftables' inet family: network.choose_firewall), loaded before the sandbox starts and swapped in one
+transaction later; the sandbox's processes have no capabilities to change them.
 
 There is no host side to filter on (the root mode's veth and host table): traffic leaves as this user's connections,
 so the rules also refuse this host's own addresses unless a rule names that one address (as the root mode's host
@@ -10,44 +11,53 @@ table does), pasta maps nothing to the host's loopback (--no-map-gw, -T/-U none)
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import json
 import os
+import shlex
 import shutil
 from dataclasses import dataclass
+from pathlib import Path
 
 from orchard.errors import FailedPrecondition, Unavailable
 from orchard.services.env.backends.base import EgressRule
-from orchard.services.env.backends.network import Allowed, CommandFailed, _run, inner_ruleset, resolve
+from orchard.services.env.backends.network import (
+    CommandFailed,
+    Load,
+    _all,
+    _run,
+    choose_firewall,
+    inner_loads,
+    resolve,
+)
 
 TUN = "/dev/net/tun"
 PASTA_ARGS = (
     *("--config-net", "--quiet", "--foreground", "--no-map-gw"),
     *("-t", "none", "-u", "none", "-T", "none", "-U", "none"),  # no ports forwarded in, none to the host's loopback
 )
-# Run by /bin/sh inside pasta's namespaces, as their root: load the allowlist ($1), then exec the rest.
-NET_SCRIPT = 'printf "%s" "$1" | nft -f - || exit 125; shift; exec "$@"'
 
 
-def ruleset(allowed: list[Allowed], protected: list[str]) -> str:
-    """The sandbox's rules, one transaction that replaces the last: only allowed destinations leave, and of this
-    host's own addresses (`protected`) only those a rule names one by one."""
-    single = "".join(f"    {a.match()} accept\n" for a in allowed if a.single_address)
-    guards = ""
-    for family, version in (("ip", 4), ("ip6", 6)):
-        addresses = [a for a in protected if ipaddress.ip_address(a).version == version]
-        if addresses:
-            guards += f"    {family} daddr {{ {', '.join(addresses)} }} reject with icmpx type admin-prohibited\n"
-    return inner_ruleset(allowed, first=single + guards)
+def net_script(loads: list[Load]) -> list[str]:
+    """/bin/sh's arguments that, inside pasta's namespaces as their root, load the allowlist (each load's text is an
+    argument), then exec the arguments after them with a /proc of pasta's PID namespace.
+
+    pasta makes a PID namespace too but leaves this host's /proc, where bwrap then looked up its sandbox's init by
+    the pid it has in pasta's namespace (`open /proc/7/ns failed` whenever this host had no such pid, as a user-mode
+    Linux VM's kernel threads come and go): a mount namespace of its own with a fresh /proc gives it the right one
+    (unshare execs, so the pid stays the one whose namespaces `apply` enters)."""
+    steps = "".join(f'printf "%s" "$1" | {shlex.join(argv)} || exit 125; shift; ' for argv, _ in loads)
+    return ["-c", f'{steps}exec unshare --mount --mount-proc "$@"', "sh", *(text for _, text in loads)]
 
 
 def check_host() -> None:
     """FailedPrecondition naming what this host lacks for rootless allowlists, if anything."""
-    missing = [tool for tool in ("pasta", "nft", "nsenter", "setpriv") if shutil.which(tool) is None]
+    missing = [tool for tool in ("pasta", "nsenter", "setpriv") if shutil.which(tool) is None]
     if missing:
         raise FailedPrecondition(
             f"egress allowlists of a rootless env service need {', '.join(missing)} on its host (apt-get install "
-            "passt nftables util-linux, or run scripts/install.sh); create the sandbox without a network policy",
+            "passt util-linux, or run scripts/install.sh); create the sandbox without a network policy",
             field="network_policy",
         )
     if not os.access(TUN, os.R_OK | os.W_OK):
@@ -75,26 +85,24 @@ class _Net:
 class RootlessNetworks:
     """The pasta namespaces of one rootless env service's sandboxes with a network policy."""
 
-    def __init__(self) -> None:
+    def __init__(self, state_dir: Path, firewall: str = "auto") -> None:
         self._nets: dict[str, _Net] = {}
-        self._nftables_checked = False
+        self._setting = firewall
+        self._firewall = ""  # chosen at the first allowlist, once
+        self._choosing = asyncio.Lock()
+        # Legacy iptables takes /run/xtables.lock, root's file: this user's own instead (each sandbox's rules are in
+        # a namespace of its own, so the lock guards nothing shared).
+        self._lock = str(state_dir.resolve() / "xtables.lock")
 
-    async def _check_nftables(self) -> None:
-        """Once: load a table of nftables' inet family in a network namespace of this user, as each allowlisted
-        sandbox's rules will be; FailedPrecondition naming what the kernel lacks if it refuses (the sandbox's agent
-        would otherwise fail to start with nft's message in its log)."""
-        if self._nftables_checked:
-            return
-        try:
-            await _run("unshare", "--user", "--map-root-user", "--net", "nft", "-f", "-", stdin="table inet probe {}\n")
-        except CommandFailed as err:
-            raise FailedPrecondition(
-                f"egress allowlists of a rootless env service need nftables' inet family in the sandbox's network "
-                f"namespace, and this kernel refuses it: {err} (CONFIG_NF_TABLES_INET); create the sandbox without a "
-                "network policy",
-                field="network_policy",
-            ) from None
-        self._nftables_checked = True
+    async def _loads(self, rules: tuple[EgressRule, ...]) -> list[Load]:
+        """The sandbox's rules with the firewall chosen once, by loading a sandbox's rules in a network namespace of
+        this user (FailedPrecondition naming what the kernel lacks if none works: the sandbox's agent would otherwise
+        fail to start with the firewall's message in its log)."""
+        async with self._choosing:
+            if not self._firewall:
+                netns = ["unshare", "--user", "--map-root-user", "--net"]
+                self._firewall = await choose_firewall(self._setting, netns, host=False, lock=self._lock)
+        return inner_loads(self._firewall, await resolve(rules), await host_addresses(), self._lock)
 
     def __contains__(self, sandbox_id: str) -> bool:
         return sandbox_id in self._nets
@@ -102,24 +110,9 @@ class RootlessNetworks:
     async def enter_argv(self, sandbox_id: str, rules: tuple[EgressRule, ...], argv: list[str]) -> list[str]:
         """argv behind pasta (dying with this service) and the sandbox's allowlist, loaded before argv starts; the
         caller has made sure of the host with check_host."""
-        await self._check_nftables()
-        allowed = await resolve(rules)
-        text = ruleset(allowed, await host_addresses())
+        loads = await self._loads(rules)
         self._nets[sandbox_id] = _Net()
-        return [
-            "setpriv",
-            "--pdeathsig",
-            "KILL",
-            "pasta",
-            *PASTA_ARGS,
-            "--",
-            "/bin/sh",
-            "-c",
-            NET_SCRIPT,
-            "sh",
-            text,
-            *argv,
-        ]
+        return ["setpriv", "--pdeathsig", "KILL", "pasta", *PASTA_ARGS, "--", "/bin/sh", *net_script(loads), *argv]
 
     def started(self, sandbox_id: str, pid: int) -> None:
         """Note the process whose namespaces later rule changes enter."""
@@ -128,11 +121,9 @@ class RootlessNetworks:
     async def apply(self, sandbox_id: str, rules: tuple[EgressRule, ...]) -> None:
         """Replace the sandbox's allowlist (no rules: it may reach nothing)."""
         net = self._nets[sandbox_id]
-        text = ruleset(await resolve(rules), await host_addresses())
+        inside = ["nsenter", "-t", str(net.pid), "-U", "-n", "--preserve-credentials"]
         try:
-            await _run(
-                "nsenter", "-t", str(net.pid), "-U", "-n", "--preserve-credentials", "nft", "-f", "-", stdin=text
-            )
+            await _all(*(_run(*inside, *argv, stdin=text) for argv, text in await self._loads(rules)))
         except CommandFailed as err:
             raise Unavailable(f"cannot change the network policy of sandbox {sandbox_id!r}: {err}") from None
 
