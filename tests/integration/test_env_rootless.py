@@ -314,10 +314,11 @@ async def test_pids_limit_is_each_sandboxs_own(stub: env_pb2_grpc.EnvServiceStub
     other = await create(stub, image=IMAGE)
     try:
         assert (limited.resources.pids, other.resources.pids) == (32, 4096)
-        bomb = await run(stub, limited.sandbox_id, ["python3", "-c", FORKS, "1000"], timeout=30)
+        bomb = await run(stub, limited.sandbox_id, ["python3", "-c", FORKS, "1000"], timeout=90)
+        assert len(bomb.stdout.split()) == 2, bomb  # "<forks made> <why it stopped>"
         made, why = bomb.stdout.decode().split()
         assert why == "EAGAIN" and 0 < int(made) < 32, bomb  # the agent and its threads count too
-        beside = await run(stub, other.sandbox_id, ["python3", "-c", FORKS, "100"], timeout=30)
+        beside = await run(stub, other.sandbox_id, ["python3", "-c", FORKS, "100"], timeout=90)
         assert beside.stdout.decode().split() == ["100", "done"], beside
     finally:
         await delete_quietly(stub, limited.sandbox_id)
