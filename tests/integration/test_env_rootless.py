@@ -310,6 +310,10 @@ async def test_pids_limit_is_each_sandboxs_own(stub: env_pb2_grpc.EnvServiceStub
     """A pids limit is each sandbox's own (without cgroups its RLIMIT_NPROC in its own user namespace, in a delegated
     subtree its group's pids.max): its forks fail at the limit, while another sandbox of the same user forks on; the
     built-in default is kept."""
+    # 40 of the user's processes outside any sandbox: a limit that counted the user's processes on the host (the
+    # kernel checks a namespace's parent level against the limit it was made with) would refuse the sandbox.
+    user = ("setpriv", f"--reuid={UID}", f"--regid={GID}", "--clear-groups")
+    holders = [subprocess.Popen([*user, "sleep", "60"]) for _ in range(40)]
     limited = await create(stub, image=IMAGE, resources=pb.Resources(pids=32))
     other = await create(stub, image=IMAGE)
     try:
@@ -321,6 +325,9 @@ async def test_pids_limit_is_each_sandboxs_own(stub: env_pb2_grpc.EnvServiceStub
         beside = await run(stub, other.sandbox_id, ["python3", "-c", FORKS, "100"], timeout=90)
         assert beside.stdout.decode().split() == ["100", "done"], beside
     finally:
+        for holder in holders:
+            holder.kill()
+            holder.wait()
         await delete_quietly(stub, limited.sandbox_id)
         await delete_quietly(stub, other.sandbox_id)
 

@@ -57,11 +57,14 @@ def enter_argv(
 
     nproc > 0 caps the sandbox's processes and threads with RLIMIT_NPROC, the pids limit where no cgroup can: the
     kernel (5.14 and later) counts it per user namespace, so each sandbox has its own count, and its processes,
-    without capabilities, cannot raise it. The first fork happens inside the new namespace (prlimit and unshare
-    exec), so nothing of this user outside it is counted."""
+    without capabilities in the host's namespace, cannot raise it. The limit is set inside the new namespace
+    (unshare and prlimit exec, so the first fork happens there): a fork is checked against the task's limit in its
+    own namespace and, one level up, against the limit its namespace was *created* with, so a namespace made under
+    the lowered limit would cap all of this user's processes on the host at it (a limited sandbox could not start
+    while the service's user had more elsewhere)."""
     namespaces = USERNS if userns else ("unshare", "--mount")
     limit = ("prlimit", f"--nproc={nproc}:{nproc}", "--") if nproc else ()
-    return [*limit, *namespaces, "/bin/sh", "-c", ENTER_SCRIPT, "sh", str(layers_dir), options, str(rootfs), *argv]
+    return [*namespaces, *limit, "/bin/sh", "-c", ENTER_SCRIPT, "sh", str(layers_dir), options, str(rootfs), *argv]
 
 
 def as_owner(argv: list[str]) -> list[str]:
