@@ -38,7 +38,6 @@ from dataclasses import dataclass
 import nats
 from nats.aio.client import Client as NatsClient
 from nats.aio.subscription import Subscription
-from nats.errors import ConnectionDrainingError, OutboundBufferLimitError
 from prometheus_client import Counter, Gauge
 
 from orchard.errors import ResourceExhausted, Unavailable
@@ -284,12 +283,6 @@ class EventPublisher:
             commands.append(b"HPUB %s %s%d %d %d\r\n%s%s\r\n" % (subject, reply, i, len(header), size, header, data))
         command = b"".join(commands)
         try:
-            if nc.is_draining_pubs:
-                raise ConnectionDrainingError
-            if not nc.is_connected and (
-                nc._max_pending_size <= 0 or nc.pending_data_size + len(command) > nc._max_pending_size
-            ):
-                raise OutboundBufferLimitError  # nats-py buffers while reconnecting, up to this size
             if command:
                 await send_raw(nc, command)
         except Exception as err:  # disconnected with a full buffer, closing: retry the batch later

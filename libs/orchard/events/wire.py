@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 from nats.aio.client import Client as NatsClient
 from nats.aio.subscription import Subscription
-from nats.errors import ConnectionClosedError, ProtocolError
+from nats.errors import ConnectionClosedError, ConnectionDrainingError, OutboundBufferLimitError, ProtocolError
 from nats.protocol.parser import AWAITING_MSG_PAYLOAD, MAX_CONTROL_LINE_SIZE, Parser
 
 _log = logging.getLogger("orchard.events.wire")
@@ -155,10 +155,17 @@ async def raw_unsubscribe(subscription: Subscription) -> None:
 async def send_raw(nc: NatsClient, command: bytes) -> None:
     """Queue protocol commands (PUB/HPUB lines with their payloads) as one write, and kick nats-py's flusher.
 
-    Like nats-py's publish it buffers while reconnecting and raises ConnectionClosedError on a closed connection;
-    unlike it, it does not check subjects or sizes: the caller built the command."""
+    Like nats-py's publish it raises ConnectionClosedError on a closed connection and ConnectionDrainingError on a
+    draining one, and buffers while reconnecting up to the client's pending size (OutboundBufferLimitError past
+    it); unlike it, it does not check subjects or payload sizes: the caller built the command."""
     if nc.is_closed:
         raise ConnectionClosedError
+    if nc.is_draining_pubs:
+        raise ConnectionDrainingError
+    if not nc.is_connected and (
+        nc._max_pending_size <= 0 or nc.pending_data_size + len(command) > nc._max_pending_size
+    ):
+        raise OutboundBufferLimitError
     await nc._send_command(command)
     if nc._flush_queue is not None and nc._flush_queue.empty():  # as nats-py's publish: a queued kick sends it too
         await nc._flush_pending()
