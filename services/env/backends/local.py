@@ -175,9 +175,8 @@ class LocalBackend:
         self._agent = agent_binary(settings)
         self._rootless = rootless_mode.rootless()  # each bwrap then starts in a user namespace (rootless.py)
         self._cgroups_unusable = False  # rootless, and no cgroups this user may write: pids through RLIMIT_NPROC
-        self._pasta = RootlessNetworks(
-            settings.state_dir, settings.egress_firewall
-        )  # rootless sandboxes with a network policy
+        # Rootless sandboxes with a network policy.
+        self._pasta = RootlessNetworks(settings.state_dir, settings.egress_firewall)
         if shutil.which(settings.bwrap_path) is None:
             raise FailedPrecondition(
                 f"bubblewrap ({settings.bwrap_path!r}) is not installed; run scripts/install.sh "

@@ -281,6 +281,22 @@ async def choose_firewall(setting: str, netns: list[str], *, host: bool, lock: s
     )
 
 
+class FirewallChoice:
+    """The firewall of one service's allowlists: its egress_firewall setting, resolved by choose_firewall at the
+    first allowlist and kept (`name` is "" until then)."""
+
+    def __init__(self, setting: str, netns: list[str], *, host: bool, lock: str = "") -> None:
+        self._setting, self._netns, self._host, self._lock = setting, netns, host, lock
+        self._choosing = asyncio.Lock()
+        self.name = ""
+
+    async def get(self) -> str:
+        async with self._choosing:
+            if not self.name:
+                self.name = await choose_firewall(self._setting, self._netns, host=self._host, lock=self._lock)
+        return self.name
+
+
 async def _remove_chains(chains: str) -> set[str]:
     """Remove this host's iptables chains whose names begin with `chains`, and the jumps to them; their names."""
     found: set[str] = set()
@@ -308,9 +324,7 @@ class SandboxNetworks:
 
     def __init__(self, state_dir: Path, firewall: str = "auto") -> None:
         self._prefix = name_prefix(state_dir)
-        self._setting = firewall
-        self._firewall = ""  # chosen at the first allowlist, once (choose_firewall)
-        self._choosing = asyncio.Lock()
+        self._firewall = FirewallChoice(firewall, ["unshare", "--net"], host=True)
         self._links: dict[str, Link] = {}
         self._used: set[int] = set()
         self._cursor = 0  # allocation goes round the pool, so a freed slot is not reused at once
@@ -342,16 +356,10 @@ class SandboxNetworks:
         chains = await _remove_chains(self._prefix) if shutil.which("iptables-legacy-save") else set()
         return len(set(names) | set(tables)) + len({c.rsplit("-", 1)[0] for c in chains})
 
-    async def _chosen(self) -> str:
-        async with self._choosing:
-            if not self._firewall:
-                self._firewall = await choose_firewall(self._setting, ["unshare", "--net"], host=True)
-        return self._firewall
-
     async def create(self, sandbox_id: str, rules: tuple[EgressRule, ...]) -> None:
         """Make the sandbox's namespace, link and rules; the sandbox's processes start in it (enter_argv)."""
         allowed = await resolve(rules)  # first: a bad host name must not leave anything behind
-        await self._chosen()
+        await self._firewall.get()
         name = f"{self._prefix}{sandbox_id}"
         self._links[sandbox_id] = link = Link(name, -1)  # destroy() finds whatever exists from here on
         try:
@@ -402,7 +410,7 @@ class SandboxNetworks:
             Path(f"/proc/sys/net/ipv4/conf/{link.veth}/forwarding").write_text("1\n")
         except CommandFailed as err:
             raise FailedPrecondition(
-                f"cannot set up the network of sandbox {sandbox_id!r} through {self._firewall}: {err} (egress "
+                f"cannot set up the network of sandbox {sandbox_id!r} through {self._firewall.name}: {err} (egress "
                 "allowlists need root, iproute2, and nftables with its inet family or legacy iptables)"
             ) from None
 
@@ -430,8 +438,8 @@ class SandboxNetworks:
         # either policy allows. So they go side by side (taking rules away waits ~12 ms for an RCU grace period in
         # each). `hook`: the sandbox's first rules (iptables: the jumps to its chains come with them).
         inside = ["nsenter", f"--net={link.netns_path}"]
-        loads = [([*inside, *argv], text) for argv, text in inner_loads(self._firewall, allowed)]
-        loads += host_loads(self._firewall, link, self._chains(link), allowed, hook=hook)
+        loads = [([*inside, *argv], text) for argv, text in inner_loads(self._firewall.name, allowed)]
+        loads += host_loads(self._firewall.name, link, self._chains(link), allowed, hook=hook)
         await _all(*(_run(*argv, stdin=text) for argv, text in loads))
 
     def _chains(self, link: Link) -> str:
@@ -468,9 +476,9 @@ class SandboxNetworks:
                 log.warning("sandbox network teardown: %s", err)
 
         tables = []
-        if table and self._firewall == "nftables":
+        if table and self._firewall.name == "nftables":
             tables = [step("nft", "delete", "table", "inet", link.name)]
-        elif table and self._firewall == "iptables" and link.slot >= 0:
+        elif table and self._firewall.name == "iptables" and link.slot >= 0:
             tables = [chains()]
         await _all(*([namespace()] if netns else []), *tables)
 

@@ -11,7 +11,6 @@ table does), pasta maps nothing to the host's loopback (--no-map-gw, -T/-U none)
 
 from __future__ import annotations
 
-import asyncio
 import ipaddress
 import json
 import os
@@ -24,10 +23,10 @@ from orchard.errors import FailedPrecondition, Unavailable
 from orchard.services.env.backends.base import EgressRule
 from orchard.services.env.backends.network import (
     CommandFailed,
+    FirewallChoice,
     Load,
     _all,
     _run,
-    choose_firewall,
     inner_loads,
     resolve,
 )
@@ -87,22 +86,18 @@ class RootlessNetworks:
 
     def __init__(self, state_dir: Path, firewall: str = "auto") -> None:
         self._nets: dict[str, _Net] = {}
-        self._setting = firewall
-        self._firewall = ""  # chosen at the first allowlist, once
-        self._choosing = asyncio.Lock()
         # Legacy iptables takes /run/xtables.lock, root's file: this user's own instead (each sandbox's rules are in
         # a namespace of its own, so the lock guards nothing shared).
         self._lock = str(state_dir.resolve() / "xtables.lock")
+        netns = ["unshare", "--user", "--map-root-user", "--net"]
+        self._firewall = FirewallChoice(firewall, netns, host=False, lock=self._lock)
 
     async def _loads(self, rules: tuple[EgressRule, ...]) -> list[Load]:
         """The sandbox's rules with the firewall chosen once, by loading a sandbox's rules in a network namespace of
         this user (FailedPrecondition naming what the kernel lacks if none works: the sandbox's agent would otherwise
         fail to start with the firewall's message in its log)."""
-        async with self._choosing:
-            if not self._firewall:
-                netns = ["unshare", "--user", "--map-root-user", "--net"]
-                self._firewall = await choose_firewall(self._setting, netns, host=False, lock=self._lock)
-        return inner_loads(self._firewall, await resolve(rules), await host_addresses(), self._lock)
+        firewall = await self._firewall.get()
+        return inner_loads(firewall, await resolve(rules), await host_addresses(), self._lock)
 
     def __contains__(self, sandbox_id: str) -> bool:
         return sandbox_id in self._nets
