@@ -8,8 +8,9 @@ batch began, or makes one step fail after the batch's statements ran); every row
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 
 from experience_helpers import NatsServer, rollout
@@ -89,20 +90,27 @@ class AckCheckingStore(SqliteStore):
         await super()._transaction(statements)
 
 
+@contextlib.asynccontextmanager
+async def consuming(nc: NatsClient, store: SqliteStore, *, batch_size: int, ack_wait_s: int) -> AsyncIterator[None]:
+    """An EventConsumer on `nc` writing to `store` for the block; then the consumer, the store and `nc` are closed."""
+    await store.open()
+    consumer = EventConsumer(nc, store, durable=DURABLE, batch_size=batch_size, ack_wait_s=ack_wait_s)
+    await consumer.start()
+    try:
+        yield
+    finally:
+        await consumer.stop()
+        await store.close()
+        await nc.close()
+
+
 async def test_each_batch_is_one_transaction_acked_after_its_commit(tmp_path: Path, nats_server: NatsServer) -> None:
     published = rollouts(25)  # 250 events, already in the stream: the consumer finds full batches waiting
     await publish(nats_server.url, published)
     nc = await connect_nats(nats_server.url)
     store = AckCheckingStore(f"sqlite:///{tmp_path / 'e.db'}", nc)
-    await store.open()
-    consumer = EventConsumer(nc, store, durable=DURABLE, batch_size=100, ack_wait_s=30)
-    await consumer.start()
-    try:
+    async with consuming(nc, store, batch_size=100, ack_wait_s=30):
         await until(lambda: _all_acked(nc, len(published)))
-    finally:
-        await consumer.stop()
-        await store.close()
-        await nc.close()
     committed = 0
     for size, ack_floor in store.batches:
         assert ack_floor <= committed, store.batches  # nothing of this batch (or later) was acked before its commit
@@ -156,15 +164,8 @@ async def test_a_batch_whose_consumer_died_after_the_commit_is_redelivered_and_s
     # A new consumer (a restarted service) gets the unacked batch again after ack_wait and writes it again.
     nc2 = await connect_nats(nats_server.url)
     store = CountingStore(f"sqlite:///{db}")
-    await store.open()
-    second = EventConsumer(nc2, store, durable=DURABLE, batch_size=1000, ack_wait_s=1)
-    await second.start()
-    try:
+    async with consuming(nc2, store, batch_size=1000, ack_wait_s=1):
         await until(lambda: _all_acked(nc2, len(published)))
-    finally:
-        await second.stop()
-        await store.close()
-        await nc2.close()
     assert store.written >= rows_after_crash  # the committed batch really came back, and was written again
     await assert_stored_once(db, published, 6)
 
@@ -202,15 +203,8 @@ async def test_a_failed_transaction_stores_nothing_and_its_batch_comes_back_once
     db = tmp_path / "e.db"
     nc = await connect_nats(nats_server.url)
     store = FailsOnceStore(f"sqlite:///{db}")
-    await store.open()
-    consumer = EventConsumer(nc, store, durable=DURABLE, batch_size=1000, ack_wait_s=30)
-    await consumer.start()
-    try:
+    async with consuming(nc, store, batch_size=1000, ack_wait_s=30):
         await until(lambda: _all_acked(nc, len(published)))  # nak(delay=1) brings it back well before ack_wait
-    finally:
-        await consumer.stop()
-        await store.close()
-        await nc.close()
     assert store.attempts >= 2  # the failed batch was nak()ed and came back
     await assert_stored_once(db, published, 4)
 
@@ -233,17 +227,10 @@ async def test_messages_that_are_not_events_are_terminated_and_the_rest_stored(
     for i in range(5):  # not RolloutEvents: the consumer must term() them (never redelivered), not stall on them
         await nc.jetstream().publish("orchard.rollouts.run-c.step", b"\xff\xff not a protobuf %d" % i)
     store = CountingStore(f"sqlite:///{tmp_path / 'e.db'}")
-    await store.open()
-    consumer = EventConsumer(nc, store, durable=DURABLE, batch_size=1000, ack_wait_s=1)
-    await consumer.start()
-    try:
+    async with consuming(nc, store, batch_size=1000, ack_wait_s=1):
         await until(lambda: _all_acked(nc, len(published) + 5))
         await asyncio.sleep(1.5)  # past ack_wait: nothing comes back
         assert await ack_state(nc) == (len(published) + 5, 0)
-    finally:
-        await consumer.stop()
-        await store.close()
-        await nc.close()
     assert store.written == len(published)
     await assert_stored_once(tmp_path / "e.db", published, 3)
 
@@ -256,17 +243,10 @@ async def test_the_consumer_rides_out_a_nats_restart(tmp_path: Path, nats_server
     await publish(nats_server.url, published[:half])
     nc = await connect_nats(nats_server.url)
     store = CountingStore(f"sqlite:///{tmp_path / 'e.db'}")
-    await store.open()
-    consumer = EventConsumer(nc, store, durable=DURABLE, batch_size=30, ack_wait_s=30)
-    await consumer.start()
-    try:
+    async with consuming(nc, store, batch_size=30, ack_wait_s=30):
         await until(lambda: _all_acked(nc, half))
         await asyncio.to_thread(nats_server.restart)
         await publish(nats_server.url, published[half:])
         await until(lambda: _all_acked(nc, len(published)), timeout_s=60)
         assert nc.stats["reconnects"] == 1  # the same connection, reconnected
-    finally:
-        await consumer.stop()
-        await store.close()
-        await nc.close()
     await assert_stored_once(tmp_path / "e.db", published, 10)
