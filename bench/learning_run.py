@@ -129,8 +129,8 @@ def plot(runs: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
-def included_runs(path: Path, args: argparse.Namespace, extra: list[str]) -> dict[int, dict[str, Any]]:
-    """The runs of an earlier report by seed, refused unless it ran the same pipeline."""
+def included_runs(path: Path, args: argparse.Namespace, extra: list[str]) -> tuple[dict[int, dict[str, Any]], float]:
+    """The runs of an earlier report by seed, and the seconds they took; refused unless it ran the same pipeline."""
     try:
         report = json.loads(path.read_text())
     except (OSError, ValueError) as e:
@@ -141,12 +141,8 @@ def included_runs(path: Path, args: argparse.Namespace, extra: list[str]) -> dic
     theirs = {key: report.get(key) for key in mine}
     if theirs != mine:
         raise SystemExit(f"--include {path}: it ran {theirs}, this run is {mine}; their seeds are not comparable")
-    return {int(seed): run for seed, run in zip(report["seeds"], report["runs"], strict=True)}
-
-
-def earlier_seconds(path: Path) -> float:
-    report = json.loads(path.read_text())
-    return float(report.get("seconds", 0.0)) + float(report.get("seconds_included", 0.0))
+    runs = {int(seed): run for seed, run in zip(report["seeds"], report["runs"], strict=True)}
+    return runs, float(report.get("seconds", 0.0)) + float(report.get("seconds_included", 0.0))
 
 
 def main() -> None:
@@ -158,7 +154,7 @@ def main() -> None:
     p.add_argument("--include", type=Path, help="an earlier learning_run.json whose runs join this summary")
     args, extra = p.parse_known_args()
     extra = [a for a in extra if a != "--"]
-    earlier = included_runs(args.include, args, extra) if args.include else {}
+    earlier, earlier_seconds = included_runs(args.include, args, extra) if args.include else ({}, 0.0)
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
@@ -175,7 +171,7 @@ def main() -> None:
         "learn_flags": extra,
         "cores": os.cpu_count(),
         "seconds": time.monotonic() - started,
-        "seconds_included": earlier_seconds(args.include) if args.include else 0.0,
+        "seconds_included": earlier_seconds,
         **summary(runs),
         "runs": runs,
     }
