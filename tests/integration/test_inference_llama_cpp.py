@@ -160,19 +160,34 @@ async def test_n_samples_are_seeded_and_distinct(svc: Service) -> None:
 
 async def test_concurrent_requests_decode_in_one_batch(svc: Service) -> None:
     """Requests arriving at once and one joining mid-flight decode together (steps with several rows) and get the
-    greedy tokens each gets alone."""
+    greedy tokens each gets alone, up to a near tie: llama.cpp's kernels for a many-row step round differently from
+    a one-row step (as its prefill does from its decode, GGUF_TOLERANCE), so where alone's top two tokens are that
+    close the batch may pick the other; anywhere else, or a row getting another row's tokens, fails."""
     texts = [f"{STORY} {name}" for name in ("Tom", "Ann", "Bob", "Eve")]
 
-    async def generate(text: str, delay: float = 0.0) -> list[int]:
+    async def generate(text: str, delay: float = 0.0, top: int = 0) -> pb.Choice:
         await asyncio.sleep(delay)
-        reply = await svc.stub.Generate(pb.GenerateRequest(text=text, sampling=sampling(max_tokens=12)), timeout=60)
-        return list(reply.choices[0].token_ids)
+        params = sampling(max_tokens=12, logprobs=top > 0, top_logprobs=top)
+        reply = await svc.stub.Generate(pb.GenerateRequest(text=text, sampling=params), timeout=60)
+        return reply.choices[0]
 
-    alone = [await generate(t) for t in texts]
+    alone = [await generate(t, top=5) for t in texts]
     svc.engine.stats.max_batch_size = 0
     together = await asyncio.gather(*(generate(t, 0.3 * (i == 3)) for i, t in enumerate(texts)))
-    assert together == alone
     assert svc.engine.stats.max_batch_size >= 3
+    exact = 0
+    for text, one, batched in zip(texts, alone, together, strict=True):
+        want, got = list(one.token_ids), list(batched.token_ids)
+        assert len(got) == len(want) == 12
+        if got == want:
+            exact += 1
+            continue
+        k = next(i for i, (a, b) in enumerate(zip(want, got, strict=True)) if a != b)
+        candidates = {c.token_id: c.logprob for c in one.top_logprobs[k].candidates}
+        assert got[k] in candidates, f"{text!r}: token {k} of the batch ({got[k]}) is not among alone's top 5"
+        gap = candidates[want[k]] - candidates[got[k]]
+        assert gap <= GGUF_TOLERANCE, f"{text!r}: token {k} differs where alone's choice led by {gap:.3f}"
+    assert exact >= 2, f"only {exact} of 4 rows decoded as alone"
 
 
 async def test_prefix_cache_skips_what_was_decoded_before(svc: Service) -> None:
