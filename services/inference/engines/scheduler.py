@@ -210,7 +210,8 @@ class BatchingEngine(Engine):
                 _log.exception("inference step failed")
                 for seq in [*batch.seqs, *admit]:
                     seq.queue.put_nowait(err)
-                batch.reset()
+                # In the worker, as every call into the model: a ScoreTokens may be running there (GIL released).
+                await self._in_worker(batch.reset)
                 continue
             self.stats.steps += 1
             self.stats.max_batch_size = max(self.stats.max_batch_size, batch.last_batch_size)
