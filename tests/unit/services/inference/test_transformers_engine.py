@@ -97,3 +97,33 @@ async def test_update_waits_for_requests_in_flight(engine: TransformersEngine) -
     info = await engine.update_weights(base.checkpoint_path, "v2")  # same weights, new version
     assert task.done() and sum(len(e.token_ids) for e in stream_events) == 12
     assert info.weights_version == engine.info.weights_version == "v2"
+
+
+async def test_a_failed_step_fails_its_requests_and_resets_in_the_worker(
+    engine: TransformersEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step that raises (a model failure, forced here: the real model does not fail on demand) fails the requests
+    in it, resets the batch in the worker thread, where every call into the model runs, and the next request is
+    served."""
+    import threading
+
+    batch = engine._batch
+    real_step, real_reset = batch.step, batch.reset
+    reset_in: list[str] = []
+
+    def failing_step(admit: list) -> list:  # type: ignore[type-arg]
+        monkeypatch.setattr(batch, "step", real_step)
+        raise RuntimeError("the model failed")
+
+    def recorded_reset() -> None:
+        reset_in.append(threading.current_thread().name)
+        real_reset()
+
+    monkeypatch.setattr(batch, "step", failing_step)
+    monkeypatch.setattr(batch, "reset", recorded_reset)
+    params = SamplingParams(max_tokens=3, temperature=0)
+    with pytest.raises(RuntimeError, match="the model failed"):
+        await collect(engine, prompt(engine, "Name three colors."), params)
+    assert len((await collect(engine, prompt(engine, "Name three colors."), params))[0].token_ids) == 3
+    # The scheduler's reset ran before the next step (the batch's own, when it empties, may follow), all in the worker.
+    assert reset_in and all(name.startswith("orchard-torch") for name in reset_in), reset_in
