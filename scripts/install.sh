@@ -45,7 +45,8 @@ fi
 # job does not use it.
 llama_pid=""
 if [[ "${ORCHARD_LLAMA_CPP:-0}" == 1 ]] && ! .venv/bin/python -c 'import llama_cpp' >/dev/null 2>&1; then
-  llama_dir="$(mktemp -d /tmp/orchard-llama-cpp.XXXXXX)"
+  llama_dir=.venv/llama-cpp-build  # the wheel and the compile's log, removed once installed
+  rm -rf "$llama_dir" && mkdir -p "$llama_dir"
   CMAKE_ARGS="-DLLAVA_BUILD=OFF" .venv/bin/python -m pip wheel -q --disable-pip-version-check --no-deps \
     -w "$llama_dir" llama-cpp-python==0.3.36 >"$llama_dir/build.log" 2>&1 &
   llama_pid=$!
