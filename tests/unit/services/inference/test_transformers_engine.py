@@ -4,7 +4,9 @@ sequences joining and leaving the batch mid-flight decode exactly as they would 
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import AsyncIterator
+from typing import NoReturn
 
 import pytest
 import pytest_asyncio
@@ -105,13 +107,11 @@ async def test_a_failed_step_fails_its_requests_and_resets_in_the_worker(
     """A step that raises (a model failure, forced here: the real model does not fail on demand) fails the requests
     in it, resets the batch in the worker thread, where every call into the model runs, and the next request is
     served."""
-    import threading
-
     batch = engine._batch
     real_step, real_reset = batch.step, batch.reset
     reset_in: list[str] = []
 
-    def failing_step(admit: list) -> list:  # type: ignore[type-arg]
+    def failing_step(admit: object) -> NoReturn:
         monkeypatch.setattr(batch, "step", real_step)
         raise RuntimeError("the model failed")
 
